@@ -1,0 +1,335 @@
+"""Typed run configuration: YAML files plus dotted ``--set`` overrides.
+
+Loading never imports JAX, so the CLI can read ``runtime.cpu_devices`` before JAX starts.
+Every problem is raised as one :class:`ConfigError` that names the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config value, file or flag. ``str(err)`` is one line naming the key."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+@dataclasses.dataclass
+class MeshConfig:
+    """Mesh axes in order, name -> size; one size may be -1 ("all remaining devices")."""
+
+    axes: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1, "model": 1})
+
+
+@dataclasses.dataclass
+class RunConfig:
+    dir: str = "runs/default"
+    log_every: int = 10
+
+
+@dataclasses.dataclass
+class ZeroConfig:
+    stage: int = 0
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    name: str = "gpt"
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    seq_len: int = 128
+    remat: bool = True
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 0
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = 100
+    global_batch_size: int = 32
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """``path`` is a file, a folder or a glob; None means the Python stdlib's own sources."""
+
+    path: str | None = None
+    max_bytes: int = 8_000_000
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+    cpu_devices: int = 8
+
+
+@dataclasses.dataclass
+class PartitioningConfig:
+    """Ordered ``[logical_name, mesh_axis_or_null]`` pairs; the first match wins."""
+
+    rules: list[list[str | None]] = dataclasses.field(
+        default_factory=lambda: [
+            ["batch", "data"],
+            ["vocab", None],
+            ["embed", None],
+            ["heads", "model"],
+            ["kv", None],
+            ["mlp", "model"],
+            ["layers", None],
+            ["length", None],
+        ]
+    )
+
+
+@dataclasses.dataclass
+class Config:
+    seed: int = 0
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    zero: ZeroConfig = dataclasses.field(default_factory=ZeroConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+KNOWN_MESH_AXES = ("data", "model")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files and overrides
+
+
+def _read_yaml(path: Path, key: str) -> Any:
+    if not path.is_file():
+        raise ConfigError(key, f"file not found: {path}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(key, f"{path} is not valid YAML{where}") from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"a.b=3"`` -> ``("a.b", 3)``; the value is read as a YAML scalar."""
+    if "=" not in text:
+        raise ConfigError("--set", f"expected KEY=VALUE, got {text!r}")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    if not key:
+        raise ConfigError("--set", f"empty key in {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: i + 1]), "is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults when ``path`` is None) and apply ``KEY=VALUE`` overrides.
+
+    A ``mesh:`` that is a string names a mesh file, relative to the config file.
+    """
+    raw: dict[str, Any] = {}
+    base = Path.cwd()
+    if path is not None:
+        path = Path(path)
+        loaded = _read_yaml(path, "config")
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("config", f"{path} must hold a mapping of sections")
+        raw = loaded
+        base = path.parent
+    if isinstance(raw.get("mesh"), str):
+        mesh_path = base / raw["mesh"]
+        mesh = _read_yaml(mesh_path, "mesh")
+        if not isinstance(mesh, dict):
+            raise ConfigError("mesh", f"{mesh_path} must hold a mapping with 'axes:'")
+        raw["mesh"] = mesh
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(raw, key, value)
+    return from_dict(raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed conversion and validation
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        (inner,) = [o for o in options if o is not type(None)]
+        return _coerce(value, inner, key)
+    if dataclasses.is_dataclass(hint):
+        if value is None:
+            return hint()
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"must be a section (mapping), got {value!r}")
+        return _build(hint, value, key)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(key, f"must be an integer, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(key, f"must be an integer, got {value!r}") from None
+        if not number.is_integer():
+            raise ConfigError(key, f"must be an integer, got {value!r}")
+        return int(number)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(key, f"must be a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(key, f"must be a number, got {value!r}") from None
+    if hint is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(key, f"must be a string, got {value!r}")
+        return str(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"must be a mapping, got {value!r}")
+        _, val_hint = typing.get_args(hint)
+        return {str(k): _coerce(v, val_hint, f"{key}.{k}") for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"must be a list, got {value!r}")
+        (item_hint,) = typing.get_args(hint)
+        return [_coerce(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(f"unsupported config type {hint!r} at {key}")
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for name in raw:
+        if name not in names:
+            key = f"{prefix}.{name}" if prefix else str(name)
+            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    return cls(**kwargs)
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a :class:`Config` from a plain (YAML-shaped) mapping."""
+    config = _build(Config, raw, "")
+    validate(config)
+    return config
+
+
+def _positive(value: int | float, key: str) -> None:
+    if value <= 0:
+        raise ConfigError(key, f"must be positive, got {value}")
+
+
+def validate(config: Config) -> None:
+    """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`."""
+    axes = config.mesh.axes
+    if not axes:
+        raise ConfigError("mesh.axes", "must name at least the 'data' axis")
+    for name, size in axes.items():
+        if name not in KNOWN_MESH_AXES:
+            raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
+        if size == 0 or size < -1:
+            raise ConfigError(f"mesh.axes.{name}", f"size must be positive or -1, got {size}")
+    if "data" not in axes:
+        raise ConfigError("mesh.axes", "must include the 'data' axis")
+    if sum(1 for s in axes.values() if s == -1) > 1:
+        raise ConfigError("mesh.axes", "only one axis size may be -1")
+    axes.setdefault("model", 1)
+
+    if config.zero.stage not in (0, 1, 2, 3):
+        raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {config.zero.stage}")
+
+    m = config.model
+    if m.name != "gpt":
+        raise ConfigError("model.name", f"unknown model {m.name!r} (known: gpt)")
+    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
+        _positive(getattr(m, field), f"model.{field}")
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
+    if m.vocab_size < 256:
+        raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
+
+    o = config.optimizer
+    if o.name not in OPTIMIZERS:
+        raise ConfigError("optimizer.name", f"unknown optimizer {o.name!r} (known: {', '.join(OPTIMIZERS)})")
+    _positive(o.learning_rate, "optimizer.learning_rate")
+    if o.warmup_steps < 0:
+        raise ConfigError("optimizer.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+
+    _positive(config.train.steps, "train.steps")
+    _positive(config.train.global_batch_size, "train.global_batch_size")
+    data_size = axes["data"]
+    if data_size > 0 and config.train.global_batch_size % data_size:
+        raise ConfigError(
+            "train.global_batch_size",
+            f"{config.train.global_batch_size} is not divisible by the data axis ({data_size})",
+        )
+    _positive(config.run.log_every, "run.log_every")
+    _positive(config.runtime.cpu_devices, "runtime.cpu_devices")
+    _positive(config.data.max_bytes, "data.max_bytes")
+
+    for i, rule in enumerate(config.partitioning.rules):
+        if len(rule) != 2 or not isinstance(rule[0], str):
+            raise ConfigError(f"partitioning.rules[{i}]", f"must be [logical_name, mesh_axis_or_null], got {rule!r}")
+        if rule[1] is not None and rule[1] not in axes:
+            raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {rule[1]!r}, which the mesh lacks")
+
+
+def dump_config(config: Config) -> str:
+    """The resolved config as YAML, mesh inline, loadable by :func:`load_config`."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

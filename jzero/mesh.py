@@ -1,0 +1,53 @@
+"""Mesh config -> ``jax.sharding.Mesh``.
+
+jzero uses ``AxisType.Auto`` axes on purpose: it places every tensor itself (jit in/out shardings
+and ``with_sharding_constraint``) and lets GSPMD propagate the rest. Explicit axes would make
+user model code call ``jax.sharding.reshard``, and switching stage must not touch model code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from jzero.config import ConfigError
+
+
+def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
+    """Replace a -1 size by the remaining devices and check the mesh divides ``device_count``."""
+    axes = dict(axes)
+    axes.setdefault("model", 1)
+    known = math.prod(s for s in axes.values() if s != -1)
+    for name, size in axes.items():
+        if size == -1:
+            if device_count % known:
+                raise ConfigError(
+                    f"mesh.axes.{name}",
+                    f"-1 cannot fill {device_count} devices: the other axes multiply to {known}",
+                )
+            axes[name] = device_count // known
+    total = math.prod(axes.values())
+    if total > device_count or device_count % total:
+        shape = " x ".join(f"{k}={v}" for k, v in axes.items())
+        raise ConfigError("mesh.axes", f"{shape} = {total} devices does not divide the {device_count} available")
+    return axes
+
+
+def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Build a mesh from ordered ``{axis: size}``; a mesh smaller than the device count uses the first devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    axes = resolve_axes(axes, len(devices))
+    total = math.prod(axes.values())
+    return jax.make_mesh(
+        tuple(axes.values()),
+        tuple(axes.keys()),
+        axis_types=(AxisType.Auto,) * len(axes),
+        devices=devices[:total],
+    )
+
+
+def mesh_shape(mesh: Mesh) -> dict[str, int]:
+    return {name: int(size) for name, size in mesh.shape.items()}

@@ -1,0 +1,143 @@
+"""A decoder-only GPT in flax.linen, annotated for jzero.
+
+- Parameters carry logical axis names (``nn.with_logical_partitioning``): ``vocab``, ``embed``,
+  ``heads``, ``kv``, ``mlp``, ``length`` and ``layers`` (the scan axis).
+- Blocks are stacked with ``nn.scan`` and wrapped in ``nn.remat``, so stage 3 gathers one layer's
+  parameters at a time inside the loop.
+- Activations are constrained with the batch on ``data`` at each block input and inside attention
+  and the MLP. Without that, GSPMD may replicate attention over the global batch on every device.
+  Constraints only act under a mesh and ``nn.logical_axis_rules``, which :mod:`jzero.step` sets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+BATCH_ACT = ("batch", "length", "embed")
+
+
+def _init(init, *names):
+    return nn.with_logical_partitioning(init, names)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention then an MLP."""
+
+    d_model: int
+    n_heads: int
+    mlp_ratio: int
+    n_layers: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
+        x = nn.with_logical_constraint(x, BATCH_ACT)
+        head_dim = self.d_model // self.n_heads
+        dense_init = nn.initializers.normal(0.02)
+        proj_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.n_layers))
+        zeros = nn.initializers.zeros
+
+        def norm(name):
+            return nn.LayerNorm(
+                dtype=self.dtype,
+                scale_init=_init(nn.initializers.ones, "embed"),
+                bias_init=_init(zeros, "embed"),
+                name=name,
+            )
+
+        def dense(features, in_name, out_name, init, name):
+            # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
+            # value, which trips the logical constraints when a mesh is active.
+            return nn.Dense(
+                features,
+                dtype=self.dtype,
+                kernel_init=_init(init, in_name, out_name),
+                bias_init=_init(zeros, out_name),
+                name=name,
+            )
+
+        batch, length, _ = x.shape
+        heads = ("batch", "length", "heads", "kv")
+        h = norm("ln_attn")(x)
+        q, k, v = (
+            nn.with_logical_constraint(
+                dense(self.d_model, "embed", "heads", dense_init, n)(h).reshape(batch, length, self.n_heads, head_dim),
+                heads,
+            )
+            for n in ("query", "key", "value")
+        )
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+        weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+        attn = nn.with_logical_constraint(jnp.einsum("bhqk,bkhd->bqhd", weights, v), heads)
+        attn = attn.reshape(batch, length, self.d_model)
+        x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out")(attn)
+
+        h = norm("ln_mlp")(x)
+        h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in")(h)
+        h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
+        x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out")(h)
+        return x, None
+
+
+class GPT(nn.Module):
+    """Byte-level (or any vocabulary) decoder-only language model."""
+
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    seq_len: int = 128
+    remat: bool = True
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """``tokens`` [batch, length] int -> logits [batch, length, vocab] float32."""
+        embed = nn.Embed(
+            self.vocab_size,
+            self.d_model,
+            embedding_init=_init(nn.initializers.normal(0.02), "vocab", "embed"),
+            name="embed",
+        )
+        pos = self.param("pos_embed", _init(nn.initializers.normal(0.01), "length", "embed"), (self.seq_len, self.d_model))
+        x = embed(tokens) + pos[: tokens.shape[1]]
+        x = x.astype(self.dtype)
+
+        block = nn.remat(Block, prevent_cse=False) if self.remat else Block
+        stack = nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            length=self.n_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = stack(self.d_model, self.n_heads, self.mlp_ratio, self.n_layers, self.dtype, name="blocks")(x, None)
+        x = nn.with_logical_constraint(x, BATCH_ACT)
+        x = nn.LayerNorm(
+            dtype=self.dtype,
+            scale_init=_init(nn.initializers.ones, "embed"),
+            bias_init=_init(nn.initializers.zeros, "embed"),
+            name="ln_f",
+        )(x)
+        logits = nn.Dense(
+            self.vocab_size,
+            use_bias=False,
+            dtype=self.dtype,
+            kernel_init=_init(nn.initializers.normal(0.02), "embed", "vocab"),
+            name="lm_head",
+        )(x)
+        return logits.astype(jnp.float32)
+
+
+def lm_loss(model: GPT, params, batch: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy; ``batch`` is [batch, seq_len + 1] tokens."""
+    logits = model.apply({"params": params}, batch[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()

@@ -1,0 +1,299 @@
+"""ZeRO stages as sharding specs: (abstract state, mesh, stage, rules) -> shardings + a report.
+
+One rule table (:data:`STAGES`) says which of parameters, gradients and optimizer state a stage
+partitions over ``data``. Every tensor gets two specs:
+
+- ``R``: its model-parallel spec from the logical-axis rules, replicated over ``data``;
+- ``D``: ``R`` plus ``data`` on the largest dimension that ``data`` divides and no model axis uses
+  (the scan axis ``layers`` only as a last resort, so stage 3 can still gather one layer at a time).
+
+A stage then picks ``R`` or ``D`` for each of the three roles. Optimizer state follows its parameter,
+matched by tree path suffix and shape; other optimizer leaves get their own ``D`` and scalars stay
+replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jzero.config import ConfigError
+from jzero.state import TrainState
+
+DATA = "data"
+SCAN_AXIS = "layers"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRule:
+    """Which model states a ZeRO stage partitions over the ``data`` axis."""
+
+    params: bool
+    grads: bool
+    optimizer: bool
+
+
+STAGES: dict[int, StageRule] = {
+    0: StageRule(params=False, grads=False, optimizer=False),  # plain data parallelism
+    1: StageRule(params=False, grads=False, optimizer=True),  # P_os
+    2: StageRule(params=False, grads=True, optimizer=True),  # P_os+g
+    3: StageRule(params=True, grads=True, optimizer=True),  # P_os+g+p
+}
+
+DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", DATA),
+    ("vocab", None),
+    ("embed", None),
+    ("heads", "model"),
+    ("kv", None),
+    ("mlp", "model"),
+    ("layers", None),
+    ("length", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPlan:
+    """One parameter: where it lives at rest, as a gradient, and in the optimizer."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    logical: tuple[str | None, ...] | None
+    replicated_spec: P  # R: model axes only
+    sharded_spec: P  # D: R plus the data axis, or R when nothing divides
+    data_dim: int | None  # the dimension ``data`` splits in D; None if none divides
+    param_spec: P
+    grad_spec: P
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclasses.dataclass
+class Plan:
+    """The shardings of one stage on one mesh, and what they cost per device."""
+
+    mesh: Mesh
+    stage: int
+    rules: tuple[tuple[str, str | None], ...]
+    params: Any  # NamedSharding tree: parameters at rest
+    grads: Any  # gradients after reduction
+    update: Any  # parameters and gradients while the optimizer updates them
+    opt_state: Any
+    batch: NamedSharding
+    state: TrainState  # shardings of the whole train state (for jit in/out_shardings)
+    tensors: list[TensorPlan]
+    opt_leaves: list[tuple[str, tuple[int, ...], np.dtype, P]]
+
+    @property
+    def rule(self) -> StageRule:
+        return STAGES[self.stage]
+
+    @property
+    def data_size(self) -> int:
+        return int(self.mesh.shape[DATA])
+
+    @property
+    def replicated(self) -> list[TensorPlan]:
+        """Parameters that no dimension lets ``data`` split: they stay whole on every device."""
+        return [t for t in self.tensors if t.data_dim is None]
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(t.shape) for t in self.tensors)
+
+    def per_device_bytes(self) -> dict[str, int]:
+        """Model-state bytes per device, from the specs (the largest shard of each tensor)."""
+        params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
+        grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors)
+        opt = sum(shard_bytes(s, d, spec, self.mesh) for _, s, d, spec in self.opt_leaves)
+        return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
+
+    def ideal_per_device_bytes(self) -> dict[str, int]:
+        """The paper's formula: each state's full bytes, over N_d when the stage partitions it, over N_m.
+
+        For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded.
+        """
+        n_d = self.data_size
+        n_m = math.prod(int(s) for a, s in self.mesh.shape.items() if a != DATA)
+        full_params = sum(t.nbytes for t in self.tensors)
+        full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
+        rule = self.rule
+        params = full_params / (n_d if rule.params else 1) / n_m
+        grads = full_params / (n_d if rule.grads else 1) / n_m
+        opt = full_opt / (n_d if rule.optimizer else 1) / n_m
+        out = {"params": params, "grads": grads, "optimizer": opt}
+        out = {k: int(round(v)) for k, v in out.items()}
+        out["total"] = sum(out.values())
+        return out
+
+
+def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
+    shard = NamedSharding(mesh, spec).shard_shape(tuple(shape))
+    return math.prod(shard) * np.dtype(dtype).itemsize
+
+
+def path_str(path: Sequence[Any]) -> str:
+    return "/".join(_key_name(k) for k in path)
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: Mesh, rules) -> P:
+    """Map logical names to mesh axes, checking the axes exist, divide, and are not used twice."""
+    if not logical:
+        return P(*([None] * len(shape)))
+    mesh_axes = nn.logical_to_mesh_axes(logical, rules)
+    entries, used = [], set()
+    for dim, (size, entry) in enumerate(zip(shape, mesh_axes)):
+        axes = _axes_of(entry)
+        for axis in axes:
+            if axis not in mesh.shape:
+                raise ConfigError("partitioning.rules", f"{path} {list(shape)}: mesh axis {axis!r} does not exist")
+            if axis in used:
+                raise ConfigError("partitioning.rules", f"{path} {list(shape)}: mesh axis {axis!r} used twice")
+            used.add(axis)
+        factor = math.prod(int(mesh.shape[a]) for a in axes)
+        if size % factor:
+            raise ConfigError(
+                "partitioning.rules",
+                f"{path} {list(shape)}: dimension {dim} ({size}) is not divisible by mesh axis {entry!r} ({factor})",
+            )
+        entries.append(entry)
+    return P(*entries)
+
+
+def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None) -> tuple[P, int | None]:
+    """Add ``data`` to ``spec`` on the best dimension: returns (D spec, chosen dim or None)."""
+    n_d = int(mesh.shape[DATA])
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    if any(DATA in _axes_of(e) for e in entries):
+        return P(*entries), None
+    logical = tuple(logical) if logical else (None,) * len(shape)
+
+    def rank(dim: int) -> tuple:
+        # The scan axis last, then dims no model axis uses, then larger first, then earlier first.
+        return (logical[dim] == SCAN_AXIS, entries[dim] is not None, -shape[dim], dim)
+
+    for dim in sorted(range(len(shape)), key=rank):
+        axes = _axes_of(entries[dim])
+        factor = math.prod(int(mesh.shape[a]) for a in axes) * n_d
+        if shape[dim] % factor == 0:
+            entries[dim] = (*axes, DATA) if axes else DATA
+            return P(*entries), dim
+    return P(*entries), None
+
+
+def make_plan(
+    abstract_state: TrainState,
+    mesh: Mesh,
+    stage: int,
+    rules: Sequence[Sequence[str | None]] = DEFAULT_RULES,
+) -> Plan:
+    """Shardings for ``stage`` on ``mesh``.
+
+    ``abstract_state`` comes from ``jax.eval_shape`` of :func:`jzero.state.create_state`; its params
+    may keep Flax ``Partitioned`` boxes, whose logical names ``rules`` map to mesh axes.
+    """
+    if stage not in STAGES:
+        raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {stage}")
+    if DATA not in mesh.shape:
+        raise ConfigError("mesh.axes", "must include the 'data' axis")
+    rules = tuple(tuple(r) for r in rules)
+    rule = STAGES[stage]
+
+    logical_tree = nn.get_partition_spec(abstract_state.params)
+    params = nn.unbox(abstract_state.params)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    logical_leaves = treedef.flatten_up_to(logical_tree)
+
+    tensors = []
+    for (path, leaf), logical in zip(leaves, logical_leaves):
+        name = path_str(path)
+        shape = tuple(leaf.shape)
+        logical = tuple(logical) if logical else None
+        rspec = _model_spec(name, shape, logical, mesh, rules)
+        dspec, dim = data_partition(shape, rspec, mesh, logical)
+        tensors.append(
+            TensorPlan(
+                path=name,
+                shape=shape,
+                dtype=np.dtype(leaf.dtype),
+                logical=logical,
+                replicated_spec=rspec,
+                sharded_spec=dspec,
+                data_dim=dim,
+                param_spec=dspec if rule.params else rspec,
+                grad_spec=dspec if rule.grads else rspec,
+            )
+        )
+
+    def tree(specs):
+        return treedef.unflatten([NamedSharding(mesh, s) for s in specs])
+
+    param_shardings = tree(t.param_spec for t in tensors)
+    grad_shardings = tree(t.grad_spec for t in tensors)
+    update_shardings = tree(t.sharded_spec if rule.optimizer else t.replicated_spec for t in tensors)
+
+    opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
+    replicated = NamedSharding(mesh, P())
+    state = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+    batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0] or DATA
+    return Plan(
+        mesh=mesh,
+        stage=stage,
+        rules=rules,
+        params=param_shardings,
+        grads=grad_shardings,
+        update=update_shardings,
+        opt_state=opt_shardings,
+        batch=NamedSharding(mesh, P(batch_axes)),
+        state=state,
+        tensors=tensors,
+        opt_leaves=opt_leaves,
+    )
+
+
+def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, rule: StageRule):
+    """Each optimizer leaf follows the parameter whose path it ends with (and whose shape it has)."""
+    by_path = {tuple(t.path.split("/")): t for t in tensors}
+    lengths = sorted({len(k) for k in by_path}, reverse=True)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(opt_state)
+    specs, report = [], []
+    for path, leaf in leaves:
+        keys = tuple(_key_name(k) for k in path)
+        shape = tuple(getattr(leaf, "shape", ()))
+        dtype = np.dtype(getattr(leaf, "dtype", np.float32))
+        owner = next(
+            (by_path[keys[-n:]] for n in lengths if len(keys) >= n and keys[-n:] in by_path and by_path[keys[-n:]].shape == shape),
+            None,
+        )
+        if owner is not None:
+            spec = owner.sharded_spec if rule.optimizer else owner.replicated_spec
+        elif not shape or not rule.optimizer:
+            spec = P()
+        else:
+            spec, _ = data_partition(shape, P(), mesh)
+        specs.append(spec)
+        report.append((path_str(path), shape, dtype, spec))
+    return report, treedef.unflatten([NamedSharding(mesh, s) for s in specs])
