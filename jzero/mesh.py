@@ -51,3 +51,18 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
 
 def mesh_shape(mesh: Mesh) -> dict[str, int]:
     return {name: int(size) for name, size in mesh.shape.items()}
+
+
+def simulate_cpu_devices(count: int) -> None:
+    """Ask for ``count`` CPU devices; must run before JAX starts its backends.
+
+    On a GPU or TPU host this only sizes the (unused) CPU backend. If JAX has already started
+    (as in-process tests do) the existing CPU device count must match.
+    """
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:
+        if jax.default_backend() == "cpu" and jax.device_count() != count:
+            raise ConfigError(
+                "runtime.cpu_devices", f"JAX already started with {jax.device_count()} CPU devices, not {count}"
+            ) from None

@@ -22,7 +22,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jzero.config import ConfigError
 from jzero.state import TrainState
@@ -165,7 +166,7 @@ def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: 
         return P(*([None] * len(shape)))
     mesh_axes = nn.logical_to_mesh_axes(logical, rules)
     entries, used = [], set()
-    for dim, (size, entry) in enumerate(zip(shape, mesh_axes)):
+    for dim, (size, entry) in enumerate(zip(shape, mesh_axes, strict=True)):
         axes = _axes_of(entry)
         for axis in axes:
             if axis not in mesh.shape:
@@ -228,7 +229,7 @@ def make_plan(
     logical_leaves = treedef.flatten_up_to(logical_tree)
 
     tensors = []
-    for (path, leaf), logical in zip(leaves, logical_leaves):
+    for (path, leaf), logical in zip(leaves, logical_leaves, strict=True):
         name = path_str(path)
         shape = tuple(leaf.shape)
         logical = tuple(logical) if logical else None
@@ -284,10 +285,8 @@ def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, 
         keys = tuple(_key_name(k) for k in path)
         shape = tuple(getattr(leaf, "shape", ()))
         dtype = np.dtype(getattr(leaf, "dtype", np.float32))
-        owner = next(
-            (by_path[keys[-n:]] for n in lengths if len(keys) >= n and keys[-n:] in by_path and by_path[keys[-n:]].shape == shape),
-            None,
-        )
+        matches = (by_path.get(keys[-n:]) for n in lengths if len(keys) >= n)
+        owner = next((t for t in matches if t is not None and t.shape == shape), None)
         if owner is not None:
             spec = owner.sharded_spec if rule.optimizer else owner.replicated_spec
         elif not shape or not rule.optimizer:

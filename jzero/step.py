@@ -20,7 +20,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jzero.plan import Plan
 from jzero.state import TrainState, create_state, unbox_state

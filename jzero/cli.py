@@ -1,0 +1,131 @@
+"""The ``jzero`` command line: ``train`` and ``plan``.
+
+Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from jzero.config import Config, ConfigError, load_config
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _load(args: argparse.Namespace) -> Config:
+    config = load_config(args.config, args.set)
+    # Before anything starts JAX's backends: simulated CPU devices when there is no accelerator.
+    from jzero.mesh import simulate_cpu_devices
+
+    simulate_cpu_devices(config.runtime.cpu_devices)
+    return config
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from jzero.trainer import train
+
+    config = _load(args)
+    history = train(config, progress=not args.quiet)
+    if history:
+        last = history[-1]
+        print(f"trained {last['step']} steps: loss {history[0]['loss']:.4f} -> {last['loss']:.4f}; run dir {config.run.dir}")
+    return 0
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    lines = [
+        f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({report['devices']} {report['backend']} devices), "
+        f"{report['num_params']:,} parameters",
+        "",
+        f"{'tensor':<32} {'shape':<16} {'params':<24} {'grads':<24} {'optimizer':<24} {'param bytes/dev':>15}",
+    ]
+    for t in report["tensors"]:
+        shape = "x".join(map(str, t["shape"]))
+        lines.append(
+            f"{t['path']:<32} {shape:<16} {t['param_spec']:<24} {t['grad_spec']:<24} {t['optimizer_spec']:<24} "
+            f"{_human(t['param_bytes_per_device']):>15}"
+        )
+    lines += ["", f"{'model states per device':<24} {'plan':>12} {'paper formula':>14} {'ratio':>7}"]
+    for key in ("params", "grads", "optimizer", "total"):
+        got, ideal = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key]
+        lines.append(f"{key:<24} {_human(got):>12} {_human(ideal):>14} {got / ideal if ideal else float('nan'):>7.3f}")
+    c = report["compiled"]
+    lines += [
+        "",
+        f"compiled step, per device: arguments {_human(c['argument'])}, outputs {_human(c['output'])}, "
+        f"temporaries {_human(c['temp'])}",
+        "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
+    ]
+    if not report["collectives"]:
+        lines.append("  none")
+    for kind, v in sorted(report["collectives"].items()):
+        inside = report["collectives_in_loop"].get(kind, 0)
+        lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {_human(v['bytes'])}")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    if report["replicated"]:
+        total = sum(t["bytes"] for t in report["replicated"])
+        lines.append(f"replicated over data (no dimension divisible by it): {len(report['replicated'])} tensors, {_human(total)}")
+        lines += [f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in report["replicated"]]
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from jzero.trainer import plan_report, setup
+
+    config = _load(args)
+    report = plan_report(setup(config))
+    print(json.dumps(report) if args.json else format_plan(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="train config YAML (e.g. configs/gpt-tiny.yaml)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a dotted config key")
+
+    train = sub.add_parser("train", help="train a model")
+    with_config(train)
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(func=cmd_train)
+
+    plan = sub.add_parser("plan", help="shardings, bytes per device and collectives, without allocating")
+    with_config(plan)
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"jzero: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("jzero: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

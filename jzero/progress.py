@@ -1,0 +1,48 @@
+"""A progress bar showing step, loss and tokens/s (rich), quiet when disabled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class TrainProgress:
+    def __init__(self, total_steps: int, enabled: bool = True):
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self._progress = Progress(
+            TextColumn("step"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not enabled,
+        )
+        self._task = self._progress.add_task("train", total=total_steps, loss="-", tps="-")
+
+    def __enter__(self) -> TrainProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            self._progress.console.print(text)
+
+    def advance(self, step: int) -> None:
+        self._progress.update(self._task, completed=step)
+
+    def update(self, step: int, record: dict[str, Any]) -> None:
+        self._progress.update(
+            self._task, completed=step, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_sec']:,.0f}"
+        )
+        if self.enabled and not self.console.is_terminal:
+            self.console.print(
+                f"step {step}  loss {record['loss']:.4f}  {record['tokens_per_sec']:,.0f} tok/s", highlight=False
+            )

@@ -1,0 +1,219 @@
+"""From a :class:`~jzero.config.Config` to a plan report or a training run.
+
+This is the glue the CLI uses; Python users can call the same pieces (mesh, plan, sharded init,
+step) on their own model, as ``examples/`` shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from jzero import ledger
+from jzero.config import Config, ConfigError, ModelConfig, OptimizerConfig, dump_config
+from jzero.data import TextBatches, text_batches
+from jzero.mesh import make_mesh, mesh_shape
+from jzero.models.gpt import GPT, lm_loss
+from jzero.plan import Plan, make_plan, shard_bytes
+from jzero.progress import TrainProgress
+from jzero.state import TrainState
+from jzero.step import abstract_state, make_train_step, sharded_init
+
+
+def build_model(cfg: ModelConfig) -> GPT:
+    return GPT(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        seq_len=cfg.seq_len,
+        remat=cfg.remat,
+    )
+
+
+def build_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    lr: Any = cfg.learning_rate
+    if cfg.warmup_steps:
+        lr = optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps), optax.constant_schedule(cfg.learning_rate)],
+            [cfg.warmup_steps],
+        )
+    if cfg.name == "adamw":
+        return optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.name == "adam":
+        return optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+    return optax.sgd(lr, momentum=cfg.b1)
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything a run needs, built from a config; nothing allocated on devices yet."""
+
+    config: Config
+    model: GPT
+    tx: optax.GradientTransformation
+    mesh: Mesh
+    plan: Plan
+    rng: jax.Array
+    init_fn: Callable[[jax.Array], Any]
+    loss_fn: Callable[[Any, jax.Array], jax.Array]
+
+    @property
+    def batch_shape(self) -> tuple[int, int]:
+        return (self.config.train.global_batch_size, self.config.model.seq_len + 1)
+
+    def abstract_state(self) -> TrainState:
+        """The train state as sharded ``ShapeDtypeStruct`` leaves."""
+        state = abstract_state(self.init_fn, self.tx, self.rng)
+        state = state.replace(params=nn.unbox(state.params))
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, self.plan.state)
+
+    def compile_step(self):
+        """Lower and compile the train step from shapes alone."""
+        batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
+        step = make_train_step(self.loss_fn, self.tx, self.plan)
+        return step, step.lower(self.abstract_state(), batch).compile()
+
+
+def setup(config: Config, devices: list[jax.Device] | None = None) -> Setup:
+    """Resolve the mesh on the available devices and plan the stage."""
+    mesh = make_mesh(config.mesh.axes, devices)
+    n_d = mesh.shape["data"]
+    if config.train.global_batch_size % n_d:
+        raise ConfigError(
+            "train.global_batch_size", f"{config.train.global_batch_size} is not divisible by the data axis ({n_d})"
+        )
+    model = build_model(config.model)
+    tx = build_optimizer(config.optimizer)
+    sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
+
+    def init_fn(key):
+        return model.init(key, sample)["params"]
+
+    rng = jax.random.key(config.seed)
+    abstract = abstract_state(init_fn, tx, rng)
+    plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules)
+    return Setup(config, model, tx, mesh, plan, rng, init_fn, partial(lm_loss, model))
+
+
+def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text: str) -> list[str]:
+    """Say what the HLO shows about the gradient reduction, and nothing more."""
+    notes = []
+    if stage >= 2:
+        if "reduce-scatter" in collectives:
+            notes.append("gradients are reduced with reduce-scatter")
+        elif "all-reduce" in collectives and "dynamic-slice" in hlo_text:
+            notes.append(
+                f"{jax.default_backend()} backend: no reduce-scatter op in the HLO; gradients are all-reduced "
+                "and each device keeps its slice (dynamic-slice)"
+            )
+    return notes
+
+
+def plan_report(s: Setup) -> dict[str, Any]:
+    """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives."""
+    _, compiled = s.compile_step()
+    hlo = compiled.as_text()
+    ops = ledger.parse_collectives(hlo)
+    collectives = ledger.summarize_collectives(ops)
+    plan = s.plan
+    mem = ledger.compiled_memory(compiled)
+    return {
+        "devices": int(s.mesh.size),
+        "mesh": mesh_shape(s.mesh),
+        "stage": plan.stage,
+        "num_params": plan.num_params,
+        "per_device_bytes": plan.per_device_bytes(),
+        "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
+        "compiled": {k: mem[k] for k in ("argument", "output", "temp")},
+        "collectives": {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in collectives.items()},
+        "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
+        "replica_group_sizes": sorted({o.group_size for o in ops if o.group_size}),
+        "backend": jax.default_backend(),
+        "notes": lowering_notes(plan.stage, collectives, hlo),
+        "tensors": [
+            {
+                "path": t.path,
+                "shape": list(t.shape),
+                "dtype": str(t.dtype),
+                "param_spec": str(t.param_spec),
+                "grad_spec": str(t.grad_spec),
+                "optimizer_spec": str(t.sharded_spec if plan.rule.optimizer else t.replicated_spec),
+                "param_bytes_per_device": shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
+            }
+            for t in plan.tensors
+        ],
+        "replicated": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.replicated],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def prepare_run_dir(path: str) -> Path:
+    """Create ``run.dir``; refuse one that already holds a run, so nothing is overwritten."""
+    run_dir = Path(path)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("run.dir", f"{run_dir} exists and is not a folder")
+    for name in ("metrics.jsonl", "config.yaml"):
+        if (run_dir / name).exists():
+            raise ConfigError("run.dir", f"{run_dir} already holds a run ({name}); choose another run.dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def train(config: Config, *, progress: bool = True, data: TextBatches | None = None) -> list[dict[str, Any]]:
+    """Train per ``config``, writing ``config.yaml`` and ``metrics.jsonl`` under ``run.dir``."""
+    s = setup(config)
+    if data is None:
+        m, t = config.model, config.train
+        data = text_batches(config.data.path, config.data.max_bytes, m.seq_len, t.global_batch_size, config.seed)
+    run_dir = prepare_run_dir(config.run.dir)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+
+    state = sharded_init(s.init_fn, s.tx, s.plan, s.rng)
+    step_fn = make_train_step(s.loss_fn, s.tx, s.plan)
+    t0 = time.perf_counter()
+    compiled = step_fn.lower(state, data.device_batch(0, s.plan.batch)).compile()
+    compile_s = time.perf_counter() - t0
+
+    tokens_per_step = config.train.global_batch_size * config.model.seq_len
+    history: list[dict[str, Any]] = []
+    with open(run_dir / "metrics.jsonl", "a") as log, TrainProgress(config.train.steps, enabled=progress) as bar:
+        bar.note(f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  compile {compile_s:.1f}s")
+        mark, mark_step = time.perf_counter(), 0
+        for step, batch in data.iterate(s.plan.batch):
+            if step >= config.train.steps:
+                break
+            state, metrics = compiled(state, batch)
+            done = step + 1
+            if done % config.run.log_every == 0 or done == config.train.steps:
+                metrics = jax.device_get(metrics)
+                now = time.perf_counter()
+                record = {
+                    "step": done,
+                    "loss": float(metrics["loss"]),
+                    "grad_norm": float(metrics["grad_norm"]),
+                    "tokens_per_sec": tokens_per_step * (done - mark_step) / (now - mark),
+                }
+                mark, mark_step = now, done
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                history.append(record)
+                bar.update(done, record)
+            else:
+                bar.advance(done)
+    return history
