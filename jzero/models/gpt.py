@@ -50,11 +50,12 @@ class Block(nn.Module):
                 name=name,
             )
 
-        def dense(features, in_name, out_name, init, name):
+        def dense(features, in_name, out_name, init, name, use_bias=True):
             # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
             # value, which trips the logical constraints when a mesh is active.
             return nn.Dense(
                 features,
+                use_bias=use_bias,
                 dtype=self.dtype,
                 kernel_init=_init(init, in_name, out_name),
                 bias_init=_init(zeros, out_name),
@@ -64,9 +65,13 @@ class Block(nn.Module):
         batch, length, _ = x.shape
         heads = ("batch", "length", "heads", "kv")
         h = norm("ln_attn")(x)
+        # No key bias: softmax is shift-invariant, so its gradient is exactly zero (pure rounding
+        # noise, which Adam would amplify into real updates).
         q, k, v = (
             nn.with_logical_constraint(
-                dense(self.d_model, "embed", "heads", dense_init, n)(h).reshape(batch, length, self.n_heads, head_dim),
+                dense(self.d_model, "embed", "heads", dense_init, n, use_bias=n != "key")(h).reshape(
+                    batch, length, self.n_heads, head_dim
+                ),
                 heads,
             )
             for n in ("query", "key", "value")
