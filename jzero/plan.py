@@ -160,11 +160,23 @@ def _axes_of(entry: Any) -> tuple[str, ...]:
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
+def logical_to_mesh(name: str | None, rules: Sequence[Sequence[Any]]) -> Any:
+    """The first rule for ``name`` wins; an unnamed or unruled dimension is unsharded.
+
+    Unlike Flax's resolver this never silently drops an axis already used in the same spec, so a
+    rule table that uses one mesh axis twice in a tensor is reported rather than half-applied.
+    """
+    for logical, axis in rules:
+        if logical == name:
+            return tuple(axis) if isinstance(axis, list) else axis
+    return None
+
+
 def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: Mesh, rules) -> P:
     """Map logical names to mesh axes, checking the axes exist, divide, and are not used twice."""
     if not logical:
         return P(*([None] * len(shape)))
-    mesh_axes = nn.logical_to_mesh_axes(logical, rules)
+    mesh_axes = [logical_to_mesh(name, rules) for name in logical]
     entries, used = [], set()
     for dim, (size, entry) in enumerate(zip(shape, mesh_axes, strict=True)):
         axes = _axes_of(entry)
@@ -259,7 +271,7 @@ def make_plan(
     opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
     replicated = NamedSharding(mesh, P())
     state = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
-    batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0] or DATA
+    batch_axes = logical_to_mesh("batch", rules) or DATA
     return Plan(
         mesh=mesh,
         stage=stage,

@@ -67,7 +67,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, plan: Pla
         with activation_rules(plan):
             loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
             grads = _constrain(grads, plan.grads)
-            grad_norm = optax.global_norm(grads)
+            grad_norm = optax.tree.norm(grads)
             grads = _constrain(grads, plan.update)
             params = _constrain(state.params, plan.update)
             updates, opt_state = tx.update(grads, state.opt_state, params)

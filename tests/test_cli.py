@@ -1,0 +1,127 @@
+"""The ``jzero`` command line: train, plan --json, and one-line errors with exit status 2."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import TINY
+
+from jzero.cli import main
+from jzero.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
+
+
+def _sets(*extra):
+    return [arg for kv in [*TINY, *extra] for arg in ("--set", kv)]
+
+
+def _one_line_error(capsys, argv, key):
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert err.startswith(f"jzero: error: {key}") if key else err.startswith("jzero")
+    return err
+
+
+def test_train_writes_metrics_and_resolved_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["train", CONFIG, *_sets("train.steps=4", "run.log_every=2", f"run.dir={run_dir}"), "--quiet"]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    for r in records:
+        assert {"step", "loss", "tokens_per_sec", "grad_norm"} <= set(r)
+        assert r["loss"] > 0 and r["tokens_per_sec"] > 0
+    resolved = load_config(run_dir / "config.yaml")
+    assert resolved.train.steps == 4 and resolved.mesh.axes == {"data": 8, "model": 1}
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["dir"] == str(run_dir)
+
+    # A second run into the same dir is refused, and the first run's files are untouched.
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    err = _one_line_error(capsys, argv, "run.dir")
+    assert "already holds a run" in err
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+
+
+def test_plan_json_contract(capsys):
+    assert main(["plan", CONFIG, *_sets("zero.stage=3"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["devices"] == 8 and report["mesh"] == {"data": 8, "model": 1} and report["stage"] == 3
+    assert report["num_params"] > 0
+    for key in ("per_device_bytes", "ideal_per_device_bytes"):
+        assert set(report[key]) == {"params", "grads", "optimizer", "total"}
+    for part in ("params", "grads", "optimizer", "total"):
+        assert report["per_device_bytes"][part] == pytest.approx(report["ideal_per_device_bytes"][part], rel=0.02)
+    psi = report["num_params"]
+    assert report["ideal_per_device_bytes"]["params"] == pytest.approx(4 * psi / 8, rel=1e-6)
+    assert set(report["compiled"]) == {"argument", "output", "temp"}
+    assert all(v > 0 for v in report["compiled"].values())
+    assert report["collectives"]["all-gather"]["count"] > 0
+    assert all(set(v) == {"count", "bytes"} for v in report["collectives"].values())
+
+
+def test_plan_text_shows_specs_formula_and_collectives(capsys):
+    assert main(["plan", CONFIG, *_sets("zero.stage=2")]) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO stage 2 on mesh data=8 x model=1" in out
+    assert "blocks/mlp_in/kernel" in out and "paper formula" in out
+    assert "all-gather" in out and "temporaries" in out
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        (["zero.stage=4"], "zero.stage"),
+        (["mesh.axes.data=3", "train.global_batch_size=24"], "mesh.axes"),
+        (["mesh.axes.model=3"], "mesh.axes"),
+        (["mesh.axes.data=-1", "mesh.axes.model=-1"], "mesh.axes"),
+        (["model.nope=1"], "model.nope"),
+        (["train.global_batch_size=20"], "train.global_batch_size"),
+        (["data.path=/no/such/dir/*.txt"], "data.path"),
+        (["train.steps=ten"], "train.steps"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, key):
+    run_dir = tmp_path / "run"
+    _one_line_error(capsys, ["train", CONFIG, *_sets(*extra, f"run.dir={run_dir}")], key)
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_missing_config_and_bad_flags(tmp_path, capsys):
+    _one_line_error(capsys, ["train", str(tmp_path / "none.yaml")], "config")
+    bad_mesh = tmp_path / "c.yaml"
+    bad_mesh.write_text("mesh: nowhere.yaml\n")
+    _one_line_error(capsys, ["plan", str(bad_mesh)], "mesh")
+    for argv in (["train"], ["frobnicate"], ["plan", CONFIG, "--bogus"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_console_script_simulates_cpu_devices(tmp_path):
+    """A fresh process with no XLA_FLAGS gets runtime.cpu_devices simulated devices."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    jzero = Path(sys.executable).with_name("jzero")
+    cmd = [str(jzero)] if jzero.exists() else [sys.executable, "-m", "jzero.cli"]
+    out = subprocess.run(
+        [*cmd, "plan", CONFIG, *_sets("runtime.cpu_devices=4", "mesh.axes.data=-1", "zero.stage=1"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    assert report["devices"] == 4 and report["mesh"] == {"data": 4, "model": 1}
