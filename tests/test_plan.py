@@ -24,7 +24,10 @@ class Odd(nn.Module):
         return x * (a.sum() + b.sum() + c.sum())
 
 
-def _abstract(module=Odd(), tx=optax.adamw(1e-3)):
+def _abstract(module=None, tx=None):
+    module = module or Odd()
+    tx = tx or optax.adamw(1e-3)
+
     def init_fn(key):
         return module.init(key, jnp.ones(()))["params"]
 
