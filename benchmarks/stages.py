@@ -124,7 +124,8 @@ def markdown(result: dict) -> str:
         f"{result['num_params']:,} parameters, mesh {mesh} ({result['backend']}), fp32 AdamW; "
         f"median of {result['rounds']} interleaved rounds of {result['steps_per_round']} steps",
         "",
-        "| stage | step time vs stage 0 | model states / device | vs stage 0 | paper formula | temporaries / device | vs stage 0 |",
+        "| stage | step time vs stage 0 | model states / device | vs stage 0 | paper formula "
+        "| temporaries / device | vs stage 0 |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in result["stages"]:

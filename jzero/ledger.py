@@ -145,8 +145,3 @@ def paper_bytes_per_device(num_params: float, stage: int, n_d: int, k: float = 1
              + grad_bytes * psi / (n_d if rule.grads else 1)
              + k * psi / (n_d if rule.optimizer else 1))  # fmt: skip
     return total / n_m
-
-
-def ratio(measured: float, ideal: float) -> float:
-    return float(measured) / float(ideal) if ideal else float("nan")
-
