@@ -51,6 +51,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     seq_len: int = 128
     remat: bool = True
+    tie_embeddings: bool = False
 
 
 @dataclasses.dataclass

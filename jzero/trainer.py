@@ -40,6 +40,7 @@ def build_model(cfg: ModelConfig) -> GPT:
         mlp_ratio=cfg.mlp_ratio,
         seq_len=cfg.seq_len,
         remat=cfg.remat,
+        tie_embeddings=cfg.tie_embeddings,
     )
 
 

@@ -147,3 +147,25 @@ def test_plan_bytes_per_stage_follow_formula(devices):
         # Only `b` (84 bytes, replicated) keeps these apart.
         assert got["total"] >= ideal["total"]
         assert got["total"] - ideal["total"] <= 4 * 84
+
+
+def test_tied_embeddings_drop_the_lm_head(devices):
+    from conftest import tiny_config
+
+    from jzero.trainer import setup
+
+    untied = setup(tiny_config()).plan
+    tied = setup(tiny_config("model.tie_embeddings=true")).plan
+    assert "lm_head/kernel" in {t.path for t in untied.tensors}
+    assert "lm_head/kernel" not in {t.path for t in tied.tensors}
+    assert untied.num_params - tied.num_params == 256 * 32
+
+
+def test_gpt2_small_config_has_124m_parameters(devices):
+    from pathlib import Path
+
+    from jzero.config import load_config
+    from jzero.trainer import setup
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs/gpt2-small.yaml", ["mesh.axes.data=8"])
+    assert setup(cfg).plan.num_params == 124_466_688

@@ -101,6 +101,7 @@ class GPT(nn.Module):
     mlp_ratio: int = 4
     seq_len: int = 128
     remat: bool = True
+    tie_embeddings: bool = False  # GPT-2 style: the LM head reuses the token embedding
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
@@ -132,13 +133,16 @@ class GPT(nn.Module):
             bias_init=_init(nn.initializers.zeros, "embed"),
             name="ln_f",
         )(x)
-        logits = nn.Dense(
-            self.vocab_size,
-            use_bias=False,
-            dtype=self.dtype,
-            kernel_init=_init(nn.initializers.normal(0.02), "embed", "vocab"),
-            name="lm_head",
-        )(x)
+        if self.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(
+                self.vocab_size,
+                use_bias=False,
+                dtype=self.dtype,
+                kernel_init=_init(nn.initializers.normal(0.02), "embed", "vocab"),
+                name="lm_head",
+            )(x)
         return logits.astype(jnp.float32)
 
 
