@@ -9,15 +9,14 @@ The Python API, for your own loop::
     state, metrics = train_step(state, jax.device_put(batch, plan.batch))
 """
 
-from jzero.config import Config, ConfigError, load_config
+from jzero.config import Config, ConfigError, default_rules, load_config
 from jzero.ledger import live_bytes_per_device, paper_bytes_per_device, parse_collectives
 from jzero.mesh import make_mesh
-from jzero.plan import DEFAULT_RULES, STAGES, Plan, StageRule, make_plan
+from jzero.plan import STAGES, Plan, StageRule, make_plan
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_init
 
 __all__ = [
-    "DEFAULT_RULES",
     "STAGES",
     "Config",
     "ConfigError",
@@ -25,6 +24,7 @@ __all__ = [
     "StageRule",
     "TrainState",
     "abstract_state",
+    "default_rules",
     "live_bytes_per_device",
     "load_config",
     "make_mesh",

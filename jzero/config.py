@@ -28,6 +28,8 @@ class MeshConfig:
     """Mesh axes in order, name -> size; one size may be -1 ("all remaining devices")."""
 
     axes: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1, "model": 1})
+    # How many ways each axis spans hosts (MaxText's dcn split); the rest of it stays within a host.
+    dcn: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -84,22 +86,28 @@ class RuntimeConfig:
     cpu_devices: int = 8
 
 
+def default_rules(axis_names) -> list[list]:
+    """Megatron-style defaults: heads, MLP hidden and vocabulary on ``model``; the batch on
+    ``data`` (and ``replica`` when the mesh has one); everything else unsharded by the rules."""
+    batch = ["replica", "data"] if "replica" in axis_names else "data"
+    return [
+        ["batch", batch],
+        ["vocab", "model"],
+        ["embed", None],
+        ["heads", "model"],
+        ["kv", None],
+        ["mlp", "model"],
+        ["layers", None],
+        ["length", None],
+    ]
+
+
 @dataclasses.dataclass
 class PartitioningConfig:
-    """Ordered ``[logical_name, mesh_axis_or_null]`` pairs; the first match wins."""
+    """``rules``: ordered ``[logical_name, mesh_axis | [axes] | null]`` pairs, the first match wins;
+    None means :func:`default_rules` for the mesh."""
 
-    rules: list[list[str | None]] = dataclasses.field(
-        default_factory=lambda: [
-            ["batch", "data"],
-            ["vocab", None],
-            ["embed", None],
-            ["heads", "model"],
-            ["kv", None],
-            ["mlp", "model"],
-            ["layers", None],
-            ["length", None],
-        ]
-    )
+    rules: list[list[str | list[str] | None]] | None = None
 
 
 @dataclasses.dataclass
@@ -119,7 +127,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-KNOWN_MESH_AXES = ("data", "model")
+KNOWN_MESH_AXES = ("replica", "data", "model")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
 
@@ -204,8 +212,11 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
-        (inner,) = [o for o in options if o is not type(None)]
-        return _coerce(value, inner, key)
+        inner = [o for o in options if o is not type(None)]
+        if len(inner) > 1:  # e.g. str | list[str]: pick by the value's own shape
+            by_kind = [o for o in inner if (typing.get_origin(o) is list) == isinstance(value, list)]
+            inner = by_kind or inner
+        return _coerce(value, inner[0], key)
     if dataclasses.is_dataclass(hint):
         if value is None:
             return hint()
@@ -276,6 +287,14 @@ def _positive(value: int | float, key: str) -> None:
         raise ConfigError(key, f"must be positive, got {value}")
 
 
+def check_batch_divides(global_batch_size: int, axes: dict[str, int]) -> None:
+    """The batch is split over ``data`` (and ``replica``), so they must divide it."""
+    ways = axes["data"] * axes.get("replica", 1)
+    if global_batch_size % ways:
+        name = "replica x data" if "replica" in axes else "data"
+        raise ConfigError("train.global_batch_size", f"{global_batch_size} is not divisible by the {name} axis ({ways})")
+
+
 def validate(config: Config) -> None:
     """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`."""
     axes = config.mesh.axes
@@ -286,6 +305,13 @@ def validate(config: Config) -> None:
             raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
         if size == 0 or size < -1:
             raise ConfigError(f"mesh.axes.{name}", f"size must be positive or -1, got {size}")
+    for name, ways in config.mesh.dcn.items():
+        if name not in axes:
+            raise ConfigError(f"mesh.dcn.{name}", f"is not a mesh axis (axes: {', '.join(axes)})")
+        if ways <= 0:
+            raise ConfigError(f"mesh.dcn.{name}", f"must be positive, got {ways}")
+        if axes[name] > 0 and axes[name] % ways:
+            raise ConfigError(f"mesh.dcn.{name}", f"{ways} does not divide the axis size {axes[name]}")
     if "data" not in axes:
         raise ConfigError("mesh.axes", "must include the 'data' axis")
     if sum(1 for s in axes.values() if s == -1) > 1:
@@ -302,6 +328,8 @@ def validate(config: Config) -> None:
         _positive(getattr(m, field), f"model.{field}")
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError("model.n_heads", f"head size d_model/n_heads={m.d_model // m.n_heads} must be even (rotary)")
     if m.vocab_size < 256:
         raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
 
@@ -314,21 +342,21 @@ def validate(config: Config) -> None:
 
     _positive(config.train.steps, "train.steps")
     _positive(config.train.global_batch_size, "train.global_batch_size")
-    data_size = axes["data"]
-    if data_size > 0 and config.train.global_batch_size % data_size:
-        raise ConfigError(
-            "train.global_batch_size",
-            f"{config.train.global_batch_size} is not divisible by the data axis ({data_size})",
-        )
+    if axes["data"] > 0 and axes.get("replica", 1) > 0:
+        check_batch_divides(config.train.global_batch_size, axes)
     _positive(config.run.log_every, "run.log_every")
     _positive(config.runtime.cpu_devices, "runtime.cpu_devices")
     _positive(config.data.max_bytes, "data.max_bytes")
 
+    if config.partitioning.rules is None:
+        config.partitioning.rules = default_rules(axes)
     for i, rule in enumerate(config.partitioning.rules):
         if len(rule) != 2 or not isinstance(rule[0], str):
             raise ConfigError(f"partitioning.rules[{i}]", f"must be [logical_name, mesh_axis_or_null], got {rule!r}")
-        if rule[1] is not None and rule[1] not in axes:
-            raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {rule[1]!r}, which the mesh lacks")
+        targets = rule[1] if isinstance(rule[1], list) else [rule[1]]
+        for axis in targets:
+            if axis is not None and axis not in axes:
+                raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {axis!r}, which the mesh lacks")
 
 
 def dump_config(config: Config) -> str:

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 from jzero.config import ConfigError
@@ -36,17 +37,35 @@ def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
     return axes
 
 
-def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Build a mesh from ordered ``{axis: size}``; a mesh smaller than the device count uses the first devices."""
+def make_mesh(
+    axes: Mapping[str, int],
+    devices: Sequence[jax.Device] | None = None,
+    dcn: Mapping[str, int] | None = None,
+) -> Mesh:
+    """Build a mesh from ordered ``{axis: size}``; a mesh smaller than the device count uses the first devices.
+
+    ``dcn`` says how many ways an axis spans hosts. With several processes those factors are laid
+    across processes (``create_hybrid_device_mesh``), so the other axes' collectives stay inside a
+    host; in one process every device is local and ``dcn`` only has to divide its axis.
+    """
     devices = list(jax.devices() if devices is None else devices)
     axes = resolve_axes(axes, len(devices))
+    dcn = {name: int(dcn.get(name, 1)) for name in axes} if dcn else {}
+    for name, ways in dcn.items():
+        if axes[name] % ways:
+            raise ConfigError(f"mesh.dcn.{name}", f"{ways} does not divide the axis size {axes[name]}")
+    names, types = tuple(axes), (AxisType.Auto,) * len(axes)
+    processes = len({d.process_index for d in devices})
+    if dcn and processes > 1:
+        if math.prod(dcn.values()) != processes:
+            raise ConfigError("mesh.dcn", f"the dcn sizes multiply to {math.prod(dcn.values())}, not the {processes} processes")
+        ici = tuple(axes[n] // dcn[n] for n in names)
+        grid = mesh_utils.create_hybrid_device_mesh(
+            ici, tuple(dcn[n] for n in names), devices=devices, process_is_granule=True
+        )
+        return Mesh(grid, names, axis_types=types)
     total = math.prod(axes.values())
-    return jax.make_mesh(
-        tuple(axes.values()),
-        tuple(axes.keys()),
-        axis_types=(AxisType.Auto,) * len(axes),
-        devices=devices[:total],
-    )
+    return jax.make_mesh(tuple(axes.values()), names, axis_types=types, devices=devices[:total])
 
 
 def mesh_shape(mesh: Mesh) -> dict[str, int]:

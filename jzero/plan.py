@@ -25,10 +25,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jzero.config import ConfigError
+from jzero.config import ConfigError, default_rules
 from jzero.state import TrainState
 
 DATA = "data"
+REPLICA = "replica"  # hierarchical partitioning: whole model-state copies per replica group
 SCAN_AXIS = "layers"
 
 
@@ -47,18 +48,6 @@ STAGES: dict[int, StageRule] = {
     2: StageRule(params=False, grads=True, optimizer=True),  # P_os+g
     3: StageRule(params=True, grads=True, optimizer=True),  # P_os+g+p
 }
-
-DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", DATA),
-    ("vocab", None),
-    ("embed", None),
-    ("heads", "model"),
-    ("kv", None),
-    ("mlp", "model"),
-    ("layers", None),
-    ("length", None),
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class TensorPlan:
@@ -125,7 +114,7 @@ class Plan:
         For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded.
         """
         n_d = self.data_size
-        n_m = math.prod(int(s) for a, s in self.mesh.shape.items() if a != DATA)
+        n_m = math.prod(int(s) for a, s in self.mesh.shape.items() if a not in (DATA, REPLICA))
         full_params = sum(t.nbytes for t in self.tensors)
         full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
         rule = self.rule
@@ -196,9 +185,23 @@ def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: 
     return P(*entries)
 
 
+def zero_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes ZeRO partitions model states over: ``data``, then every other axis of size > 1
+    except ``replica`` (whose groups keep whole copies).
+
+    A tensor the model axis does not split is held whole by every device of that axis; ZeRO then
+    partitions it over ``model`` too, so per-device bytes fall by N_d x N_m as the paper assumes.
+    """
+    others = tuple(a for a in mesh.axis_names if a not in (DATA, REPLICA) and int(mesh.shape[a]) > 1)
+    return (DATA, *others)
+
+
 def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None) -> tuple[P, int | None]:
-    """Add ``data`` to ``spec`` on the best dimension: returns (D spec, chosen dim or None)."""
-    n_d = int(mesh.shape[DATA])
+    """Add the ZeRO axes to ``spec``: returns (D spec, the dim ``data`` went on, or None).
+
+    ``data`` goes on the best dimension it divides; then each other ZeRO axis the spec leaves
+    unused goes on the best dimension that still divides, if any.
+    """
     entries = list(spec) + [None] * (len(shape) - len(spec))
     if any(DATA in _axes_of(e) for e in entries):
         return P(*entries), None
@@ -208,20 +211,29 @@ def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple |
         # The scan axis last, then dims no model axis uses, then larger first, then earlier first.
         return (logical[dim] == SCAN_AXIS, entries[dim] is not None, -shape[dim], dim)
 
-    for dim in sorted(range(len(shape)), key=rank):
-        axes = _axes_of(entries[dim])
-        factor = math.prod(int(mesh.shape[a]) for a in axes) * n_d
-        if shape[dim] % factor == 0:
-            entries[dim] = (*axes, DATA) if axes else DATA
-            return P(*entries), dim
-    return P(*entries), None
+    def place(axis: str) -> int | None:
+        for dim in sorted(range(len(shape)), key=rank):
+            axes = _axes_of(entries[dim])
+            factor = math.prod(int(mesh.shape[a]) for a in axes) * int(mesh.shape[axis])
+            if shape[dim] % factor == 0:
+                entries[dim] = (*axes, axis) if axes else axis
+                return dim
+        return None
+
+    data_dim = place(DATA)
+    if data_dim is not None:
+        used = {a for e in entries for a in _axes_of(e)}
+        for axis in zero_axes(mesh)[1:]:
+            if axis not in used:
+                place(axis)
+    return P(*entries), data_dim
 
 
 def make_plan(
     abstract_state: TrainState,
     mesh: Mesh,
     stage: int,
-    rules: Sequence[Sequence[str | None]] = DEFAULT_RULES,
+    rules: Sequence[Sequence[Any]] | None = None,
 ) -> Plan:
     """Shardings for ``stage`` on ``mesh``.
 
@@ -232,7 +244,9 @@ def make_plan(
         raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {stage}")
     if DATA not in mesh.shape:
         raise ConfigError("mesh.axes", "must include the 'data' axis")
-    rules = tuple(tuple(r) for r in rules)
+    if rules is None:
+        rules = default_rules(mesh.axis_names)
+    rules = tuple((name, tuple(axis) if isinstance(axis, list) else axis) for name, axis in rules)
     rule = STAGES[stage]
 
     logical_tree = nn.get_partition_spec(abstract_state.params)

@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh
 
 from jzero import ledger
-from jzero.config import Config, ConfigError, ModelConfig, OptimizerConfig, dump_config
+from jzero.config import Config, ConfigError, ModelConfig, OptimizerConfig, check_batch_divides, dump_config
 from jzero.data import TextBatches, text_batches
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.models.gpt import GPT, lm_loss
@@ -90,12 +90,8 @@ class Setup:
 
 def setup(config: Config, devices: list[jax.Device] | None = None) -> Setup:
     """Resolve the mesh on the available devices and plan the stage."""
-    mesh = make_mesh(config.mesh.axes, devices)
-    n_d = mesh.shape["data"]
-    if config.train.global_batch_size % n_d:
-        raise ConfigError(
-            "train.global_batch_size", f"{config.train.global_batch_size} is not divisible by the data axis ({n_d})"
-        )
+    mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
+    check_batch_divides(config.train.global_batch_size, mesh_shape(mesh))
     model = build_model(config.model)
     tx = build_optimizer(config.optimizer)
     sample = jnp.zeros((1, config.model.seq_len), jnp.int32)

@@ -1,7 +1,7 @@
 """A decoder-only GPT in flax.linen, annotated for jzero.
 
 - Parameters carry logical axis names (``nn.with_logical_partitioning``): ``vocab``, ``embed``,
-  ``heads``, ``kv``, ``mlp``, ``length`` and ``layers`` (the scan axis).
+  ``heads``, ``mlp`` and ``layers`` (the scan axis). Positions are rotary (no parameters).
 - Blocks are stacked with ``nn.scan`` and wrapped in ``nn.remat``, so stage 3 gathers one layer's
   parameters at a time inside the loop.
 - Activations are constrained with the batch on ``data`` at each block input and inside attention
@@ -23,6 +23,17 @@ BATCH_ACT = ("batch", "length", "embed")
 
 def _init(init, *names):
     return nn.with_logical_partitioning(init, names)
+
+
+def rotary(x: jax.Array) -> jax.Array:
+    """Rotary position embedding over the last axis of ``x`` [batch, length, heads, head_dim]."""
+    length, head_dim = x.shape[1], x.shape[-1]
+    half = head_dim // 2
+    freq = 1.0 / (10_000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
+    angles = jnp.arange(length, dtype=jnp.float32)[:, None] * freq[None, :]
+    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
 class Block(nn.Module):
@@ -76,6 +87,7 @@ class Block(nn.Module):
             )
             for n in ("query", "key", "value")
         )
+        q, k = rotary(q), rotary(k)
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
@@ -99,7 +111,7 @@ class GPT(nn.Module):
     n_layers: int = 4
     n_heads: int = 4
     mlp_ratio: int = 4
-    seq_len: int = 128
+    seq_len: int = 128  # the longest sequence trained on; rotary positions need no table
     remat: bool = True
     tie_embeddings: bool = False  # GPT-2 style: the LM head reuses the token embedding
     dtype: jnp.dtype = jnp.float32
@@ -113,9 +125,7 @@ class GPT(nn.Module):
             embedding_init=_init(nn.initializers.normal(0.02), "vocab", "embed"),
             name="embed",
         )
-        pos = self.param("pos_embed", _init(nn.initializers.normal(0.01), "length", "embed"), (self.seq_len, self.d_model))
-        x = embed(tokens) + pos[: tokens.shape[1]]
-        x = x.astype(self.dtype)
+        x = embed(tokens).astype(self.dtype)  # positions come from rotary embeddings in attention
 
         block = nn.remat(Block, prevent_cse=False) if self.remat else Block
         stack = nn.scan(
