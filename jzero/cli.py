@@ -76,13 +76,22 @@ def format_plan(report: dict[str, Any]) -> str:
         lines.append("  none")
     for kind, v in sorted(report["collectives"].items()):
         inside = report["collectives_in_loop"].get(kind, 0)
-        lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {_human(v['bytes'])}")
+        groups = "/".join(map(str, report["collective_groups"].get(kind, [])))
+        groups = f"  groups of {groups} devices" if groups else ""
+        lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {_human(v['bytes']):>12}{groups}")
     for note in report["notes"]:
         lines.append(f"note: {note}")
     if report["replicated"]:
         total = sum(t["bytes"] for t in report["replicated"])
         lines.append(f"replicated over data (no dimension divisible by it): {len(report['replicated'])} tensors, {_human(total)}")
         lines += [f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in report["replicated"]]
+    if report["not_on_model"]:
+        total = sum(t["bytes"] for t in report["not_on_model"])
+        lines.append(
+            f"not split by the model rules: {len(report['not_on_model'])} tensors, {_human(total)} "
+            "(ZeRO still partitions them over data x model at stages >= 1)"
+        )
+        lines += [f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in report["not_on_model"]]
     return "\n".join(lines)
 
 

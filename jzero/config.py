@@ -7,6 +7,7 @@ Every problem is raised as one :class:`ConfigError` that names the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -108,6 +109,8 @@ class PartitioningConfig:
     None means :func:`default_rules` for the mesh."""
 
     rules: list[list[str | list[str] | None]] | None = None
+    # ``[regex, [mesh_axis_or_null per dim]]``: place parameters by path, e.g. an unannotated model's.
+    path_rules: list[list[str | list[str | None]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -348,6 +351,17 @@ def validate(config: Config) -> None:
     _positive(config.runtime.cpu_devices, "runtime.cpu_devices")
     _positive(config.data.max_bytes, "data.max_bytes")
 
+    for i, rule in enumerate(config.partitioning.path_rules):
+        key = f"partitioning.path_rules[{i}]"
+        if len(rule) != 2 or not isinstance(rule[0], str) or not isinstance(rule[1], list):
+            raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {rule!r}")
+        try:
+            re.compile(rule[0])
+        except re.error as err:
+            raise ConfigError(key, f"bad regex {rule[0]!r}: {err}") from None
+        for axis in rule[1]:
+            if axis is not None and axis not in axes:
+                raise ConfigError(key, f"names mesh axis {axis!r}, which the mesh lacks")
     if config.partitioning.rules is None:
         config.partitioning.rules = default_rules(axes)
     for i, rule in enumerate(config.partitioning.rules):

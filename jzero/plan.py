@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,6 +99,14 @@ class Plan:
         return [t for t in self.tensors if t.data_dim is None]
 
     @property
+    def not_on_model(self) -> list[TensorPlan]:
+        """With a ``model`` axis of size > 1: parameters no rule splits over it (whole per model group
+        before ZeRO)."""
+        if int(self.mesh.shape.get("model", 1)) == 1:
+            return []
+        return [t for t in self.tensors if not any("model" in _axes_of(e) for e in t.replicated_spec)]
+
+    @property
     def num_params(self) -> int:
         return sum(math.prod(t.shape) for t in self.tensors)
 
@@ -133,7 +142,21 @@ def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
 
 
 def path_str(path: Sequence[Any]) -> str:
-    return "/".join(_key_name(k) for k in path)
+    """``a/b/kernel`` for a tree path; NNX's trailing ``.value`` attribute is left out."""
+    names = [_key_name(k) for k in path]
+    if path and getattr(path[-1], "name", None) == "value":
+        names = names[:-1]
+    return "/".join(names)
+
+
+def logical_names(params: Any) -> dict[str, tuple | None]:
+    """Each parameter's logical axis names, by path: from linen ``Partitioned`` boxes or from the
+    ``sharding`` metadata of NNX variables. Unannotated parameters map to None."""
+    from flax import nnx
+
+    get_spec = nnx.get_partition_spec if isinstance(params, nnx.State) else nn.get_partition_spec
+    specs = jax.tree_util.tree_flatten_with_path(get_spec(params), is_leaf=lambda x: isinstance(x, P))[0]
+    return {path_str(path): (tuple(spec) if isinstance(spec, P) and len(spec) else None) for path, spec in specs}
 
 
 def _key_name(key: Any) -> str:
@@ -161,11 +184,22 @@ def logical_to_mesh(name: str | None, rules: Sequence[Sequence[Any]]) -> Any:
     return None
 
 
-def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: Mesh, rules) -> P:
-    """Map logical names to mesh axes, checking the axes exist, divide, and are not used twice."""
-    if not logical:
+def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: Mesh, rules, path_rules=()) -> P:
+    """The tensor's model-parallel spec, from the first matching path rule, else its logical names
+    through ``rules``; checks that each axis exists, divides its dimension and is used once."""
+    mesh_axes = None
+    for pattern, spec in path_rules:
+        if re.search(pattern, path):
+            if len(spec) != len(shape):
+                raise ConfigError(
+                    "partitioning.path_rules", f"{path} {list(shape)}: rule {pattern!r} gives {len(spec)} dims, not {len(shape)}"
+                )
+            mesh_axes = [tuple(a) if isinstance(a, list) else a for a in spec]
+            break
+    if mesh_axes is None and logical:
+        mesh_axes = [logical_to_mesh(name, rules) for name in logical]
+    if mesh_axes is None:
         return P(*([None] * len(shape)))
-    mesh_axes = [logical_to_mesh(name, rules) for name in logical]
     entries, used = [], set()
     for dim, (size, entry) in enumerate(zip(shape, mesh_axes, strict=True)):
         axes = _axes_of(entry)
@@ -234,11 +268,15 @@ def make_plan(
     mesh: Mesh,
     stage: int,
     rules: Sequence[Sequence[Any]] | None = None,
+    path_rules: Sequence[Sequence[Any]] = (),
 ) -> Plan:
     """Shardings for ``stage`` on ``mesh``.
 
     ``abstract_state`` comes from ``jax.eval_shape`` of :func:`jzero.state.create_state`; its params
-    may keep Flax ``Partitioned`` boxes, whose logical names ``rules`` map to mesh axes.
+    may keep Flax ``Partitioned`` boxes (or be an NNX ``State``), whose logical names ``rules`` map
+    to mesh axes. ``path_rules`` are ``[regex, [mesh_axis_or_null per dim]]`` pairs that place
+    parameters by path (first match wins, before logical names): the way to put an unannotated
+    model's tensors on ``model``.
     """
     if stage not in STAGES:
         raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {stage}")
@@ -249,17 +287,16 @@ def make_plan(
     rules = tuple((name, tuple(axis) if isinstance(axis, list) else axis) for name, axis in rules)
     rule = STAGES[stage]
 
-    logical_tree = nn.get_partition_spec(abstract_state.params)
+    names = logical_names(abstract_state.params)
     params = nn.unbox(abstract_state.params)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    logical_leaves = treedef.flatten_up_to(logical_tree)
 
     tensors = []
-    for (path, leaf), logical in zip(leaves, logical_leaves, strict=True):
+    for path, leaf in leaves:
         name = path_str(path)
         shape = tuple(leaf.shape)
-        logical = tuple(logical) if logical else None
-        rspec = _model_spec(name, shape, logical, mesh, rules)
+        logical = names.get(name)
+        rspec = _model_spec(name, shape, logical, mesh, rules, path_rules)
         dspec, dim = data_partition(shape, rspec, mesh, logical)
         tensors.append(
             TensorPlan(

@@ -20,6 +20,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import optax
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -36,9 +37,19 @@ def activation_rules(plan: Plan) -> Iterator[None]:
         yield
 
 
+def _init_params(init_fn: Callable[[jax.Array], Any], key: jax.Array) -> Any:
+    # NNX would otherwise read sharding names as mesh axes at creation; jzero maps them itself.
+    with nnx.use_eager_sharding(False):
+        return init_fn(key)
+
+
 def abstract_state(init_fn: Callable[[jax.Array], Any], tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
-    """The train state's shapes and logical annotations, with nothing allocated."""
-    return jax.eval_shape(lambda key: create_state(init_fn(key), tx), rng)
+    """The train state's shapes and logical annotations, with nothing allocated.
+
+    ``init_fn(key)`` returns the parameters: a linen params dict (boxed or not) or an NNX
+    ``State`` (``nnx.state(Model(rngs=nnx.Rngs(key)), nnx.Param)``).
+    """
+    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx), rng)
 
 
 def sharded_init(init_fn: Callable[[jax.Array], Any], tx: optax.GradientTransformation, plan: Plan, rng: jax.Array) -> TrainState:
@@ -47,7 +58,7 @@ def sharded_init(init_fn: Callable[[jax.Array], Any], tx: optax.GradientTransfor
     # No activation rules here: init's forward pass is dead code once only params are kept, and
     # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
     def init(key):
-        return unbox_state(create_state(init_fn(key), tx))
+        return unbox_state(create_state(_init_params(init_fn, key), tx))
 
     return jax.jit(init, out_shardings=plan.state)(rng)
 

@@ -101,7 +101,7 @@ def setup(config: Config, devices: list[jax.Device] | None = None) -> Setup:
 
     rng = jax.random.key(config.seed)
     abstract = abstract_state(init_fn, tx, rng)
-    plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules)
+    plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules, config.partitioning.path_rules)
     return Setup(config, model, tx, mesh, plan, rng, init_fn, partial(lm_loss, model))
 
 
@@ -137,7 +137,7 @@ def plan_report(s: Setup) -> dict[str, Any]:
         "compiled": {k: mem[k] for k in ("argument", "output", "temp")},
         "collectives": {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in collectives.items()},
         "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
-        "replica_group_sizes": sorted({o.group_size for o in ops if o.group_size}),
+        "collective_groups": {k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in collectives},
         "backend": jax.default_backend(),
         "notes": lowering_notes(plan.stage, collectives, hlo),
         "tensors": [
@@ -153,6 +153,7 @@ def plan_report(s: Setup) -> dict[str, Any]:
             for t in plan.tensors
         ],
         "replicated": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.replicated],
+        "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
     }
 
 
