@@ -24,7 +24,8 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)\}?")
 _WHILE_BODY = re.compile(r"\swhile\(.*body=%?([\w.\-]+)")
 _GROUPS = re.compile(
-    r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{\{[^ ]*\}\}|\{\}|\[[\d,]*\]<=\[[\d,]*\](?:T\([\d,]*\))?)"
+    r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids=[^{]*?)?\s*\{[^}]*\}"
+    r"|\{\{[^ ]*\}\}|\{\}|\[[\d,]*\]<=\[[\d,]*\](?:T\([\d,]*\))?)"
 )
 
 

@@ -215,7 +215,9 @@ def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: 
                 "partitioning.rules",
                 f"{path} {list(shape)}: dimension {dim} ({size}) is not divisible by mesh axis {entry!r} ({factor})",
             )
-        entries.append(entry)
+        # A size-1 axis splits nothing; leaving it out keeps the dim free for ZeRO and specs legible.
+        real = tuple(a for a in axes if int(mesh.shape[a]) > 1)
+        entries.append(real[0] if len(real) == 1 else (real or None))
     return P(*entries)
 
 

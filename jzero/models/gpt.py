@@ -125,7 +125,10 @@ class GPT(nn.Module):
             embedding_init=_init(nn.initializers.normal(0.02), "vocab", "embed"),
             name="embed",
         )
-        x = embed(tokens).astype(self.dtype)  # positions come from rotary embeddings in attention
+        # Gather the table (a parameter gather, as ZeRO-3 does for every layer) rather than let GSPMD
+        # gather the batch's activations to meet a data-sharded table in the lookup's backward.
+        table = nn.with_logical_constraint(embed.embedding, ("vocab", "embed"))
+        x = jnp.take(table, tokens, axis=0).astype(self.dtype)  # positions: rotary, in attention
 
         block = nn.remat(Block, prevent_cse=False) if self.remat else Block
         stack = nn.scan(
@@ -144,7 +147,7 @@ class GPT(nn.Module):
             name="ln_f",
         )(x)
         if self.tie_embeddings:
-            logits = embed.attend(x)
+            logits = jnp.einsum("ble,ve->blv", x, table.astype(self.dtype))
         else:
             logits = nn.Dense(
                 self.vocab_size,
