@@ -3,9 +3,11 @@
 One rule table (:data:`STAGES`) says which of parameters, gradients and optimizer state a stage
 partitions over ``data``. Every tensor gets two specs:
 
-- ``R``: its model-parallel spec from the logical-axis rules, replicated over ``data``;
+- ``R``: its model-parallel spec (path rules, else logical names through the rules), replicated
+  over ``data``;
 - ``D``: ``R`` plus ``data`` on the largest dimension that ``data`` divides and no model axis uses
-  (the scan axis ``layers`` only as a last resort, so stage 3 can still gather one layer at a time).
+  (the scan axis ``layers`` only as a last resort, so stage 3 can still gather one layer at a time),
+  plus ``model`` too when ``R`` leaves the tensor whole on it (see :func:`zero_axes`).
 
 A stage then picks ``R`` or ``D`` for each of the three roles. Optimizer state follows its parameter,
 matched by tree path suffix and shape; other optimizer leaves get their own ``D`` and scalars stay
@@ -23,6 +25,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,6 +52,7 @@ STAGES: dict[int, StageRule] = {
     2: StageRule(params=False, grads=True, optimizer=True),  # P_os+g
     3: StageRule(params=True, grads=True, optimizer=True),  # P_os+g+p
 }
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorPlan:
@@ -152,8 +156,6 @@ def path_str(path: Sequence[Any]) -> str:
 def logical_names(params: Any) -> dict[str, tuple | None]:
     """Each parameter's logical axis names, by path: from linen ``Partitioned`` boxes or from the
     ``sharding`` metadata of NNX variables. Unannotated parameters map to None."""
-    from flax import nnx
-
     get_spec = nnx.get_partition_spec if isinstance(params, nnx.State) else nn.get_partition_spec
     specs = jax.tree_util.tree_flatten_with_path(get_spec(params), is_leaf=lambda x: isinstance(x, P))[0]
     return {path_str(path): (tuple(spec) if isinstance(spec, P) and len(spec) else None) for path, spec in specs}
