@@ -67,6 +67,7 @@ class TensorPlan:
     data_dim: int | None  # the dimension ``data`` splits in D; None if none divides
     param_spec: P
     grad_spec: P
+    update_spec: P  # the optimizer state's spec, and where the update runs
 
     @property
     def nbytes(self) -> int:
@@ -313,6 +314,7 @@ def make_plan(
                 data_dim=dim,
                 param_spec=dspec if rule.params else rspec,
                 grad_spec=dspec if rule.grads else rspec,
+                update_spec=dspec if rule.optimizer else rspec,
             )
         )
 
@@ -321,7 +323,7 @@ def make_plan(
 
     param_shardings = tree(t.param_spec for t in tensors)
     grad_shardings = tree(t.grad_spec for t in tensors)
-    update_shardings = tree(t.sharded_spec if rule.optimizer else t.replicated_spec for t in tensors)
+    update_shardings = tree(t.update_spec for t in tensors)
 
     opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
     replicated = NamedSharding(mesh, P())
@@ -355,7 +357,7 @@ def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, 
         matches = (by_path.get(keys[-n:]) for n in lengths if len(keys) >= n)
         owner = next((t for t in matches if t is not None and t.shape == shape), None)
         if owner is not None:
-            spec = owner.sharded_spec if rule.optimizer else owner.replicated_spec
+            spec = owner.update_spec
         elif not shape or not rule.optimizer:
             spec = P()
         else:

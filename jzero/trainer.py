@@ -70,6 +70,7 @@ class Setup:
     rng: jax.Array
     init_fn: Callable[[jax.Array], Any]
     loss_fn: Callable[[Any, jax.Array], jax.Array]
+    abstract: TrainState  # shapes only, params still boxed with their logical names
 
     @property
     def batch_shape(self) -> tuple[int, int]:
@@ -77,8 +78,7 @@ class Setup:
 
     def abstract_state(self) -> TrainState:
         """The train state as sharded ``ShapeDtypeStruct`` leaves."""
-        state = abstract_state(self.init_fn, self.tx, self.rng)
-        state = state.replace(params=nn.unbox(state.params))
+        state = self.abstract.replace(params=nn.unbox(self.abstract.params))
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, self.plan.state)
 
     def compile_step(self):
@@ -102,7 +102,7 @@ def setup(config: Config, devices: list[jax.Device] | None = None) -> Setup:
     rng = jax.random.key(config.seed)
     abstract = abstract_state(init_fn, tx, rng)
     plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules, config.partitioning.path_rules)
-    return Setup(config, model, tx, mesh, plan, rng, init_fn, partial(lm_loss, model))
+    return Setup(config, model, tx, mesh, plan, rng, init_fn, partial(lm_loss, model), abstract)
 
 
 def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text: str) -> list[str]:
@@ -147,7 +147,7 @@ def plan_report(s: Setup) -> dict[str, Any]:
                 "dtype": str(t.dtype),
                 "param_spec": str(t.param_spec),
                 "grad_spec": str(t.grad_spec),
-                "optimizer_spec": str(t.sharded_spec if plan.rule.optimizer else t.replicated_spec),
+                "optimizer_spec": str(t.update_spec),
                 "param_bytes_per_device": shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
             }
             for t in plan.tensors
