@@ -327,7 +327,13 @@ def make_plan(
 
     opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
     replicated = NamedSharding(mesh, P())
-    state = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+    state = TrainState(
+        step=replicated,
+        params=param_shardings,
+        opt_state=opt_shardings,
+        skipped=replicated,
+        loss_scale=jax.tree.map(lambda _: replicated, abstract_state.loss_scale),
+    )
     batch_axes = logical_to_mesh("batch", rules) or DATA
     return Plan(
         mesh=mesh,

@@ -1,4 +1,4 @@
-"""The train state: step, parameters and optimizer state, as one pytree."""
+"""The train state: step, parameters, optimizer state and precision bookkeeping, as one pytree."""
 
 from __future__ import annotations
 
@@ -10,19 +10,36 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jzero.precision import FP32, LossScale, MasterState, Precision, cast
+
 
 @flax.struct.dataclass
 class TrainState:
     """``params`` may hold Flax ``Partitioned`` boxes in an abstract state; live states are unboxed."""
 
     step: jax.Array
-    params: Any
-    opt_state: Any
+    params: Any  # in the policy's param dtype
+    opt_state: Any  # a MasterState (fp32 master + inner state) when params are narrower than master
+    skipped: jax.Array  # steps whose gradient was not finite, so nothing was applied
+    loss_scale: LossScale | None = None  # dynamic loss scaling, when anything is float16
 
 
-def create_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
-    """A fresh state; boxed (logically annotated) params stay boxed so the plan can read their names."""
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(nn.unbox(params)))
+def create_state(params: Any, tx: optax.GradientTransformation, precision: Precision = FP32) -> TrainState:
+    """A fresh state from fp32 ``params``; boxed (logically annotated) params stay boxed so the
+    plan can read their names."""
+    full = nn.unbox(params)
+    if precision.uses_master:
+        master = cast(full, precision.master_dtype)
+        opt_state = MasterState(master=master, inner=tx.init(master))
+    else:
+        opt_state = tx.init(cast(full, precision.param_dtype))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=cast(params, precision.param_dtype),
+        opt_state=opt_state,
+        skipped=jnp.zeros((), jnp.int32),
+        loss_scale=LossScale.create(precision.loss_scale) if precision.scales_loss else None,
+    )
 
 
 def unbox_state(state: TrainState) -> TrainState:

@@ -19,12 +19,14 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.plan import Plan
+from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.state import TrainState, create_state, unbox_state
 
 LossFn = Callable[[Any, Any], jax.Array]
@@ -43,22 +45,33 @@ def _init_params(init_fn: Callable[[jax.Array], Any], key: jax.Array) -> Any:
         return init_fn(key)
 
 
-def abstract_state(init_fn: Callable[[jax.Array], Any], tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+def abstract_state(
+    init_fn: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    rng: jax.Array,
+    precision: Precision = FP32,
+) -> TrainState:
     """The train state's shapes and logical annotations, with nothing allocated.
 
-    ``init_fn(key)`` returns the parameters: a linen params dict (boxed or not) or an NNX
+    ``init_fn(key)`` returns fp32 parameters: a linen params dict (boxed or not) or an NNX
     ``State`` (``nnx.state(Model(rngs=nnx.Rngs(key)), nnx.Param)``).
     """
-    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx), rng)
+    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
 
 
-def sharded_init(init_fn: Callable[[jax.Array], Any], tx: optax.GradientTransformation, plan: Plan, rng: jax.Array) -> TrainState:
+def sharded_init(
+    init_fn: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    plan: Plan,
+    rng: jax.Array,
+    precision: Precision = FP32,
+) -> TrainState:
     """Initialise straight into the plan's shardings: no device ever holds the whole state."""
 
     # No activation rules here: init's forward pass is dead code once only params are kept, and
     # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
     def init(key):
-        return unbox_state(create_state(_init_params(init_fn, key), tx))
+        return unbox_state(create_state(_init_params(init_fn, key), tx, precision))
 
     return jax.jit(init, out_shardings=plan.state)(rng)
 
@@ -67,29 +80,74 @@ def _constrain(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
 
 
-def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, plan: Plan, *, donate: bool = True):
+def _apply_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any) -> tuple[Any, Any]:
+    """One optimizer update. With a master copy the update lands on it, and the working params
+    are the master recast to their own dtype."""
+    if isinstance(opt_state, MasterState):
+        updates, inner = tx.update(grads, opt_state.inner, opt_state.master)
+        master = optax.apply_updates(opt_state.master, updates)
+        new_params = jax.tree.map(lambda m, p: m.astype(p.dtype), master, params)
+        return new_params, MasterState(master=master, inner=inner)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    plan: Plan,
+    *,
+    precision: Precision = FP32,
+    donate: bool = True,
+):
     """``step(state, batch) -> (state, metrics)``, jitted with the plan's shardings.
 
-    ``loss_fn(params, batch)`` returns the scalar mean loss over the global batch. Metrics are
-    ``loss`` and ``grad_norm`` (the global L2 norm of the reduced gradient).
+    ``loss_fn(params, batch)`` returns the scalar mean loss over the global batch. A step whose
+    gradient is not finite applies nothing: parameters and optimizer state stay bit-identical,
+    ``skipped`` counts it and a dynamic loss scale halves. Metrics: ``loss``, ``grad_norm`` (the
+    global L2 norm of the unscaled, reduced gradient, before any clipping), ``skipped`` and, with
+    loss scaling, ``loss_scale``.
     """
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+        scale = state.loss_scale.scale if state.loss_scale is not None else None
         with activation_rules(plan):
-            loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
-            grads = _constrain(grads, plan.grads)
+
+            def scaled_loss(params):
+                loss = loss_fn(params, batch).astype(jnp.float32)
+                return (loss * scale if scale is not None else loss), loss
+
+            (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(state.params)
+            grads = _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
+            grads = cast(grads, precision.master_dtype)  # the update runs in master precision
+            if scale is not None:
+                grads = jax.tree.map(lambda g: g / scale, grads)
             grad_norm = optax.tree.norm(grads)
+            finite = jnp.isfinite(grad_norm)
             grads = _constrain(grads, plan.update)
             params = _constrain(state.params, plan.update)
-            updates, opt_state = tx.update(grads, state.opt_state, params)
-            params = _constrain(optax.apply_updates(params, updates), plan.params)
-        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
-        return new_state, {"loss": loss, "grad_norm": grad_norm}
+            new_params, opt_state = _apply_update(tx, grads, state.opt_state, params)
+            # A non-finite step applies nothing.
+            new_params, opt_state = jax.tree.map(
+                lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state.opt_state)
+            )
+            new_params = _constrain(new_params, plan.params)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=new_params,
+            opt_state=opt_state,
+            skipped=state.skipped + (~finite).astype(jnp.int32),
+            loss_scale=state.loss_scale.next(finite, precision.loss_scale_window) if scale is not None else None,
+        )
+        metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": new_state.skipped}
+        if scale is not None:
+            metrics["loss_scale"] = new_state.loss_scale.scale
+        return new_state, metrics
 
     scalar = NamedSharding(plan.mesh, P())
     return jax.jit(
         step,
         in_shardings=(plan.state, plan.batch),
-        out_shardings=(plan.state, {"loss": scalar, "grad_norm": scalar}),
+        out_shardings=(plan.state, scalar),
         donate_argnums=(0,) if donate else (),
     )
