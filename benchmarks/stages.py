@@ -38,7 +38,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     from jzero import ledger
     from jzero.data import text_batches
-    from jzero.step import make_train_step, sharded_init
     from jzero.trainer import setup
 
     m, t = base.model, base.train
@@ -47,9 +46,9 @@ def main(argv: list[str] | None = None) -> dict:
     for stage in range(4):
         cfg = load_config(args.config, [*args.set, f"zero.stage={stage}"])
         s = setup(cfg)
-        state = sharded_init(s.init_fn, s.tx, s.plan, s.rng)
+        state = s.init_state()
         batch = data.device_batch(0, s.plan.batch)
-        compiled = make_train_step(s.loss_fn, s.tx, s.plan).lower(state, batch).compile()
+        compiled = s.make_step().lower(state, batch).compile()
         for _ in range(2):  # warm up
             state, metrics = compiled(state, batch)
         jax.block_until_ready(state)

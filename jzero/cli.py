@@ -11,6 +11,8 @@ import sys
 from typing import Any
 
 from jzero.config import Config, ConfigError, load_config
+from jzero.mesh import simulate_cpu_devices
+from jzero.trainer import TrainingHalted, plan_report, setup, train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,16 +23,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(args: argparse.Namespace) -> Config:
     config = load_config(args.config, args.set)
-    # Before anything starts JAX's backends: simulated CPU devices when there is no accelerator.
-    from jzero.mesh import simulate_cpu_devices
-
+    # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
+    # there is no accelerator.
     simulate_cpu_devices(config.runtime.cpu_devices)
     return config
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from jzero.trainer import train
-
     config = _load(args)
     history = train(config, progress=not args.quiet)
     if history:
@@ -96,8 +95,6 @@ def format_plan(report: dict[str, Any]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from jzero.trainer import plan_report, setup
-
     config = _load(args)
     report = plan_report(setup(config))
     print(json.dumps(report) if args.json else format_plan(report))
@@ -131,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"jzero: error: {err}", file=sys.stderr)
         return 2
+    except TrainingHalted as err:
+        print(f"jzero: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("jzero: interrupted", file=sys.stderr)
         return 130

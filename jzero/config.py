@@ -59,19 +59,33 @@ class ModelConfig:
 
 @dataclasses.dataclass
 class OptimizerConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # adamw, adam, adafactor, lion or sgd (momentum b1)
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
-    warmup_steps: int = 0
+    schedule: str = "constant"  # constant or cosine (to min_lr_ratio x learning_rate at train.steps)
+    warmup_steps: int = 0  # linear warmup from 0
+    min_lr_ratio: float = 0.1
+    clip_norm: float | None = None  # clip by the global gradient norm
 
 
 @dataclasses.dataclass
 class TrainConfig:
     steps: int = 100
     global_batch_size: int = 32
+    nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
+
+
+@dataclasses.dataclass
+class PrecisionConfig:
+    param_dtype: str = "float32"  # the working parameters: float32, bfloat16 or float16
+    compute_dtype: str | None = None  # activations and matmuls; None: param_dtype
+    master_dtype: str = "float32"  # kept with the optimizer state when params are narrower
+    grad_reduce_dtype: str | None = None  # dtype gradients are reduced in; None: param_dtype
+    loss_scale: float = 32768.0  # initial dynamic loss scale (used when anything is float16)
+    loss_scale_window: int = 1000  # finite steps before the scale doubles
 
 
 @dataclasses.dataclass
@@ -122,6 +136,7 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
@@ -131,7 +146,9 @@ class Config:
 
 
 KNOWN_MESH_AXES = ("replica", "data", "model")
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "adafactor", "lion", "sgd")
+SCHEDULES = ("constant", "cosine")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,6 +359,21 @@ def validate(config: Config) -> None:
     _positive(o.learning_rate, "optimizer.learning_rate")
     if o.warmup_steps < 0:
         raise ConfigError("optimizer.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    if o.schedule not in SCHEDULES:
+        raise ConfigError("optimizer.schedule", f"unknown schedule {o.schedule!r} (known: {', '.join(SCHEDULES)})")
+    if o.clip_norm is not None:
+        _positive(o.clip_norm, "optimizer.clip_norm")
+    if config.train.nonfinite not in ("skip", "halt"):
+        raise ConfigError("train.nonfinite", f"must be skip or halt, got {config.train.nonfinite!r}")
+    pr = config.precision
+    for field in ("param_dtype", "compute_dtype", "master_dtype", "grad_reduce_dtype"):
+        value = getattr(pr, field)
+        if value is not None and value not in DTYPE_NAMES:
+            raise ConfigError(f"precision.{field}", f"unknown dtype {value!r} (known: {', '.join(DTYPE_NAMES)})")
+    if pr.master_dtype != "float32":
+        raise ConfigError("precision.master_dtype", f"must be float32, got {pr.master_dtype!r}")
+    _positive(pr.loss_scale, "precision.loss_scale")
+    _positive(pr.loss_scale_window, "precision.loss_scale_window")
 
     _positive(config.train.steps, "train.steps")
     _positive(config.train.global_batch_size, "train.global_batch_size")

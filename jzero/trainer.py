@@ -21,17 +21,29 @@ import optax
 from jax.sharding import Mesh
 
 from jzero import ledger
-from jzero.config import Config, ConfigError, ModelConfig, OptimizerConfig, check_batch_divides, dump_config
+from jzero.config import Config, ConfigError, ModelConfig, OptimizerConfig, PrecisionConfig, check_batch_divides, dump_config
 from jzero.data import TextBatches, text_batches
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.models.gpt import GPT, lm_loss
 from jzero.plan import Plan, make_plan, shard_bytes
+from jzero.precision import Precision
 from jzero.progress import TrainProgress
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_init
 
 
-def build_model(cfg: ModelConfig) -> GPT:
+def build_precision(cfg: PrecisionConfig) -> Precision:
+    return Precision.from_names(
+        cfg.param_dtype,
+        cfg.compute_dtype,
+        cfg.master_dtype,
+        cfg.grad_reduce_dtype,
+        loss_scale=cfg.loss_scale,
+        loss_scale_window=cfg.loss_scale_window,
+    )
+
+
+def build_model(cfg: ModelConfig, precision: Precision) -> GPT:
     return GPT(
         vocab_size=cfg.vocab_size,
         d_model=cfg.d_model,
@@ -41,21 +53,37 @@ def build_model(cfg: ModelConfig) -> GPT:
         seq_len=cfg.seq_len,
         remat=cfg.remat,
         tie_embeddings=cfg.tie_embeddings,
+        dtype=precision.compute_dtype,
     )
 
 
-def build_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    lr: Any = cfg.learning_rate
-    if cfg.warmup_steps:
-        lr = optax.join_schedules(
-            [optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps), optax.constant_schedule(cfg.learning_rate)],
-            [cfg.warmup_steps],
+def build_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
+    """Linear warmup from 0, then constant or cosine decay to ``min_lr_ratio`` at ``total_steps``."""
+    peak = cfg.learning_rate
+    if cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            0.0, peak, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), end_value=peak * cfg.min_lr_ratio
         )
-    if cfg.name == "adamw":
-        return optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.name == "adam":
-        return optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
-    return optax.sgd(lr, momentum=cfg.b1)
+    if cfg.warmup_steps:
+        warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
+        return optax.join_schedules([warmup, optax.constant_schedule(peak)], [cfg.warmup_steps])
+    return optax.constant_schedule(peak)
+
+
+def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
+    lr = build_schedule(cfg, total_steps)
+    optimizers = {
+        "adamw": lambda: optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
+        "adam": lambda: optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+        "adafactor": lambda: optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None),
+        "lion": lambda: optax.lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+        "sgd": lambda: optax.sgd(lr, momentum=cfg.b1),
+    }
+    tx = optimizers[cfg.name]()
+    if cfg.clip_norm is not None:
+        # The norm is the global gradient's: GSPMD reduces over the logical arrays, whatever the sharding.
+        tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
+    return tx
 
 
 @dataclasses.dataclass
@@ -70,6 +98,7 @@ class Setup:
     rng: jax.Array
     init_fn: Callable[[jax.Array], Any]
     loss_fn: Callable[[Any, jax.Array], jax.Array]
+    precision: Precision
     abstract: TrainState  # shapes only, params still boxed with their logical names
 
     @property
@@ -84,25 +113,32 @@ class Setup:
     def compile_step(self):
         """Lower and compile the train step from shapes alone."""
         batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
-        step = make_train_step(self.loss_fn, self.tx, self.plan)
+        step = self.make_step()
         return step, step.lower(self.abstract_state(), batch).compile()
+
+    def init_state(self) -> TrainState:
+        return sharded_init(self.init_fn, self.tx, self.plan, self.rng, self.precision)
+
+    def make_step(self):
+        return make_train_step(self.loss_fn, self.tx, self.plan, precision=self.precision)
 
 
 def setup(config: Config, devices: list[jax.Device] | None = None) -> Setup:
     """Resolve the mesh on the available devices and plan the stage."""
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh))
-    model = build_model(config.model)
-    tx = build_optimizer(config.optimizer)
+    precision = build_precision(config.precision)
+    model = build_model(config.model, precision)
+    tx = build_optimizer(config.optimizer, config.train.steps)
     sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
 
     def init_fn(key):
         return model.init(key, sample)["params"]
 
     rng = jax.random.key(config.seed)
-    abstract = abstract_state(init_fn, tx, rng)
+    abstract = abstract_state(init_fn, tx, rng, precision)
     plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules, config.partitioning.path_rules)
-    return Setup(config, model, tx, mesh, plan, rng, init_fn, partial(lm_loss, model), abstract)
+    return Setup(config, model, tx, mesh, plan, rng, init_fn, partial(lm_loss, model), precision, abstract)
 
 
 def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text: str) -> list[str]:
@@ -161,6 +197,14 @@ def plan_report(s: Setup) -> dict[str, Any]:
 # Training
 
 
+class TrainingHalted(RuntimeError):
+    """``train.nonfinite: halt`` met a step with a NaN or Inf gradient (its update was not applied)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
+
+
 def prepare_run_dir(path: str) -> Path:
     """Create ``run.dir``; refuse one that already holds a run, so nothing is overwritten."""
     run_dir = Path(path)
@@ -182,14 +226,16 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
     run_dir = prepare_run_dir(config.run.dir)
     (run_dir / "config.yaml").write_text(dump_config(config))
 
-    state = sharded_init(s.init_fn, s.tx, s.plan, s.rng)
-    step_fn = make_train_step(s.loss_fn, s.tx, s.plan)
+    state = s.init_state()
+    step_fn = s.make_step()
     t0 = time.perf_counter()
     compiled = step_fn.lower(state, data.device_batch(0, s.plan.batch)).compile()
     compile_s = time.perf_counter() - t0
 
     tokens_per_step = config.train.global_batch_size * config.model.seq_len
     history: list[dict[str, Any]] = []
+    pending: list[dict[str, jax.Array]] = []  # this interval's metrics, still on device
+    skipped_before = 0
     with open(run_dir / "metrics.jsonl", "a") as log, TrainProgress(config.train.steps, enabled=progress) as bar:
         bar.note(f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  compile {compile_s:.1f}s")
         mark, mark_step = time.perf_counter(), 0
@@ -197,21 +243,32 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
             if step >= config.train.steps:
                 break
             state, metrics = compiled(state, batch)
+            pending.append(metrics)
             done = step + 1
-            if done % config.run.log_every == 0 or done == config.train.steps:
-                metrics = jax.device_get(metrics)
-                now = time.perf_counter()
-                record = {
-                    "step": done,
-                    "loss": float(metrics["loss"]),
-                    "grad_norm": float(metrics["grad_norm"]),
-                    "tokens_per_sec": tokens_per_step * (done - mark_step) / (now - mark),
-                }
-                mark, mark_step = now, done
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                history.append(record)
-                bar.update(done, record)
-            else:
+            if done % config.run.log_every and done != config.train.steps:
                 bar.advance(done)
+                continue
+            interval = jax.device_get(pending)  # one host sync per logged step
+            pending = []
+            if config.train.nonfinite == "halt":
+                for offset, m in enumerate(interval):
+                    if int(m["skipped"]) > skipped_before:
+                        raise TrainingHalted(mark_step + offset + 1)
+            last = interval[-1]
+            skipped_before = int(last["skipped"])
+            now = time.perf_counter()
+            record = {
+                "step": done,
+                "loss": float(last["loss"]),
+                "grad_norm": float(last["grad_norm"]),
+                "tokens_per_sec": tokens_per_step * (done - mark_step) / (now - mark),
+                "skipped_steps": skipped_before,
+            }
+            if "loss_scale" in last:
+                record["loss_scale"] = float(last["loss_scale"])
+            mark, mark_step = now, done
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            history.append(record)
+            bar.update(done, record)
     return history

@@ -81,11 +81,9 @@ def reference(data):
 
 
 def train_sharded(s, batches, steps=STEPS):
-    """Sharded init and ``steps`` compiled steps on ``s``'s plan; returns the final state."""
-    from jzero.step import make_train_step, sharded_init
-
-    state = sharded_init(s.init_fn, s.tx, s.plan, s.rng)
-    step = make_train_step(s.loss_fn, s.tx, s.plan)
+    """Sharded init and ``steps`` compiled steps of a :class:`jzero.trainer.Setup`; returns the final state."""
+    state = s.init_state()
+    step = s.make_step()
     for k in range(steps):
         state, _ = step(state, batches(k, s.plan.batch))
     return state

@@ -8,7 +8,7 @@ import pytest
 from conftest import ATOL, LR, RTOL, STEPS, tiny_config
 
 from jzero import ledger
-from jzero.step import make_train_step, sharded_init
+from jzero.step import sharded_init
 from jzero.trainer import lowering_notes, setup
 
 N_D = 8
@@ -22,14 +22,14 @@ def _config(stage):
 def run(request, data):
     stage = request.param
     s = setup(_config(stage))
-    state = sharded_init(s.init_fn, s.tx, s.plan, s.rng)
+    state = s.init_state()
     grads = jax.jit(jax.grad(s.loss_fn), out_shardings=s.plan.grads)(state.params, data.device_batch(0, s.plan.batch))
     live = {
         "params": ledger.live_bytes_per_device(state.params),
         "grads": ledger.live_bytes_per_device(grads),
         "optimizer": ledger.live_bytes_per_device(state.opt_state),
     }
-    compiled = make_train_step(s.loss_fn, s.tx, s.plan).lower(state, data.device_batch(0, s.plan.batch)).compile()
+    compiled = s.make_step().lower(state, data.device_batch(0, s.plan.batch)).compile()
     for k in range(STEPS):
         state, _ = compiled(state, data.device_batch(k, s.plan.batch))
     return {"stage": stage, "setup": s, "live": live, "state": state, "hlo": compiled.as_text()}

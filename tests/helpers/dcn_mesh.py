@@ -14,7 +14,6 @@ jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=proc
 
 from jzero.config import load_config  # noqa: E402
 from jzero.data import text_batches  # noqa: E402
-from jzero.step import make_train_step, sharded_init  # noqa: E402
 from jzero.trainer import setup  # noqa: E402
 
 cfg = load_config(
@@ -33,8 +32,8 @@ cfg = load_config(
 )
 s = setup(cfg)
 data = text_batches(None, cfg.data.max_bytes, cfg.model.seq_len, cfg.train.global_batch_size, cfg.seed)
-state = sharded_init(s.init_fn, s.tx, s.plan, s.rng)
-step = make_train_step(s.loss_fn, s.tx, s.plan)
+state = s.init_state()
+step = s.make_step()
 losses = []
 for k in range(2):
     state, metrics = step(state, data.device_batch(k, s.plan.batch))
