@@ -1,0 +1,157 @@
+"""Mixed precision and optimizer correctness under sharding: master weights, clipping, non-finite
+steps, fp16 loss scaling, and optimizers whose states differ from the parameters."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import LR, assert_trees_close, reference_run, tiny_config, train_sharded
+
+from jzero import ledger
+from jzero.cli import main
+from jzero.config import load_config
+from jzero.precision import MasterState
+from jzero.trainer import setup
+
+ROOT = Path(__file__).resolve().parents[1]
+BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bf16_params_fp32_master_adam_bytes_are_the_papers(devices, stage):
+    """2Ψ params + 2Ψ grads + 12Ψ optimizer (master, momentum, variance): the paper's K = 12."""
+    s = setup(load_config(ROOT / "configs/gpt-tiny.yaml", [f"zero.stage={stage}", *BF16]))
+    psi = s.plan.num_params
+    state = s.init_state()
+    assert isinstance(state.opt_state, MasterState)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(state.opt_state.master)} == {jnp.dtype(jnp.float32)}
+    live = ledger.live_bytes_per_device(state.params) + ledger.live_bytes_per_device(state.opt_state)
+    live += s.plan.per_device_bytes()["grads"]  # gradients exist only inside the step
+    want = ledger.paper_bytes_per_device(psi, stage, 8)  # K = 12, 16-bit params and grads
+    assert live == pytest.approx(want, rel=0.02)
+    assert s.plan.per_device_bytes()["total"] == pytest.approx(want, rel=0.02)
+    assert s.plan.ideal_per_device_bytes()["total"] == pytest.approx(want, rel=0.001)
+
+
+def test_bf16_training_tracks_fp32(devices, data):
+    runs = {}
+    for name, extra in (("fp32", []), ("bf16", BF16)):
+        s = setup(tiny_config("zero.stage=3", "optimizer.learning_rate=3e-3", *extra))
+        state = train_sharded(s, data.device_batch, steps=20)
+        runs[name] = (s, state, float(jax.jit(s.loss_fn)(state.params, data.device_batch(20, s.plan.batch))))
+    (_, _, fp32_loss), (_, bf16, bf16_loss) = runs["fp32"], runs["bf16"]
+    assert bf16_loss < 5.0 and bf16_loss == pytest.approx(fp32_loss, rel=0.02), (bf16_loss, fp32_loss)
+    # The working params are exactly the fp32 master, rounded to bf16.
+    for p, m in zip(jax.tree.leaves(bf16.params), jax.tree.leaves(bf16.opt_state.master), strict=True):
+        np.testing.assert_array_equal(np.asarray(p), np.asarray(m.astype(jnp.bfloat16)))
+
+
+DP8, DP4_MP2 = ["mesh.axes.data=8"], ["mesh.axes.data=4", "mesh.axes.model=2"]
+CLIP = ["optimizer.clip_norm=0.05", LR]
+
+
+@pytest.fixture(scope="module")
+def clipped_reference(data):
+    """20 steps of optax.clip_by_global_norm + AdamW on one device."""
+    ref = setup(tiny_config(*CLIP, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    init, _ = reference_run(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, None, steps=0)
+    grads = jax.grad(ref.loss_fn)(init, jnp.asarray(data.global_batch(0)))
+    norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
+    assert norm > 0.05, norm  # the clip bites
+    return reference_run(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, lambda k: jnp.asarray(data.global_batch(k)))[0]
+
+
+@pytest.mark.parametrize(
+    "stage, mesh", [(0, DP8), (1, DP8), (2, DP8), (3, DP8), (3, DP4_MP2)], ids=["dp8-0", "dp8-1", "dp8-2", "dp8-3", "dp4-mp2-3"]
+)
+def test_clipping_equals_single_device_optax(devices, data, clipped_reference, stage, mesh):
+    s = setup(tiny_config(f"zero.stage={stage}", *CLIP, *mesh))
+    assert_trees_close(train_sharded(s, data.device_batch).params, clipped_reference)
+
+
+def _one_step(s, batch):
+    state = s.init_state()
+    before = jax.device_get(state)
+    state, metrics = s.make_step()(state, batch)
+    return before, jax.device_get(state), jax.device_get(metrics)
+
+
+def test_nan_gradient_is_skipped_bit_identically(devices, data):
+    s = setup(tiny_config("zero.stage=3", LR))
+    real_loss = s.loss_fn
+    s.loss_fn = lambda params, batch: real_loss(params, batch) * jnp.nan  # every gradient is NaN
+    before, after, metrics = _one_step(s, data.device_batch(0, s.plan.batch))
+    assert int(after.skipped) == 1 and int(metrics["skipped"]) == 1
+    assert not np.isfinite(metrics["grad_norm"])
+    for a, b in zip(jax.tree.leaves(before.params) + jax.tree.leaves(before.opt_state),
+                    jax.tree.leaves(after.params) + jax.tree.leaves(after.opt_state), strict=True):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+    assert int(after.step) == 1
+
+
+def test_fp16_overflow_is_skipped_and_the_scale_drops(devices, data):
+    s = setup(tiny_config("zero.stage=2", "precision.param_dtype=float16", "precision.loss_scale=1.0e30"))
+    before, after, metrics = _one_step(s, data.device_batch(0, s.plan.batch))
+    assert int(metrics["skipped"]) == 1
+    assert float(metrics["loss_scale"]) == pytest.approx(0.5e30)
+    for a, b in zip(jax.tree.leaves(before.params), jax.tree.leaves(after.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # A sane scale applies the step and counts towards doubling.
+    s = setup(tiny_config("zero.stage=2", "precision.param_dtype=float16", "precision.loss_scale=1024",
+                          "precision.loss_scale_window=1"))  # fmt: skip
+    before, after, metrics = _one_step(s, data.device_batch(0, s.plan.batch))
+    assert int(metrics["skipped"]) == 0 and float(metrics["loss_scale"]) == 2048.0
+    pairs = zip(jax.tree.leaves(before.params), jax.tree.leaves(after.params), strict=True)
+    assert any(not np.array_equal(a, b) for a, b in pairs)
+
+
+def test_halt_names_the_step(devices, tmp_path, monkeypatch, capsys):
+    import jzero.trainer as trainer
+
+    def always_nan(model, params, batch):
+        return trainer.GPT.apply(model, {"params": params}, batch[:, :-1]).mean() * jnp.nan
+
+    monkeypatch.setattr(trainer, "lm_loss", always_nan)
+    argv = ["train", str(ROOT / "configs/gpt-tiny.yaml"), "--quiet", "--set", "train.nonfinite=halt",
+            "--set", f"run.dir={tmp_path / 'run'}", "--set", "train.steps=4", "--set", "run.log_every=2"]  # fmt: skip
+    argv += [a for kv in ("model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.seq_len=16") for a in ("--set", kv)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "jzero: train.nonfinite=halt: step 1 had a non-finite gradient; its update was not applied"
+    # In skip mode the same run finishes and logs the skipped steps.
+    argv[argv.index("train.nonfinite=halt")] = "train.nonfinite=skip"
+    argv[argv.index(f"run.dir={tmp_path / 'run'}")] = f"run.dir={tmp_path / 'run2'}"
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "run2" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_steps"] for r in records] == [2, 4]
+
+
+@pytest.mark.parametrize("name, lr", [("adafactor", 0.1), ("lion", 3e-3)])  # adafactor's steps are relative to param scale
+def test_other_optimizers_train_at_stage3(devices, data, name, lr):
+    s = setup(tiny_config("zero.stage=3", f"optimizer.name={name}", f"optimizer.learning_rate={lr}"))
+    planned = s.plan.per_device_bytes()["optimizer"]
+    ideal = s.plan.ideal_per_device_bytes()["optimizer"]
+    assert planned == pytest.approx(ideal, rel=0.05), (planned, ideal)  # the plan reports them partitioned
+    state = s.init_state()
+    assert ledger.live_bytes_per_device(state.opt_state) == planned
+    step = s.make_step()
+    losses = []
+    for k in range(15):
+        state, metrics = step(state, data.device_batch(k, s.plan.batch))
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_schedules(devices):
+    from jzero.trainer import build_schedule
+
+    cfg = tiny_config("optimizer.schedule=cosine", "optimizer.warmup_steps=10", "train.steps=110",
+                      "optimizer.learning_rate=1e-3").optimizer  # fmt: skip
+    lr = build_schedule(cfg, 110)
+    assert float(lr(0)) == 0.0 and float(lr(10)) == pytest.approx(1e-3)
+    assert float(lr(110)) == pytest.approx(1e-4)
+    assert float(lr(60)) == pytest.approx(0.55e-3, rel=1e-3)
