@@ -126,10 +126,12 @@ def make_train_step(
             finite = jnp.isfinite(grad_norm)
             grads = _constrain(grads, plan.update)
             params = _constrain(state.params, plan.update)
-            new_params, opt_state = _apply_update(tx, grads, state.opt_state, params)
-            # A non-finite step applies nothing.
-            new_params, opt_state = jax.tree.map(
-                lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state.opt_state)
+            # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
+            # donated buffers straight back instead of holding a second copy of the state.)
+            new_params, opt_state = jax.lax.cond(
+                finite,
+                lambda: _apply_update(tx, grads, state.opt_state, params),
+                lambda: (params, state.opt_state),
             )
             new_params = _constrain(new_params, plan.params)
         new_state = TrainState(
