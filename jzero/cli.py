@@ -78,6 +78,17 @@ def format_plan(report: dict[str, Any]) -> str:
         groups = "/".join(map(str, report["collective_groups"].get(kind, [])))
         groups = f"  groups of {groups} devices" if groups else ""
         lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {_human(v['bytes']):>12}{groups}")
+    t = report["paper_table"]
+    lines += [
+        "",
+        f"the paper's table for this model: Ψ = {t['psi']:,}, {t['param_bytes']:g}-byte params and grads, "
+        f"K = {t['k']:g}, N_d = {t['n_d']}, N_m = {t['n_m']}",
+        f"  {'stage':<6} {'partitioned':<18} {'bytes per device':>16}",
+    ]
+    for row in t["rows"]:
+        mark = "  <- this plan" if row["stage"] == report["stage"] else ""
+        lines.append(f"  {row['stage']:<6} {row['partitioned']:<18} {row['bytes'] / 1e9:>13.3f} GB{mark}")
+    lines.append("")
     for note in report["notes"]:
         lines.append(f"note: {note}")
     if report["replicated"]:

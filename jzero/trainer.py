@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -190,7 +191,28 @@ def plan_report(s: Setup) -> dict[str, Any]:
         ],
         "replicated": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.replicated],
         "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
+        "paper_table": paper_table(plan),
     }
+
+
+PARTITIONED = {0: "nothing", 1: "optimizer state", 2: "+ gradients", 3: "+ parameters"}
+
+
+def paper_table(plan: Plan) -> dict[str, Any]:
+    """The paper's per-stage model-state bytes for this model and mesh (its Figure 1 / Table 1 style):
+    (p + g + K)Ψ with the stage's parts over N_d, then over N_m, where p and g are the parameter and
+    gradient bytes and K the optimizer-state bytes per parameter."""
+    psi = plan.num_params
+    param_bytes = sum(t.nbytes for t in plan.tensors) / psi
+    k = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves) / psi
+    n_d = plan.data_size
+    n_m = math.prod(int(v) for a, v in plan.mesh.shape.items() if a not in ("data", "replica"))
+    sizes = {"k": k, "param_bytes": param_bytes, "grad_bytes": param_bytes, "n_m": n_m}
+    rows = [
+        {"stage": stage, "partitioned": PARTITIONED[stage], "bytes": ledger.paper_bytes_per_device(psi, stage, n_d, **sizes)}
+        for stage in range(4)
+    ]
+    return {"psi": psi, "k": round(k, 3), "param_bytes": param_bytes, "n_d": n_d, "n_m": n_m, "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,6 +67,11 @@ def test_plan_json_contract(capsys):
     assert all(v > 0 for v in report["compiled"].values())
     assert report["collectives"]["all-gather"]["count"] > 0
     assert all(set(v) == {"count", "bytes"} for v in report["collectives"].values())
+    # The paper-style table: fp32 Adam is 4 + 4 + K=8 bytes per parameter, split per stage.
+    table = report["paper_table"]
+    assert (table["k"], table["param_bytes"], table["n_d"]) == (8.0, 4.0, 8)
+    want = [16 * psi, 8 * psi + 8 * psi / 8, 4 * psi + 12 * psi / 8, 16 * psi / 8]
+    assert [row["bytes"] for row in table["rows"]] == pytest.approx(want, rel=1e-4)
 
 
 def test_plan_text_shows_specs_formula_and_collectives(capsys):
@@ -75,6 +80,7 @@ def test_plan_text_shows_specs_formula_and_collectives(capsys):
     assert "ZeRO stage 2 on mesh data=8 x model=1" in out
     assert "blocks/mlp_in/kernel" in out and "paper formula" in out
     assert "all-gather" in out and "temporaries" in out
+    assert "the paper's table for this model" in out and "<- this plan" in out
 
 
 @pytest.mark.parametrize(
