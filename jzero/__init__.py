@@ -13,6 +13,7 @@ from jzero.config import Config, ConfigError, default_rules, load_config
 from jzero.ledger import live_bytes_per_device, paper_bytes_per_device, parse_collectives
 from jzero.mesh import make_mesh
 from jzero.plan import STAGES, Plan, StageRule, make_plan
+from jzero.precision import Precision
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_init
 
@@ -21,6 +22,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Plan",
+    "Precision",
     "StageRule",
     "TrainState",
     "abstract_state",
