@@ -76,6 +76,7 @@ class TrainConfig:
     steps: int = 100
     global_batch_size: int = 32
     nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
+    microbatches: int = 1  # gradient accumulation: slices of the global batch run in sequence
 
 
 @dataclasses.dataclass
@@ -307,12 +308,17 @@ def _positive(value: int | float, key: str) -> None:
         raise ConfigError(key, f"must be positive, got {value}")
 
 
-def check_batch_divides(global_batch_size: int, axes: dict[str, int]) -> None:
-    """The batch is split over ``data`` (and ``replica``), so they must divide it."""
+def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatches: int = 1) -> None:
+    """The batch is split over ``data`` (and ``replica``), and each microbatch too."""
     ways = axes["data"] * axes.get("replica", 1)
     if global_batch_size % ways:
         name = "replica x data" if "replica" in axes else "data"
         raise ConfigError("train.global_batch_size", f"{global_batch_size} is not divisible by the {name} axis ({ways})")
+    if global_batch_size % (ways * microbatches):
+        raise ConfigError(
+            "train.microbatches",
+            f"{microbatches} microbatches of the {global_batch_size}-row batch do not split evenly over {ways} devices",
+        )
 
 
 def validate(config: Config) -> None:
@@ -377,8 +383,9 @@ def validate(config: Config) -> None:
 
     _positive(config.train.steps, "train.steps")
     _positive(config.train.global_batch_size, "train.global_batch_size")
+    _positive(config.train.microbatches, "train.microbatches")
     if axes["data"] > 0 and axes.get("replica", 1) > 0:
-        check_batch_divides(config.train.global_batch_size, axes)
+        check_batch_divides(config.train.global_batch_size, axes, config.train.microbatches)
     _positive(config.run.log_every, "run.log_every")
     _positive(config.runtime.cpu_devices, "runtime.cpu_devices")
     _positive(config.data.max_bytes, "data.max_bytes")

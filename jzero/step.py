@@ -98,27 +98,50 @@ def make_train_step(
     plan: Plan,
     *,
     precision: Precision = FP32,
+    microbatches: int = 1,
     donate: bool = True,
 ):
     """``step(state, batch) -> (state, metrics)``, jitted with the plan's shardings.
 
-    ``loss_fn(params, batch)`` returns the scalar mean loss over the global batch. A step whose
+    ``loss_fn(params, batch)`` returns the scalar mean loss over its batch. With ``microbatches``
+    M > 1 the global batch is split into M equal slices run one after another and their gradients
+    averaged into a buffer with the stage's gradient spec. A step whose
     gradient is not finite applies nothing: parameters and optimizer state stay bit-identical,
     ``skipped`` counts it and a dynamic loss scale halves. Metrics: ``loss``, ``grad_norm`` (the
     global L2 norm of the unscaled, reduced gradient, before any clipping), ``skipped`` and, with
     loss scaling, ``loss_scale``.
     """
 
+    def grads_and_loss(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
+        """Mean loss and reduced gradient over the global batch, in ``microbatches`` sequential slices."""
+
+        def one(mb):
+            def scaled_loss(p):
+                loss = loss_fn(p, mb).astype(jnp.float32)
+                return (loss * scale if scale is not None else loss), loss
+
+            (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+            return loss, _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
+
+        if microbatches == 1:
+            return one(batch)
+        # Slice m holds rows m, m + M, m + 2M, ...: each device keeps its own rows in every slice.
+        slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
+
+        def body(acc, mb):
+            loss, grads = one(mb)
+            acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+            return _constrain(acc, plan.grads), loss
+
+        # The buffer has the gradients' spec: 1/N_d per device at stages >= 2.
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, precision.master_dtype), params)
+        acc, losses = jax.lax.scan(body, _constrain(zeros, plan.grads), slices)
+        return losses.mean(), jax.tree.map(lambda a: a / microbatches, acc)
+
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         scale = state.loss_scale.scale if state.loss_scale is not None else None
         with activation_rules(plan):
-
-            def scaled_loss(params):
-                loss = loss_fn(params, batch).astype(jnp.float32)
-                return (loss * scale if scale is not None else loss), loss
-
-            (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(state.params)
-            grads = _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
+            loss, grads = grads_and_loss(state.params, batch, scale)
             grads = cast(grads, precision.master_dtype)  # the update runs in master precision
             if scale is not None:
                 grads = jax.tree.map(lambda g: g / scale, grads)

@@ -121,13 +121,15 @@ class Setup:
         return sharded_init(self.init_fn, self.tx, self.plan, self.rng, self.precision)
 
     def make_step(self):
-        return make_train_step(self.loss_fn, self.tx, self.plan, precision=self.precision)
+        return make_train_step(
+            self.loss_fn, self.tx, self.plan, precision=self.precision, microbatches=self.config.train.microbatches
+        )
 
 
 def setup(config: Config, devices: list[jax.Device] | None = None) -> Setup:
     """Resolve the mesh on the available devices and plan the stage."""
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
-    check_batch_divides(config.train.global_batch_size, mesh_shape(mesh))
+    check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)
     model = build_model(config.model, precision)
     tx = build_optimizer(config.optimizer, config.train.steps)
