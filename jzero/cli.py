@@ -46,6 +46,16 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _tensor_list(title: str, tensors: list[dict[str, Any]], remark: str = "") -> list[str]:
+    """A titled list of tensors with their bytes, or nothing when there are none."""
+    if not tensors:
+        return []
+    total = sum(t["bytes"] for t in tensors)
+    return [f"{title}: {len(tensors)} tensors, {_human(total)}{remark}"] + [
+        f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in tensors
+    ]
+
+
 def format_plan(report: dict[str, Any]) -> str:
     mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
     lines = [
@@ -91,17 +101,10 @@ def format_plan(report: dict[str, Any]) -> str:
     lines.append("")
     for note in report["notes"]:
         lines.append(f"note: {note}")
-    if report["replicated"]:
-        total = sum(t["bytes"] for t in report["replicated"])
-        lines.append(f"replicated over data (no dimension divisible by it): {len(report['replicated'])} tensors, {_human(total)}")
-        lines += [f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in report["replicated"]]
-    if report["not_on_model"]:
-        total = sum(t["bytes"] for t in report["not_on_model"])
-        lines.append(
-            f"not split by the model rules: {len(report['not_on_model'])} tensors, {_human(total)} "
-            "(ZeRO still partitions them over data x model at stages >= 1)"
-        )
-        lines += [f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in report["not_on_model"]]
+    lines += _tensor_list("replicated over data (no dimension divisible by it)", report["replicated"])
+    lines += _tensor_list(
+        "not split by the model rules", report["not_on_model"], " (ZeRO still partitions them over data x model at stages >= 1)"
+    )
     return "\n".join(lines)
 
 
