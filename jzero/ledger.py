@@ -137,8 +137,9 @@ def live_bytes_per_device(tree: Any) -> int:
     return max(per_device.values()) if per_device else 0
 
 
-def paper_bytes_per_device(num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2,
-                           grad_bytes: float = 2, n_m: int = 1) -> float:
+def paper_bytes_per_device(
+    num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
+) -> float:
     """The paper's model-state bytes per device: (2 + 2 + K)Ψ with the stage's parts over N_d."""
     rule = STAGES[stage]
     psi = float(num_params)

@@ -60,9 +60,7 @@ def make_mesh(
         if math.prod(dcn.values()) != processes:
             raise ConfigError("mesh.dcn", f"the dcn sizes multiply to {math.prod(dcn.values())}, not the {processes} processes")
         ici = tuple(axes[n] // dcn[n] for n in names)
-        grid = mesh_utils.create_hybrid_device_mesh(
-            ici, tuple(dcn[n] for n in names), devices=devices, process_is_granule=True
-        )
+        grid = mesh_utils.create_hybrid_device_mesh(ici, tuple(dcn[n] for n in names), devices=devices, process_is_granule=True)
         return Mesh(grid, names, axis_types=types)
     total = math.prod(axes.values())
     return jax.make_mesh(tuple(axes.values()), names, axis_types=types, devices=devices[:total])

@@ -39,10 +39,6 @@ class TrainProgress:
         self._progress.update(self._task, completed=step)
 
     def update(self, step: int, record: dict[str, Any]) -> None:
-        self._progress.update(
-            self._task, completed=step, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_sec']:,.0f}"
-        )
+        self._progress.update(self._task, completed=step, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_sec']:,.0f}")
         if self.enabled and not self.console.is_terminal:
-            self.console.print(
-                f"step {step}  loss {record['loss']:.4f}  {record['tokens_per_sec']:,.0f} tok/s", highlight=False
-            )
+            self.console.print(f"step {step}  loss {record['loss']:.4f}  {record['tokens_per_sec']:,.0f} tok/s", highlight=False)

@@ -14,6 +14,7 @@ Inside it, sharding constraints tell XLA where each tensor must be; XLA inserts 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,9 +34,14 @@ LossFn = Callable[[Any, Any], jax.Array]
 
 
 @contextlib.contextmanager
-def activation_rules(plan: Plan) -> Iterator[None]:
-    """Make the model's logical activation constraints act on ``plan.mesh``."""
-    with jax.sharding.use_abstract_mesh(plan.mesh.abstract_mesh), nn.logical_axis_rules(plan.rules):
+def activation_rules(plan: Plan, *, batch_local: bool = False) -> Iterator[None]:
+    """Make the model's logical activation constraints act on ``plan.mesh``.
+
+    ``batch_local``: the ``batch`` name maps to no mesh axis, for code ``vmap``-ed over the
+    batch's device groups (whose own dimension carries those axes).
+    """
+    rules = ((("batch", None),) if batch_local else ()) + tuple(plan.rules)  # first match wins
+    with jax.sharding.use_abstract_mesh(plan.mesh.abstract_mesh), nn.logical_axis_rules(rules):
         yield
 
 
@@ -104,8 +110,10 @@ def make_train_step(
     """``step(state, batch) -> (state, metrics)``, jitted with the plan's shardings.
 
     ``loss_fn(params, batch)`` returns the scalar mean loss over its batch. With ``microbatches``
-    M > 1 the global batch is split into M equal slices run one after another and their gradients
-    averaged into a buffer with the stage's gradient spec. A step whose
+    M > 1 the global batch is split into M equal slices run one after another. At stages >= 2 each
+    slice's gradient is reduce-scattered into a buffer with the stage's (1/N_d) gradient spec; at
+    stages 0-1 each batch group accumulates its own unreduced gradient and one all-reduce follows
+    the last slice. Either way the result is the whole batch's gradient. A step whose
     gradient is not finite applies nothing: parameters and optimizer state stay bit-identical,
     ``skipped`` counts it and a dynamic loss scale halves. Metrics: ``loss``, ``grad_norm`` (the
     global L2 norm of the unscaled, reduced gradient, before any clipping), ``skipped`` and, with
@@ -125,6 +133,8 @@ def make_train_step(
 
         if microbatches == 1:
             return one(batch)
+        if not plan.rule.grads:
+            return local_accumulation(params, batch, scale)
         # Slice m holds rows m, m + M, m + 2M, ...: each device keeps its own rows in every slice.
         slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
 
@@ -137,6 +147,41 @@ def make_train_step(
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, precision.master_dtype), params)
         acc, losses = jax.lax.scan(body, _constrain(zeros, plan.grads), slices)
         return losses.mean(), jax.tree.map(lambda a: a / microbatches, acc)
+
+    def local_accumulation(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
+        """Stages 0-1: each batch group (the devices of one ``data`` x ``replica`` coordinate)
+        accumulates its own unreduced gradient over the microbatches; one all-reduce follows.
+
+        ``vmap`` over the groups, with the group dimension on the batch's mesh axes, is how GSPMD
+        is told the per-group gradients are separate tensors rather than one to be reduced.
+        """
+        axes = plan.batch.spec[0]
+        axes = axes if isinstance(axes, tuple) else (axes,)
+        groups = math.prod(plan.mesh.shape[a] for a in axes)
+        on_groups = [NamedSharding(plan.mesh, P(axes, *s.spec)) for s in jax.tree.leaves(plan.grads)]
+        on_groups = jax.tree.unflatten(jax.tree.structure(plan.grads), on_groups)
+
+        def split(x):  # [B, ...] -> [M, groups, B / (groups M), ...]; rows stay on their device
+            x = x.reshape(groups, x.shape[0] // (groups * microbatches), microbatches, *x.shape[1:])
+            return jnp.moveaxis(x, 2, 0)
+
+        def group_loss(p, mb):
+            loss = loss_fn(p, mb).astype(jnp.float32)
+            return (loss * scale if scale is not None else loss), loss
+
+        group_grad = jax.vmap(jax.value_and_grad(group_loss, has_aux=True), in_axes=(None, 0), spmd_axis_name=axes)
+
+        def body(acc, mb):
+            with activation_rules(plan, batch_local=True):
+                (_, losses), grads = group_grad(params, mb)
+            acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+            return _constrain(acc, on_groups), losses
+
+        zeros = jax.tree.map(lambda p: jnp.zeros((groups, *p.shape), precision.master_dtype), params)
+        acc, losses = jax.lax.scan(body, _constrain(zeros, on_groups), jax.tree.map(split, batch))
+        # The sum over groups is the one reduction; it runs in grad_reduce_dtype.
+        grads = jax.tree.map(lambda a: (a / (groups * microbatches)).astype(precision.grad_reduce_dtype).sum(0), acc)
+        return losses.mean(), _constrain(grads, plan.grads)
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         scale = state.loss_scale.scale if state.loss_scale is not None else None

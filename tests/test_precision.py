@@ -174,6 +174,33 @@ def test_microbatches_equal_one_step_on_the_whole_batch(devices, stage):
     assert_trees_close(after[4][0].opt_state, after[1][0].opt_state)
 
 
+MESHES = {
+    "dp8": ["mesh.axes.data=8"],
+    "dp4-mp2": ["mesh.axes.data=4", "mesh.axes.model=2"],
+    "replica2-data4": ["mesh.axes.replica=2", "mesh.axes.data=4"],
+}
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_stages_0_1_accumulate_locally_and_reduce_once(devices, mesh):
+    """Stage 1, 4 microbatches: no gradient collective runs per microbatch. Inside the scan only
+    the model axis's tensor-parallel all-reduces remain (groups of 2 on dp4-mp2); the batch groups'
+    gradients meet in one all-reduce after it, over all of them. The step equals the whole batch's."""
+    data = text_batches(None, 200_000, 16, 32, 0)
+    after = {}
+    for m in (1, 4):
+        s = setup(tiny_config("zero.stage=1", LR, f"train.microbatches={m}", "train.global_batch_size=32", *MESHES[mesh]))
+        after[m] = s.make_step()(s.init_state(), data.device_batch(0, s.plan.batch))[0]
+    ops = ledger.parse_collectives(s.compile_step()[1].as_text())
+    n_m = s.plan.mesh.shape.get("model", 1)
+    assert all(o.group_size == n_m for o in ops if o.in_loop), [o for o in ops if o.in_loop]
+    reduce = [o for o in ops if o.kind == "all-reduce" and o.group_size == 8 // n_m]
+    assert len(reduce) == 1 and not reduce[0].in_loop, reduce
+    assert reduce[0].bytes >= 4 * s.plan.num_params / n_m  # every gradient, in one op
+    assert_trees_close(after[4].params, after[1].params)
+    assert_trees_close(after[4].opt_state, after[1].opt_state)
+
+
 def test_microbatch_buffer_is_sharded_from_stage_2(devices):
     """At stage 2 the accumulation buffer is the 1/N_d gradient shard, at stage 1 a whole copy:
     the compiled temporaries differ by about 7/8 of the fp32 gradient."""
