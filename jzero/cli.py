@@ -1,4 +1,4 @@
-"""The ``jzero`` command line: ``train`` and ``plan``.
+"""The ``jzero`` command line: ``train``, ``plan`` and ``checkpoint info|export``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 """
@@ -10,7 +10,9 @@ import json
 import sys
 from typing import Any
 
+from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, describe
 from jzero.config import Config, ConfigError, load_config
+from jzero.export import EXPORT_DTYPES, export_checkpoint
 from jzero.mesh import simulate_cpu_devices
 from jzero.trainer import TrainingHalted, plan_report, setup, train
 
@@ -31,10 +33,42 @@ def _load(args: argparse.Namespace) -> Config:
 
 def cmd_train(args: argparse.Namespace) -> int:
     config = _load(args)
-    history = train(config, progress=not args.quiet)
-    if history:
-        last = history[-1]
-        print(f"trained {last['step']} steps: loss {history[0]['loss']:.4f} -> {last['loss']:.4f}; run dir {config.run.dir}")
+    result = train(config, progress=not args.quiet, resume=not args.no_resume)
+    history = result.history
+    span = f"steps {result.start_step} -> {result.final_step}"
+    loss = f": loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}" if history else ""
+    saved = f"; saved step {result.saved[-1]}" if result.saved else ""
+    where = f"{config.run.dir}/{CHECKPOINTS}/{result.saved[-1]}" if result.saved else config.run.dir
+    if result.preempted:
+        print(f"jzero: preempted by {result.preempted} after {span}{saved} to {where}")
+    else:
+        print(f"trained {span}{loss}{saved}; run dir {config.run.dir}")
+    return 0
+
+
+def cmd_checkpoint_info(args: argparse.Namespace) -> int:
+    rows = describe(args.run_dir)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'step':>8}  {'committed':<9}  {'stage':>5}  {'devices':>7}  {'mesh':<28}  {'size':>10}")
+    for r in rows:
+        mesh = " x ".join(f"{k}={v}" for k, v in (r["mesh"] or {}).items()) or "?"
+        stage = "?" if r["stage"] is None else r["stage"]
+        devices = "?" if r["devices"] is None else r["devices"]
+        committed = "yes" if r["committed"] else "no"
+        print(f"{r['step']:>8}  {committed:<9}  {stage:>5}  {devices:>7}  {mesh:<28}  {_human(r['bytes']):>10}")
+    if not rows:
+        print("  no checkpoints")
+    return 0
+
+
+def cmd_checkpoint_export(args: argparse.Namespace) -> int:
+    done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype)
+    print(
+        f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {_human(done['bytes'])} "
+        f"as {done['dtype']} to {done['out']}"
+    )
     return 0
 
 
@@ -126,12 +160,26 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model")
     with_config(train)
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--no-resume", action="store_true", help="refuse a run.dir that holds a run or checkpoints")
     train.set_defaults(func=cmd_train)
 
     plan = sub.add_parser("plan", help="shardings, bytes per device and collectives, without allocating")
     with_config(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
+
+    ckpt = sub.add_parser("checkpoint", help="inspect and export a run's checkpoints")
+    ckpt_sub = ckpt.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    info = ckpt_sub.add_parser("info", help="each checkpoint's step, mesh, stage, size and whether it is committed")
+    info.add_argument("run_dir")
+    info.add_argument("--json", action="store_true", help="print one JSON list")
+    info.set_defaults(func=cmd_checkpoint_info)
+    export = ckpt_sub.add_parser("export", help="consolidated parameters as safetensors")
+    export.add_argument("run_dir")
+    export.add_argument("--step", type=int, default=None, help="a committed step (default: the latest)")
+    export.add_argument("--out", required=True, help="the .safetensors file to write (must not exist)")
+    export.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES)
+    export.set_defaults(func=cmd_checkpoint_export)
     return parser
 
 
@@ -142,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"jzero: error: {err}", file=sys.stderr)
         return 2
-    except TrainingHalted as err:
+    except (TrainingHalted, CheckpointWriteError) as err:
         print(f"jzero: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

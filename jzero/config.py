@@ -77,6 +77,16 @@ class TrainConfig:
     global_batch_size: int = 32
     nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
     microbatches: int = 1  # gradient accumulation: slices of the global batch run in sequence
+    init_from: str | None = None  # start from exported (.safetensors) or plain Flax (.msgpack, Orbax dir) params
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    """Orbax checkpoints under ``<run.dir>/checkpoints``. ``async_`` is spelled ``async`` in YAML."""
+
+    every: int = 100  # save every N steps (0: only at the end and on preemption)
+    keep: int = 3  # committed checkpoints kept, newest first
+    async_: bool = True  # write in the background; the loop blocks only for the device-to-host copy
 
 
 @dataclasses.dataclass
@@ -137,13 +147,21 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The YAML-shaped mapping: keywords such as ``async`` lose their field's trailing ``_``."""
+        return _yaml_names(dataclasses.asdict(self))
+
+
+def _yaml_names(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k.removesuffix("_") if k.isidentifier() and k.endswith("_") else k: _yaml_names(v) for k, v in tree.items()}
+    return tree
 
 
 KNOWN_MESH_AXES = ("replica", "data", "model")
@@ -284,15 +302,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for name in raw:
-        if name not in names:
-            key = f"{prefix}.{name}" if prefix else str(name)
-            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
+    fields = {f.name.removesuffix("_"): f.name for f in dataclasses.fields(cls)}  # YAML name -> field
     kwargs = {}
     for name, value in raw.items():
-        key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key)
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in fields:
+            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(fields))})")
+        kwargs[fields[name]] = _coerce(value, hints[fields[name]], key)
     return cls(**kwargs)
 
 
@@ -387,6 +403,9 @@ def validate(config: Config) -> None:
     if axes["data"] > 0 and axes.get("replica", 1) > 0:
         check_batch_divides(config.train.global_batch_size, axes, config.train.microbatches)
     _positive(config.run.log_every, "run.log_every")
+    if config.checkpoint.every < 0:
+        raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
+    _positive(config.checkpoint.keep, "checkpoint.keep")
     _positive(config.runtime.cpu_devices, "runtime.cpu_devices")
     _positive(config.data.max_bytes, "data.max_bytes")
 

@@ -63,6 +63,7 @@ class TextBatches:
         self.tokens = tokens
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
+        self.seed = seed
         self.num_windows = n_windows
         # Shuffle before repeat: each epoch is a fresh permutation of whole windows.
         self.dataset = grain.MapDataset.range(n_windows).shuffle(seed=seed).repeat().map(self._window)
@@ -93,6 +94,30 @@ class TextBatches:
             return block[:, index[1]] if len(index) > 1 else block
 
         return jax.make_array_from_callback(self.shape, sharding, load)
+
+    def state(self, next_step: int) -> dict[str, int]:
+        """The iterator's state before ``next_step``: what a checkpoint stores to continue the order."""
+        return {
+            "next_step": next_step,
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "seq_len": self.seq_len,
+            "num_windows": self.num_windows,
+        }
+
+    def check_state(self, saved: dict[str, int]) -> int:
+        """The step a saved :meth:`state` continues at; a state from another order is refused."""
+        keys = {"seed": "seed", "global_batch_size": "train.global_batch_size", "seq_len": "model.seq_len",
+                "num_windows": "data.path"}  # fmt: skip
+        for name, key in keys.items():
+            if saved.get(name) != getattr(self, name):
+                what = "windows in the data" if name == "num_windows" else name
+                raise ConfigError(
+                    key,
+                    f"the checkpoint's sample order has {what} = {saved.get(name)}, this run {getattr(self, name)}; "
+                    "resuming would not continue it",
+                )
+        return int(saved["next_step"])
 
     def iterate(self, sharding: Sharding, start_step: int = 0) -> Iterator[tuple[int, jax.Array]]:
         step = start_step

@@ -32,8 +32,8 @@ class TrainProgress:
         self._progress.__exit__(*exc)
 
     def note(self, text: str) -> None:
-        if self.enabled:
-            self._progress.console.print(text)
+        """Printed even when the bar is off: notes say what the run resumed from, or warn."""
+        self._progress.console.print(text, highlight=False)
 
     def advance(self, step: int) -> None:
         self._progress.update(self._task, completed=step)

@@ -82,6 +82,12 @@ def sharded_init(
     return jax.jit(init, out_shardings=plan.state)(rng)
 
 
+def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan, precision: Precision = FP32) -> TrainState:
+    """A fresh train state (new optimizer state) around given fp32 parameters, already placed
+    with the plan's parameter shardings."""
+    return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)
+
+
 def _constrain(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
 

@@ -18,19 +18,23 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from jzero import ledger
+from jzero.checkpoint import CHECKPOINTS, RunCheckpoints, changes, run_meta
 from jzero.config import Config, ConfigError, ModelConfig, OptimizerConfig, PrecisionConfig, check_batch_divides, dump_config
 from jzero.data import TextBatches, text_batches
+from jzero.export import load_params, match_params
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.models.gpt import GPT, lm_loss
 from jzero.plan import Plan, make_plan, shard_bytes
 from jzero.precision import Precision
+from jzero.preemption import Preemption
 from jzero.progress import TrainProgress
 from jzero.state import TrainState
-from jzero.step import abstract_state, make_train_step, sharded_init
+from jzero.step import abstract_state, make_train_step, sharded_init, state_from_params
 
 
 def build_precision(cfg: PrecisionConfig) -> Precision:
@@ -229,70 +233,140 @@ class TrainingHalted(RuntimeError):
         super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
 
 
-def prepare_run_dir(path: str) -> Path:
-    """Create ``run.dir``; refuse one that already holds a run, so nothing is overwritten."""
+def prepare_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
+    """Create ``run.dir``; returns it and whether it already holds a run. Without ``resume`` a
+    folder that holds a run is refused, so nothing is overwritten."""
     run_dir = Path(path)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("run.dir", f"{run_dir} exists and is not a folder")
-    for name in ("metrics.jsonl", "config.yaml"):
-        if (run_dir / name).exists():
-            raise ConfigError("run.dir", f"{run_dir} already holds a run ({name}); choose another run.dir")
+    existing = [name for name in ("metrics.jsonl", "config.yaml", CHECKPOINTS) if (run_dir / name).exists()]
+    if existing and not resume:
+        raise ConfigError("--no-resume", f"{run_dir} already holds a run ({', '.join(existing)}); choose another run.dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return run_dir, bool(existing)
 
 
-def train(config: Config, *, progress: bool = True, data: TextBatches | None = None) -> list[dict[str, Any]]:
-    """Train per ``config``, writing ``config.yaml`` and ``metrics.jsonl`` under ``run.dir``."""
+@dataclasses.dataclass
+class RunResult:
+    """What :func:`train` did: its logged records, where it started and stopped, what it saved."""
+
+    history: list[dict[str, Any]]
+    start_step: int  # 0, or the checkpoint step it resumed from
+    final_step: int
+    saved: list[int]  # checkpoint steps written by this run
+    preempted: str | None = None  # the signal that stopped it early
+
+
+def initial_state(
+    s: Setup, checkpoints: RunCheckpoints, data: TextBatches, note: Callable[[str], None]
+) -> tuple[TrainState, int]:
+    """The latest committed checkpoint (onto this run's mesh and stage), else ``train.init_from``,
+    else a fresh init. Returns the state and the step it is at."""
+    restored = checkpoints.restore_latest(s.abstract_state(), warn=note)
+    if restored is not None:
+        start = data.check_state(restored.data)
+        changed = changes(restored.meta, mesh_shape(s.mesh), s.plan.stage)
+        note(f"resumed from {checkpoints.step_dir(restored.step)}" + (f" ({changed})" if changed else ""))
+        return restored.state, start
+    if s.config.train.init_from:
+        loaded = load_params(s.config.train.init_from)
+        match_params(loaded, {t.path: t.shape for t in s.plan.tensors}, s.config.train.init_from)
+        arrays = [
+            jax.device_put(np.asarray(loaded[t.path], np.float32), NamedSharding(s.mesh, t.param_spec)) for t in s.plan.tensors
+        ]
+        params = jax.tree.unflatten(jax.tree.structure(s.plan.params), arrays)
+        note(f"parameters from {s.config.train.init_from}")
+        return state_from_params(params, s.tx, s.plan, s.precision), 0
+    return s.init_state(), 0
+
+
+def train(config: Config, *, progress: bool = True, data: TextBatches | None = None, resume: bool = True) -> RunResult:
+    """Train per ``config`` under ``run.dir``: ``config.yaml``, ``metrics.jsonl`` and Orbax
+    checkpoints in ``checkpoints/``. Resumes from the latest committed checkpoint unless
+    ``resume`` is False, which refuses a folder that holds a run. SIGTERM/SIGINT save and stop."""
     s = setup(config)
     if data is None:
         m, t = config.model, config.train
         data = text_batches(config.data.path, config.data.max_bytes, m.seq_len, t.global_batch_size, config.seed)
-    run_dir = prepare_run_dir(config.run.dir)
-    (run_dir / "config.yaml").write_text(dump_config(config))
+    run_dir, existing = prepare_run_dir(config.run.dir, resume)
+    checkpoints = RunCheckpoints(run_dir, config.checkpoint)
+    if not existing:
+        (run_dir / "config.yaml").write_text(dump_config(config))
+    meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
 
-    state = s.init_state()
-    step_fn = s.make_step()
-    t0 = time.perf_counter()
-    compiled = step_fn.lower(state, data.device_batch(0, s.plan.batch)).compile()
-    compile_s = time.perf_counter() - t0
+    with TrainProgress(config.train.steps, enabled=progress) as bar, Preemption() as preemption:
+        state, start = initial_state(s, checkpoints, data, bar.note)
+        result = RunResult([], start, start, [])
+        if start >= config.train.steps:
+            bar.note(f"step {start} already reached train.steps={config.train.steps}; nothing to do")
+            checkpoints.close()
+            return result
+        if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
+            (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))  # the resumed run's own config
+        step_fn = s.make_step()
+        t0 = time.perf_counter()
+        compiled = step_fn.lower(state, data.device_batch(start, s.plan.batch)).compile()
+        bar.note(
+            f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  "
+            f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
+        )
+        bar.advance(start)
 
-    tokens_per_step = config.train.global_batch_size * config.model.seq_len
-    history: list[dict[str, Any]] = []
-    pending: list[dict[str, jax.Array]] = []  # this interval's metrics, still on device
-    skipped_before = 0
-    with open(run_dir / "metrics.jsonl", "a") as log, TrainProgress(config.train.steps, enabled=progress) as bar:
-        bar.note(f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  compile {compile_s:.1f}s")
-        mark, mark_step = time.perf_counter(), 0
-        for step, batch in data.iterate(s.plan.batch):
-            if step >= config.train.steps:
-                break
-            state, metrics = compiled(state, batch)
-            pending.append(metrics)
-            done = step + 1
-            if done % config.run.log_every and done != config.train.steps:
-                bar.advance(done)
-                continue
-            interval = jax.device_get(pending)  # one host sync per logged step
-            pending = []
-            if config.train.nonfinite == "halt":
-                for offset, m in enumerate(interval):
-                    if int(m["skipped"]) > skipped_before:
-                        raise TrainingHalted(mark_step + offset + 1)
-            last = interval[-1]
-            skipped_before = int(last["skipped"])
-            now = time.perf_counter()
-            record = {
-                "step": done,
-                "loss": float(last["loss"]),
-                "grad_norm": float(last["grad_norm"]),
-                "tokens_per_sec": tokens_per_step * (done - mark_step) / (now - mark),
-                "skipped_steps": skipped_before,
-            }
-            if "loss_scale" in last:
-                record["loss_scale"] = float(last["loss_scale"])
-            mark, mark_step = now, done
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            history.append(record)
-            bar.update(done, record)
-    return history
+        def save(step: int) -> None:
+            if checkpoints.save(step, state, data.state(step), meta):
+                result.saved.append(step)
+            else:
+                bar.note(f"jzero: warning: step {step}: the state is not finite; not checkpointed")
+
+        tokens_per_step = config.train.global_batch_size * config.model.seq_len
+        pending: list[dict[str, jax.Array]] = []  # this interval's metrics, still on device
+        skipped_before = int(state.skipped)
+        try:
+            with open(run_dir / "metrics.jsonl", "a") as log:
+                mark, mark_step = time.perf_counter(), start
+                for step, batch in data.iterate(s.plan.batch, start):
+                    if step >= config.train.steps or preemption.requested():
+                        break
+                    state, metrics = compiled(state, batch)
+                    pending.append(metrics)
+                    done = result.final_step = step + 1
+                    checkpoints.check()
+                    if checkpoints.due(done) or done == config.train.steps:
+                        save(done)
+                    if done % config.run.log_every and done != config.train.steps:
+                        bar.advance(done)
+                        continue
+                    interval = jax.device_get(pending)  # one host sync per logged step
+                    pending = []
+                    if config.train.nonfinite == "halt":
+                        for offset, m in enumerate(interval):
+                            if int(m["skipped"]) > skipped_before:
+                                raise TrainingHalted(mark_step + offset + 1)
+                    last = interval[-1]
+                    skipped_before = int(last["skipped"])
+                    now = time.perf_counter()
+                    record = {
+                        "step": done,
+                        "loss": float(last["loss"]),
+                        "grad_norm": float(last["grad_norm"]),
+                        "tokens_per_sec": tokens_per_step * (done - mark_step) / (now - mark),
+                        "skipped_steps": skipped_before,
+                    }
+                    if "loss_scale" in last:
+                        record["loss_scale"] = float(last["loss_scale"])
+                    mark, mark_step = now, done
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                    result.history.append(record)
+                    bar.update(done, record)
+            if preemption.signal is not None:
+                result.preempted = preemption.signal
+                if result.final_step not in result.saved and result.final_step > start:
+                    save(result.final_step)
+        except KeyboardInterrupt:  # a second SIGINT: abort now, leave any write uncommitted
+            raise
+        except BaseException:
+            checkpoints.close()
+            raise
+        checkpoints.close()
+    return result

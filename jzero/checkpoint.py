@@ -1,0 +1,263 @@
+"""Sharded Orbax checkpoints of a training run.
+
+A run's checkpoints live in ``<run.dir>/checkpoints/<step>/`` and are written by orbax-checkpoint's
+``CheckpointManager``, so plain Orbax reads them too. Each holds three items:
+
+- ``state``: the :class:`~jzero.state.TrainState` (step, parameters, fp32 master and optimizer
+  state, skipped-step count, loss scale). Every process writes only the shards it owns.
+- ``data``: the data iterator's state (:meth:`jzero.data.TextBatches.state`).
+- ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON.
+
+Orbax writes into a temporary folder and renames it when every item is complete, so a folder named
+by its step alone is committed and anything else is ignored. Restore reads straight into the
+target shardings (each device reads only its own slices), so a checkpoint restores onto any mesh,
+stage or device count; only the model's shapes must match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from jzero.config import CheckpointConfig, ConfigError
+from jzero.state import TrainState
+
+CHECKPOINTS = "checkpoints"
+ITEMS = ("state", "data", "meta")
+_TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint write failed (disk full, permissions...); raised in the training thread."""
+
+    def __init__(self, step: int, path: Path, cause: BaseException):
+        self.step, self.path, self.cause = step, path, cause
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        super().__init__(f"checkpoint: writing step {step} to {path} failed: {type(cause).__name__}: {reason}")
+
+
+@dataclasses.dataclass
+class Restored:
+    step: int
+    state: TrainState
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    skipped: list[tuple[int, str]]  # newer steps that could not be read, and why
+
+
+def tree_paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """``{"params/blocks/mlp_in/kernel": leaf, ...}`` for any pytree (dicts, lists, dataclasses)."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return {"/".join(_key(k) for k in path): leaf for path, leaf in leaves}
+
+
+def _key(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _is_array_metadata(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def array_metadata(pytree_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each array of a saved pytree as ``path -> (shape, dtype)``, read from its metadata alone."""
+    tree = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata.tree
+    return {p: (tuple(m.shape), str(m.dtype)) for p, m in tree_paths(tree, _is_array_metadata).items()}
+
+
+def shape_mismatches(saved: dict[str, tuple], target: TrainState) -> list[str]:
+    """What differs between a checkpoint's arrays and a target state, one short line per path."""
+    want = {p: (tuple(x.shape), str(x.dtype)) for p, x in tree_paths(target).items()}
+    lines = [f"{p}: missing from the checkpoint" for p in want if p not in saved]
+    lines += [f"{p}: in the checkpoint, not in this model" for p in saved if p not in want]
+    lines += [
+        f"{p}: shape {list(saved[p][0])} in the checkpoint, {list(want[p][0])} now"
+        for p in want
+        if p in saved and saved[p][0] != want[p][0]
+    ]
+    return lines
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(leaves).all() if leaves else jnp.array(True)
+
+
+class RunCheckpoints:
+    """The checkpoints of one run directory: save (atomic, optionally async), list, restore."""
+
+    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig | None = None, *, read_only: bool = False):
+        cfg = cfg or CheckpointConfig()
+        self.every = cfg.every
+        self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
+        if read_only and not self.directory.is_dir():
+            raise ConfigError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=cfg.keep,
+            enable_async_checkpointing=cfg.async_,
+            create=not read_only,
+            read_only=read_only,
+            cleanup_tmp_directories=not read_only,  # half-written saves of a killed run
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._pending: int | None = None  # the step an async write is in flight for
+
+    def steps(self) -> list[int]:
+        """Committed steps, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, state: TrainState, data: dict[str, Any], meta: dict[str, Any]) -> bool:
+        """Start writing ``step`` (in the background when async). A state that is not finite is never
+        written: it returns False. A failed earlier write is raised here, in the caller's thread."""
+        self.check()
+        if not bool(_all_finite((state.params, state.opt_state))):
+            return False
+        meta = {**meta, "step": step, "saved_at": time.time()}
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
+        try:
+            self.manager.save(step, args=args, force=True)
+        except Exception as err:
+            raise CheckpointWriteError(step, self.step_dir(step), err) from err
+        self._pending = step
+        return True
+
+    def check(self) -> None:
+        """Raise a finished background write's failure, if any."""
+        if self._pending is None:
+            return
+        try:
+            self.manager.check_for_errors()
+        except Exception as err:
+            step, self._pending = self._pending, None
+            raise CheckpointWriteError(step, self.step_dir(step), err) from err
+
+    def wait(self) -> None:
+        """Block until the write in flight is committed; raise its failure."""
+        if self._pending is None:
+            return
+        try:
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        except Exception as err:
+            step, self._pending = self._pending, None
+            raise CheckpointWriteError(step, self.step_dir(step), err) from err
+        self._pending = None
+
+    def close(self) -> None:
+        self.wait()
+        self.manager.close()
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore(self, step: int, target: TrainState) -> Restored:
+        """Read ``step`` into ``target``'s shardings (``ShapeDtypeStruct`` leaves with ``sharding``)."""
+        mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)
+        if mismatched:
+            shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more" if len(mismatched) > 4 else "")
+            raise ConfigError(str(self.step_dir(step)), f"the model's shapes differ from the checkpoint's: {shown}")
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+        )
+        got = self.manager.restore(step, args=args)
+        return Restored(step, got["state"], got["data"], got["meta"], [])
+
+    def restore_latest(self, target: TrainState, warn: Callable[[str], None] = print) -> Restored | None:
+        """The newest committed step that reads back; an unreadable one is named and skipped.
+
+        None when there are no checkpoints. A shape mismatch is the config's fault, not the
+        checkpoint's, and is raised at once."""
+        steps = self.steps()
+        skipped: list[tuple[int, str]] = []
+        for step in reversed(steps):
+            try:
+                restored = self.restore(step, target)
+            except ConfigError:
+                raise
+            except Exception as err:
+                reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+                skipped.append((step, reason))
+                warn(f"jzero: warning: checkpoint {self.step_dir(step)} is unreadable ({reason[:200]}); trying the previous one")
+                continue
+            restored.skipped = skipped
+            return restored
+        if steps:
+            raise ConfigError(
+                str(self.directory), f"no committed checkpoint could be read (tried steps {', '.join(map(str, reversed(steps)))})"
+            )
+        return None
+
+
+def describe(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every checkpoint folder of a run, committed or not: step, committed, mesh, stage, bytes, path."""
+    directory = Path(run_dir) / CHECKPOINTS
+    if not directory.is_dir():
+        raise ConfigError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
+    committed = set(RunCheckpoints(run_dir, read_only=True).steps())
+    rows = []
+    for entry in sorted(directory.iterdir()):
+        tmp = _TMP.match(entry.name)
+        if not entry.is_dir() or not (entry.name.isdigit() or tmp):
+            continue
+        step = int(entry.name) if entry.name.isdigit() else int(tmp.group(1))
+        meta = _read_json(entry / "meta" / "metadata")
+        rows.append(
+            {
+                "step": step,
+                "committed": entry.name.isdigit() and step in committed,
+                "mesh": meta.get("mesh"),
+                "stage": meta.get("stage"),
+                "devices": meta.get("devices"),
+                "bytes": sum(f.stat().st_size for f in entry.rglob("*") if f.is_file()),
+                "path": str(entry),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["step"], r["committed"]))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_meta(
+    config_dict: dict[str, Any], mesh_axes: dict[str, int], stage: int, num_params: int, rng: jax.Array
+) -> dict[str, Any]:
+    """What a checkpoint records about the run that wrote it."""
+    return {
+        "config": config_dict,
+        "mesh": mesh_axes,
+        "stage": stage,
+        "devices": jax.device_count(),
+        "processes": jax.process_count(),
+        "num_params": num_params,
+        "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
+    }
+
+
+def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str | None:
+    """How the resuming run's layout differs from the checkpoint's, or None."""
+    now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
+    diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v]
+    return ", ".join(diffs) if diffs else None
