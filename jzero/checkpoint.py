@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from jzero.config import CheckpointConfig, ConfigError
 from jzero.state import TrainState
@@ -41,8 +42,7 @@ class CheckpointWriteError(RuntimeError):
 
     def __init__(self, step: int, path: Path, cause: BaseException):
         self.step, self.path, self.cause = step, path, cause
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        super().__init__(f"checkpoint: writing step {step} to {path} failed: {type(cause).__name__}: {reason}")
+        super().__init__(f"checkpoint: writing step {step} to {path} failed: {type(cause).__name__}: {_first_sentence(cause)}")
 
 
 @dataclasses.dataclass
@@ -80,14 +80,15 @@ def array_metadata(pytree_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 def shape_mismatches(saved: dict[str, tuple], target: TrainState) -> list[str]:
     """What differs between a checkpoint's arrays and a target state, one short line per path."""
     want = {p: (tuple(x.shape), str(x.dtype)) for p, x in tree_paths(target).items()}
-    lines = [f"{p}: missing from the checkpoint" for p in want if p not in saved]
-    lines += [f"{p}: in the checkpoint, not in this model" for p in saved if p not in want]
-    lines += [
-        f"{p}: shape {list(saved[p][0])} in the checkpoint, {list(want[p][0])} now"
+    problems = {p: "missing from the checkpoint" for p in want if p not in saved}
+    problems |= {p: "in the checkpoint, not in this model" for p in saved if p not in want}
+    problems |= {
+        p: f"shape {list(saved[p][0])} in the checkpoint, {list(want[p][0])} now"
         for p in want
         if p in saved and saved[p][0] != want[p][0]
-    ]
-    return lines
+    }
+    order = sorted(problems, key=lambda p: (not p.startswith("params/"), p))  # parameters first
+    return [f"{p}: {problems[p]}" for p in order]
 
 
 @jax.jit
@@ -127,8 +128,10 @@ class RunCheckpoints:
 
     def save(self, step: int, state: TrainState, data: dict[str, Any], meta: dict[str, Any]) -> bool:
         """Start writing ``step`` (in the background when async). A state that is not finite is never
-        written: it returns False. A failed earlier write is raised here, in the caller's thread."""
-        self.check()
+        written: it returns False. A failed earlier write is raised here, in the caller's thread.
+        (Orbax waits for the previous write before starting one anyway; waiting here first names
+        the failed step correctly.)"""
+        self.wait()
         if not bool(_all_finite((state.params, state.opt_state))):
             return False
         meta = {**meta, "step": step, "saved_at": time.time()}
@@ -194,9 +197,11 @@ class RunCheckpoints:
             except ConfigError:
                 raise
             except Exception as err:
-                reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+                reason = f"{type(err).__name__}: {_first_sentence(err)}"
                 skipped.append((step, reason))
-                warn(f"jzero: warning: checkpoint {self.step_dir(step)} is unreadable ({reason[:200]}); trying the previous one")
+                aside = self._set_aside(step)
+                warn(f"jzero: warning: checkpoint {self.step_dir(step)} is unreadable ({reason}); moved to {aside.name}, "
+                     "trying the previous one")  # fmt: skip
                 continue
             restored.skipped = skipped
             return restored
@@ -205,6 +210,21 @@ class RunCheckpoints:
                 str(self.directory), f"no committed checkpoint could be read (tried steps {', '.join(map(str, reversed(steps)))})"
             )
         return None
+
+    def _set_aside(self, step: int) -> Path:
+        """Rename an unreadable step out of Orbax's view (kept, not deleted), so it can be saved again."""
+        aside = self.directory / f"{step}.unreadable-{int(time.time())}"
+        if jax.process_index() == 0:
+            self.step_dir(step).rename(aside)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"jzero-set-aside-{step}")
+        self.manager.reload()
+        return aside
+
+
+def _first_sentence(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return text.split(". ")[0][:160]
 
 
 def describe(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
     except ConfigError as err:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
@@ -88,10 +89,15 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 # Reading parts of an Orbax checkpoint as host arrays
 
 
-def restore_numpy(state_dir: Path, paths: list[str]) -> dict[str, np.ndarray]:
-    """The named arrays of a saved pytree (``/``-joined paths) as host arrays, and nothing else."""
+def restore_numpy(pytree_dir: Path, paths: list[str] | None = None) -> dict[str, np.ndarray]:
+    """A saved pytree's arrays as host arrays: all of them, or only ``paths`` (``/``-joined, each
+    under nested dicts, as parameters are), reading nothing else."""
+    if paths is None:
+        tree = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata.tree
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return tree_paths(ocp.PyTreeCheckpointer().restore(pytree_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args)))
     item: dict[str, Any] = {}
-    restore_args: dict[str, Any] = {}
+    restore_args = {}
     for path in paths:
         node, args = item, restore_args
         *parents, leaf = path.split("/")
@@ -99,7 +105,7 @@ def restore_numpy(state_dir: Path, paths: list[str]) -> dict[str, np.ndarray]:
             node, args = node.setdefault(part, {}), args.setdefault(part, {})
         node[leaf], args[leaf] = 0, ocp.RestoreArgs(restore_type=np.ndarray)
     restored = ocp.PyTreeCheckpointer().restore(
-        state_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+        pytree_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
     )
     return tree_paths(restored)
 
@@ -179,7 +185,7 @@ def load_params(path: str | Path) -> dict[str, np.ndarray]:
             prefix, params = parameter_arrays(saved)
             arrays = restore_numpy(state_dir, [prefix + p for p in params])
             return {p[len(prefix) :]: a for p, a in arrays.items()}
-        return _strip_params(restore_numpy(path, list(saved)))
+        return _strip_params(restore_numpy(path))
     raise ConfigError(key, f"{path}: expected a .safetensors or .msgpack file, or an Orbax checkpoint folder")
 
 

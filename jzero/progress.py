@@ -32,8 +32,12 @@ class TrainProgress:
         self._progress.__exit__(*exc)
 
     def note(self, text: str) -> None:
-        """Printed even when the bar is off: notes say what the run resumed from, or warn."""
-        self._progress.console.print(text, highlight=False)
+        if self.enabled:
+            self._progress.console.print(text, highlight=False, soft_wrap=True)
+
+    def announce(self, text: str) -> None:
+        """Printed even when the bar is off: what the run resumed from, and warnings."""
+        self._progress.console.print(text, highlight=False, soft_wrap=True)
 
     def advance(self, step: int) -> None:
         self._progress.update(self._task, completed=step)

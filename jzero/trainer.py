@@ -295,10 +295,10 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
     meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
 
     with TrainProgress(config.train.steps, enabled=progress) as bar, Preemption() as preemption:
-        state, start = initial_state(s, checkpoints, data, bar.note)
+        state, start = initial_state(s, checkpoints, data, bar.announce)
         result = RunResult([], start, start, [])
         if start >= config.train.steps:
-            bar.note(f"step {start} already reached train.steps={config.train.steps}; nothing to do")
+            bar.announce(f"step {start} already reached train.steps={config.train.steps}; nothing to do")
             checkpoints.close()
             return result
         if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
@@ -316,7 +316,7 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
             if checkpoints.save(step, state, data.state(step), meta):
                 result.saved.append(step)
             else:
-                bar.note(f"jzero: warning: step {step}: the state is not finite; not checkpointed")
+                bar.announce(f"jzero: warning: step {step}: the state is not finite; not checkpointed")
 
         tokens_per_step = config.train.global_batch_size * config.model.seq_len
         pending: list[dict[str, jax.Array]] = []  # this interval's metrics, still on device
