@@ -45,9 +45,13 @@ def test_train_writes_metrics_and_resolved_config(tmp_path, capsys):
     assert resolved.train.steps == 4 and resolved.mesh.axes == {"data": 8, "model": 1}
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["dir"] == str(run_dir)
 
-    # A second run into the same dir is refused, and the first run's files are untouched.
+    # The same run again resumes at its last step and has nothing to do; with --no-resume it is
+    # refused. Either way the first run's files are untouched.
     before = (run_dir / "metrics.jsonl").read_bytes()
-    err = _one_line_error(capsys, argv, "run.dir")
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "trained steps 4 -> 4" in capsys.readouterr().out
+    err = _one_line_error(capsys, [*argv, "--no-resume"], "--no-resume")
     assert "already holds a run" in err
     assert (run_dir / "metrics.jsonl").read_bytes() == before
 

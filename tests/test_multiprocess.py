@@ -1,4 +1,5 @@
-"""Two processes on localhost under jax.distributed: `dcn` puts the replica axis across hosts."""
+"""Two processes on localhost under jax.distributed: `dcn` puts the replica axis across hosts, and
+their checkpoint restores in one process."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 from conftest import reference_run, tiny_config
 
+from jzero.checkpoint import CHECKPOINTS, RunCheckpoints
 from jzero.data import text_batches
 from jzero.trainer import setup
 
@@ -29,7 +31,9 @@ def test_dcn_axis_spans_processes(tmp_path):
     outs = [tmp_path / f"p{i}.json" for i in range(2)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(port), str(i), str(outs[i])], env=env, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, str(HELPER), str(port), str(i), str(outs[i]), str(tmp_path / "run")], env=env, stderr=subprocess.PIPE
+        )
         for i in range(2)
     ]
     try:
@@ -52,4 +56,12 @@ def test_dcn_axis_spans_processes(tmp_path):
         return jnp.asarray(data.global_batch(k))
 
     want = [float(s.loss_fn(reference_run(s.init_fn, s.loss_fn, s.tx, s.rng, batch, steps=k)[0], batch(k))) for k in (0, 1)]
-    assert results[0]["losses"] == pytest.approx(want, rel=1e-5)
+    assert results[0]["losses"][:2] == pytest.approx(want, rel=1e-5)
+
+    # The checkpoint both processes wrote (each its own shards) restores in this one process, on
+    # one device at stage 0, and gives the two-process run's third loss.
+    state_dir = tmp_path / "run" / CHECKPOINTS / "2" / "state"
+    assert sorted(p.name for p in state_dir.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
+    restored = RunCheckpoints(tmp_path / "run").restore(2, s.abstract_state())
+    assert int(restored.state.step) == 2 and restored.data["next_step"] == 2
+    assert float(s.loss_fn(restored.state.params, batch(2))) == pytest.approx(results[0]["losses"][2], rel=1e-5)

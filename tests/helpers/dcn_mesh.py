@@ -1,17 +1,19 @@
-"""One process of a two-process run: build a `replica x data` mesh with `dcn: {replica: 2}` and
-train two ZeRO-3 steps on it. Run by tests/test_multiprocess.py as
-``python dcn_mesh.py PORT PROCESS_ID OUT_JSON``."""
+"""One process of a two-process run: build a `replica x data` mesh with `dcn: {replica: 2}`, train
+two ZeRO-3 steps on it, save an Orbax checkpoint (each process writes its own shards) and take a
+third step. Run by tests/test_multiprocess.py as
+``python dcn_mesh.py PORT PROCESS_ID OUT_JSON RUN_DIR``."""
 
 import json
 import sys
 
 import jax
 
-port, process_id, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+port, process_id, out, run_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
 
+from jzero.checkpoint import RunCheckpoints  # noqa: E402
 from jzero.config import load_config  # noqa: E402
 from jzero.data import text_batches  # noqa: E402
 from jzero.trainer import setup  # noqa: E402
@@ -35,7 +37,11 @@ data = text_batches(None, cfg.data.max_bytes, cfg.model.seq_len, cfg.train.globa
 state = s.init_state()
 step = s.make_step()
 losses = []
-for k in range(2):
+for k in range(3):
+    if k == 2:
+        checkpoints = RunCheckpoints(run_dir)
+        checkpoints.save(2, state, data.state(2), {})
+        checkpoints.close()
     state, metrics = step(state, data.device_batch(k, s.plan.batch))
     losses.append(float(metrics["loss"]))
 grid = [[d.process_index for d in row.flat] for row in s.mesh.devices]
