@@ -42,7 +42,7 @@ class CheckpointWriteError(RuntimeError):
 
     def __init__(self, step: int, path: Path, cause: BaseException):
         self.step, self.path, self.cause = step, path, cause
-        super().__init__(f"checkpoint: writing step {step} to {path} failed: {type(cause).__name__}: {_first_sentence(cause)}")
+        super().__init__(f"checkpoint: writing step {step} to {path} failed: {error_line(cause)}")
 
 
 @dataclasses.dataclass
@@ -73,8 +73,10 @@ def _is_array_metadata(x: Any) -> bool:
 
 def array_metadata(pytree_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Each array of a saved pytree as ``path -> (shape, dtype)``, read from its metadata alone."""
-    tree = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata.tree
-    return {p: (tuple(m.shape), str(m.dtype)) for p, m in tree_paths(tree, _is_array_metadata).items()}
+    metadata = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata
+    if metadata is None:
+        raise ValueError(f"{pytree_dir} has no readable metadata")
+    return {p: (tuple(m.shape), str(m.dtype)) for p, m in tree_paths(metadata.tree, _is_array_metadata).items()}
 
 
 def shape_mismatches(saved: dict[str, tuple], target: TrainState) -> list[str]:
@@ -197,7 +199,7 @@ class RunCheckpoints:
             except ConfigError:
                 raise
             except Exception as err:
-                reason = f"{type(err).__name__}: {_first_sentence(err)}"
+                reason = error_line(err)
                 skipped.append((step, reason))
                 aside = self._set_aside(step)
                 warn(f"jzero: warning: checkpoint {self.step_dir(step)} is unreadable ({reason}); moved to {aside.name}, "
@@ -222,9 +224,10 @@ class RunCheckpoints:
         return aside
 
 
-def _first_sentence(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
+    """``Type: first sentence`` of an error: tensorstore appends pages of spec to its messages."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return text.split(". ")[0][:160]
+    return f"{type(err).__name__}: {text.split('. ')[0][:160]}"
 
 
 def describe(run_dir: str | Path) -> list[dict[str, Any]]:

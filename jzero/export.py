@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jzero.checkpoint import RunCheckpoints, array_metadata, tree_paths
+from jzero.checkpoint import RunCheckpoints, array_metadata, error_line, tree_paths
 from jzero.config import ConfigError
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
@@ -134,25 +134,33 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
     elif step not in steps:
         raise ConfigError("--step", f"no committed checkpoint at step {step} (committed: {', '.join(map(str, steps))})")
     state_dir = checkpoints.step_dir(step) / "state"
-    prefix, params = parameter_arrays(array_metadata(state_dir))
-    if not params:
-        raise ConfigError(str(state_dir), "holds no parameters")
-    names = sorted(params)
-    tensors = [(name, params[name][0], dtype) for name in names]
     tmp = out.with_name(out.name + ".partial")
-    meta = {"format": "pt", "producer": "jzero", "step": str(step), "source": prefix.rstrip("/")}
     try:
+        prefix, params = parameter_arrays(array_metadata(state_dir))
+        if not params:
+            raise ConfigError(str(state_dir), "holds no parameters")
+        tensors = [(name, params[name][0], dtype) for name in sorted(params)]
+        meta = {"format": "pt", "producer": "jzero", "step": str(step), "source": prefix.rstrip("/")}
         written = write_safetensors(tmp, tensors, lambda name: restore_numpy(state_dir, [prefix + name])[prefix + name], meta)
-        header, _ = safetensors_header(tmp)
-        wrong = [n for n, shape, _ in tensors if n not in header or tuple(header[n]["shape"]) != tuple(shape)]
-        if len(header) != len(tensors) or wrong or tmp.stat().st_size != written:
-            found = f"{len(header)} of {len(tensors)} tensors; wrong: {wrong[:3]}"
-            raise ConfigError(str(tmp), f"does not match the checkpoint ({found})")
+        _check_written(tmp, tensors, written)
         os.replace(tmp, out)
+    except ConfigError:
+        raise
+    except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
+        raise ConfigError(str(checkpoints.step_dir(step)), f"is unreadable ({error_line(err)})") from None
     finally:
         tmp.unlink(missing_ok=True)
     source = prefix.rstrip("/")
     return {"step": step, "source": source, "tensors": len(tensors), "bytes": written, "out": str(out), "dtype": dtype}
+
+
+def _check_written(path: Path, tensors: list[tuple[str, tuple[int, ...], str]], written: int) -> None:
+    """Every tensor is in the file with its shape, and the file has every byte: never partial."""
+    header, _ = safetensors_header(path)
+    wrong = [n for n, shape, _ in tensors if n not in header or tuple(header[n]["shape"]) != tuple(shape)]
+    if len(header) != len(tensors) or wrong or path.stat().st_size != written:
+        found = f"{len(header)} of {len(tensors)} tensors; wrong: {wrong[:3]}"
+        raise ConfigError(str(path), f"does not match the checkpoint ({found})")
 
 
 # ---------------------------------------------------------------------------------------------

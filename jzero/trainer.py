@@ -280,6 +280,46 @@ def initial_state(
     return s.init_state(), 0
 
 
+class MetricsLog:
+    """Collects each step's metrics on device and, at logged steps, writes one JSON line to
+    ``metrics.jsonl`` (one host sync per logged step). In ``halt`` mode it raises at the first
+    step whose gradient was not finite."""
+
+    def __init__(self, file: Any, tokens_per_step: int, start: int, skipped: int, halt: bool):
+        self.file, self.tokens_per_step, self.halt = file, tokens_per_step, halt
+        self.pending: list[dict[str, jax.Array]] = []
+        self.skipped = skipped
+        self.mark, self.mark_step = time.perf_counter(), start
+        self.history: list[dict[str, Any]] = []
+
+    def add(self, metrics: dict[str, jax.Array]) -> None:
+        self.pending.append(metrics)
+
+    def write(self, step: int) -> dict[str, Any]:
+        interval, self.pending = jax.device_get(self.pending), []
+        if self.halt:
+            for offset, m in enumerate(interval):
+                if int(m["skipped"]) > self.skipped:
+                    raise TrainingHalted(self.mark_step + offset + 1)
+        last = interval[-1]
+        self.skipped = int(last["skipped"])
+        now = time.perf_counter()
+        record = {
+            "step": step,
+            "loss": float(last["loss"]),
+            "grad_norm": float(last["grad_norm"]),
+            "tokens_per_sec": self.tokens_per_step * (step - self.mark_step) / (now - self.mark),
+            "skipped_steps": self.skipped,
+        }
+        if "loss_scale" in last:
+            record["loss_scale"] = float(last["loss_scale"])
+        self.mark, self.mark_step = now, step
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        self.history.append(record)
+        return record
+
+
 def train(config: Config, *, progress: bool = True, data: TextBatches | None = None, resume: bool = True) -> RunResult:
     """Train per ``config`` under ``run.dir``: ``config.yaml``, ``metrics.jsonl`` and Orbax
     checkpoints in ``checkpoints/``. Resumes from the latest committed checkpoint unless
@@ -293,19 +333,19 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
     if not existing:
         (run_dir / "config.yaml").write_text(dump_config(config))
     meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
+    steps = config.train.steps
 
-    with TrainProgress(config.train.steps, enabled=progress) as bar, Preemption() as preemption:
+    with TrainProgress(steps, enabled=progress) as bar, Preemption() as preemption:
         state, start = initial_state(s, checkpoints, data, bar.announce)
         result = RunResult([], start, start, [])
-        if start >= config.train.steps:
-            bar.announce(f"step {start} already reached train.steps={config.train.steps}; nothing to do")
+        if start >= steps:
+            bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
             checkpoints.close()
             return result
         if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
             (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))  # the resumed run's own config
-        step_fn = s.make_step()
         t0 = time.perf_counter()
-        compiled = step_fn.lower(state, data.device_batch(start, s.plan.batch)).compile()
+        compiled = s.make_step().lower(state, data.device_batch(start, s.plan.batch)).compile()
         bar.note(
             f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  "
             f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
@@ -318,47 +358,26 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
             else:
                 bar.announce(f"jzero: warning: step {step}: the state is not finite; not checkpointed")
 
-        tokens_per_step = config.train.global_batch_size * config.model.seq_len
-        pending: list[dict[str, jax.Array]] = []  # this interval's metrics, still on device
-        skipped_before = int(state.skipped)
         try:
-            with open(run_dir / "metrics.jsonl", "a") as log:
-                mark, mark_step = time.perf_counter(), start
+            with open(run_dir / "metrics.jsonl", "a") as file:
+                tokens = config.train.global_batch_size * config.model.seq_len
+                log = MetricsLog(file, tokens, start, int(state.skipped), config.train.nonfinite == "halt")
                 for step, batch in data.iterate(s.plan.batch, start):
-                    if step >= config.train.steps or preemption.requested():
+                    if step >= steps or preemption.requested():
                         break
                     state, metrics = compiled(state, batch)
-                    pending.append(metrics)
+                    log.add(metrics)
                     done = result.final_step = step + 1
                     checkpoints.check()
-                    if checkpoints.due(done) or done == config.train.steps:
+                    if checkpoints.due(done) or done == steps:
                         save(done)
-                    if done % config.run.log_every and done != config.train.steps:
+                    if done % config.run.log_every == 0 or done == steps:
+                        bar.update(done, log.write(done))
+                    else:
                         bar.advance(done)
-                        continue
-                    interval = jax.device_get(pending)  # one host sync per logged step
-                    pending = []
-                    if config.train.nonfinite == "halt":
-                        for offset, m in enumerate(interval):
-                            if int(m["skipped"]) > skipped_before:
-                                raise TrainingHalted(mark_step + offset + 1)
-                    last = interval[-1]
-                    skipped_before = int(last["skipped"])
-                    now = time.perf_counter()
-                    record = {
-                        "step": done,
-                        "loss": float(last["loss"]),
-                        "grad_norm": float(last["grad_norm"]),
-                        "tokens_per_sec": tokens_per_step * (done - mark_step) / (now - mark),
-                        "skipped_steps": skipped_before,
-                    }
-                    if "loss_scale" in last:
-                        record["loss_scale"] = float(last["loss_scale"])
-                    mark, mark_step = now, done
-                    log.write(json.dumps(record) + "\n")
-                    log.flush()
-                    result.history.append(record)
-                    bar.update(done, record)
+                if log.pending:  # stopped early: the steps since the last record get one too
+                    log.write(result.final_step)
+                result.history = log.history
             if preemption.signal is not None:
                 result.preempted = preemption.signal
                 if result.final_step not in result.saved and result.final_step > start:

@@ -289,6 +289,18 @@ def test_export_equals_the_live_parameters(devices, tmp_path, capsys, precision)
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def test_export_of_a_damaged_checkpoint_writes_nothing(devices, tmp_path, capsys):
+    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    for data_file in (tmp_path / CHECKPOINTS / "2" / "state").rglob("d/*"):
+        with open(data_file, "r+b") as f:
+            f.truncate(100)
+    out = tmp_path / "model.safetensors"
+    assert main(["checkpoint", "export", str(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"jzero: error: {tmp_path / CHECKPOINTS / '2'}: is unreadable (")
+    assert list(tmp_path.glob("model.safetensors*")) == []
+
+
 def test_export_bfloat16_loads_with_safetensors(devices, tmp_path):
     from safetensors.flax import load_file
 
