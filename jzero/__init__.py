@@ -7,22 +7,31 @@ The Python API, for your own loop::
     state = jzero.sharded_init(init_fn, tx, plan, key)
     train_step = jzero.make_train_step(loss_fn, tx, plan)
     state, metrics = train_step(state, jax.device_put(batch, plan.batch))
+
+Checkpoints (Orbax; restore onto any mesh or stage)::
+
+    checkpoints = jzero.RunCheckpoints("runs/mine")
+    checkpoints.save(step, state)
+    restored = checkpoints.restore_latest(jzero.sharded_abstract(abstract, plan))
 """
 
-from jzero.config import Config, ConfigError, default_rules, load_config
+from jzero.checkpoint import RunCheckpoints
+from jzero.config import CheckpointConfig, Config, ConfigError, default_rules, load_config
 from jzero.ledger import live_bytes_per_device, paper_bytes_per_device, parse_collectives
 from jzero.mesh import make_mesh
 from jzero.plan import STAGES, Plan, StageRule, make_plan
 from jzero.precision import Precision
 from jzero.state import TrainState
-from jzero.step import abstract_state, make_train_step, sharded_init
+from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
 
 __all__ = [
     "STAGES",
+    "CheckpointConfig",
     "Config",
     "ConfigError",
     "Plan",
     "Precision",
+    "RunCheckpoints",
     "StageRule",
     "TrainState",
     "abstract_state",
@@ -34,5 +43,7 @@ __all__ = [
     "make_train_step",
     "paper_bytes_per_device",
     "parse_collectives",
+    "sharded_abstract",
     "sharded_init",
+    "state_from_params",
 ]

@@ -128,7 +128,7 @@ class RunCheckpoints:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def save(self, step: int, state: TrainState, data: dict[str, Any], meta: dict[str, Any]) -> bool:
+    def save(self, step: int, state: TrainState, data: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> bool:
         """Start writing ``step`` (in the background when async). A state that is not finite is never
         written: it returns False. A failed earlier write is raised here, in the caller's thread.
         (Orbax waits for the previous write before starting one anyway; waiting here first names
@@ -136,8 +136,9 @@ class RunCheckpoints:
         self.wait()
         if not bool(_all_finite((state.params, state.opt_state))):
             return False
-        meta = {**meta, "step": step, "saved_at": time.time()}
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
+        meta = {**(meta or {}), "step": step, "saved_at": time.time()}
+        items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data or {}), "meta": ocp.args.JsonSave(meta)}
+        args = ocp.args.Composite(**items)
         try:
             self.manager.save(step, args=args, force=True)
         except Exception as err:
@@ -170,9 +171,6 @@ class RunCheckpoints:
     def close(self) -> None:
         self.wait()
         self.manager.close()
-
-    def read_meta(self, step: int) -> dict[str, Any]:
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def restore(self, step: int, target: TrainState) -> Restored:
         """Read ``step`` into ``target``'s shardings (``ShapeDtypeStruct`` leaves with ``sharding``)."""

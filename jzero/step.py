@@ -65,6 +65,13 @@ def abstract_state(
     return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
 
 
+def sharded_abstract(abstract: TrainState, plan: Plan) -> TrainState:
+    """``abstract`` (from :func:`abstract_state`) as unboxed ``ShapeDtypeStruct`` leaves carrying the
+    plan's shardings: the target a checkpoint restores into."""
+    state = abstract.replace(params=nn.unbox(abstract.params))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, plan.state)
+
+
 def sharded_init(
     init_fn: Callable[[jax.Array], Any],
     tx: optax.GradientTransformation,

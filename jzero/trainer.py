@@ -15,7 +15,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +33,7 @@ from jzero.precision import Precision
 from jzero.preemption import Preemption
 from jzero.progress import TrainProgress
 from jzero.state import TrainState
-from jzero.step import abstract_state, make_train_step, sharded_init, state_from_params
+from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
 
 
 def build_precision(cfg: PrecisionConfig) -> Precision:
@@ -112,8 +111,7 @@ class Setup:
 
     def abstract_state(self) -> TrainState:
         """The train state as sharded ``ShapeDtypeStruct`` leaves."""
-        state = self.abstract.replace(params=nn.unbox(self.abstract.params))
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, self.plan.state)
+        return sharded_abstract(self.abstract, self.plan)
 
     def compile_step(self):
         """Lower and compile the train step from shapes alone."""

@@ -235,6 +235,23 @@ def test_failed_async_write_is_raised_in_the_main_thread(devices, tmp_path, monk
     assert describe(tmp_path / "b") == [] or not any(r["committed"] for r in describe(tmp_path / "b"))
 
 
+def test_python_api_in_a_users_own_loop(devices, tmp_path):
+    """``jzero.RunCheckpoints`` in a loop that is not jzero's: save, then restore onto another stage."""
+    import jzero
+
+    s = setup(tiny_config("zero.stage=3"))
+    state = s.init_state()
+    checkpoints = jzero.RunCheckpoints(tmp_path)
+    assert checkpoints.save(7, state)
+    checkpoints.close()
+    stage1 = jzero.make_plan(s.abstract, s.mesh, stage=1)
+    restored = jzero.RunCheckpoints(tmp_path).restore_latest(jzero.sharded_abstract(s.abstract, stage1))
+    assert restored.step == 7
+    for got, want in zip(host(restored.state), host(state), strict=True):
+        assert np.array_equal(got, want)
+    assert [x.sharding for x in jax.tree.leaves(restored.state)] == jax.tree.leaves(stage1.state)
+
+
 def test_non_finite_state_is_never_checkpointed(devices, tmp_path):
     s = setup(tiny_config())
     state = s.init_state()
