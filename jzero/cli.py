@@ -1,4 +1,4 @@
-"""The ``jzero`` command line: ``train``, ``plan`` and ``checkpoint info|export``.
+"""The ``jzero`` command line: ``train``, ``plan``, ``estimate`` and ``checkpoint info|export``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, describe
 from jzero.config import Config, ConfigError, load_config
+from jzero.estimate import OPTIMIZERS, PRECISIONS, estimate, format_estimate, parse_count, parse_memory
 from jzero.export import EXPORT_DTYPES, export_checkpoint
 from jzero.mesh import simulate_cpu_devices
 from jzero.trainer import TrainingHalted, plan_report, setup, train
@@ -150,6 +151,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
+    result = estimate(parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory)
+    print(json.dumps(result) if args.json else format_estimate(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -168,6 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
+
+    est = sub.add_parser("estimate", help="per-device model-state memory at stages 0-3, from the paper's formulas")
+    est.add_argument("--params", required=True, help="parameter count: 7.5e9, 7.5B, 350M")
+    est.add_argument("--devices", type=int, required=True, help="total devices (N_d x N_m)")
+    est.add_argument("--model-parallel", type=int, default=1, help="N_m (default 1)")
+    est.add_argument("--precision", default="mixed", choices=PRECISIONS, help="mixed: 16-bit params and grads, fp32 master")
+    est.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    est.add_argument("--memory-per-device", default=None, help="e.g. 80GB or 80GiB: say which stages fit")
+    est.add_argument("--json", action="store_true", help="print one JSON object")
+    est.set_defaults(func=cmd_estimate)
 
     ckpt = sub.add_parser("checkpoint", help="inspect and export a run's checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True, parser_class=_Parser)

@@ -137,13 +137,24 @@ def live_bytes_per_device(tree: Any) -> int:
     return max(per_device.values()) if per_device else 0
 
 
+def paper_parts_per_device(
+    num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
+) -> dict[str, float]:
+    """The paper's model-state bytes per device, by part: ``params``, ``grads``, ``optimizer`` and
+    ``total``. Each part is its bytes per parameter times Ψ, over N_d where the stage partitions
+    it, and over N_m (model parallelism splits everything)."""
+    rule = STAGES[stage]
+    psi = float(num_params)
+    parts = {
+        "params": param_bytes * psi / (n_d if rule.params else 1) / n_m,
+        "grads": grad_bytes * psi / (n_d if rule.grads else 1) / n_m,
+        "optimizer": k * psi / (n_d if rule.optimizer else 1) / n_m,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
 def paper_bytes_per_device(
     num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
 ) -> float:
     """The paper's model-state bytes per device: (2 + 2 + K)Ψ with the stage's parts over N_d."""
-    rule = STAGES[stage]
-    psi = float(num_params)
-    total = (param_bytes * psi / (n_d if rule.params else 1)
-             + grad_bytes * psi / (n_d if rule.grads else 1)
-             + k * psi / (n_d if rule.optimizer else 1))  # fmt: skip
-    return total / n_m
+    return paper_parts_per_device(num_params, stage, n_d, k, param_bytes, grad_bytes, n_m)["total"]

@@ -1,0 +1,120 @@
+"""``jzero estimate``: per-device model-state memory at every stage, from the paper's formulas alone.
+
+Nothing is built or compiled: the answer is (p + g + K)Ψ with the stage's parts over N_d, all over
+N_m, where p and g are the parameter and gradient bytes and K the optimizer-state bytes per
+parameter (the paper's Section 3 and Figure 1).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jzero.config import ConfigError
+from jzero.ledger import paper_parts_per_device
+
+# Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
+# gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
+PRECISIONS = ("mixed", "fp32")
+OPTIMIZERS = ("adam", "adafactor", "sgd")
+_K = {
+    # master copy (mixed only) + the optimizer's own fp32 state per parameter
+    "adam": 8,  # momentum and variance
+    "sgd": 4,  # momentum
+    "adafactor": 0,  # no momentum; factored second moments are O(rows + cols), not O(rows x cols)
+}
+_SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_MEMORY_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def bytes_per_param(precision: str, optimizer: str) -> tuple[float, float, float]:
+    """``(p, g, K)`` for a precision and optimizer."""
+    if precision not in PRECISIONS:
+        raise ConfigError("--precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError("--optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if precision == "mixed":
+        return 2, 2, 4 + _K[optimizer]
+    return 4, 4, _K[optimizer]
+
+
+def parse_count(text: str, key: str = "--params") -> float:
+    """``7.5e9``, ``7.5B``, ``350M``, ``124m`` -> a number of parameters."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ConfigError(key, f"expected a count like 7.5e9 or 7.5B, got {text!r}")
+    value = float(match.group(1)) * _SUFFIXES[match.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(key, f"must be positive, got {text!r}")
+    return value
+
+
+def parse_memory(text: str, key: str = "--memory-per-device") -> float:
+    """``80GB`` (10^9), ``80GiB`` (2^30), ``8e10`` (bytes) -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?i?b)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ConfigError(key, f"expected a size like 80GB or 80GiB, got {text!r}")
+    value = float(match.group(1)) * _MEMORY_UNITS[(match.group(2) or "b").lower()]
+    if value <= 0:
+        raise ConfigError(key, f"must be positive, got {text!r}")
+    return value
+
+
+def estimate(
+    params: float,
+    devices: int,
+    model_parallel: int = 1,
+    precision: str = "mixed",
+    optimizer: str = "adam",
+    memory_per_device: float | None = None,
+) -> dict[str, Any]:
+    """Per-device model-state bytes for stages 0-3; ``stages["0"..."3"]`` each hold ``params``,
+    ``grads``, ``optimizer``, ``total`` and, with a memory size, ``fits``."""
+    if devices < 1:
+        raise ConfigError("--devices", f"must be positive, got {devices}")
+    if model_parallel < 1 or devices % model_parallel:
+        raise ConfigError("--model-parallel", f"{model_parallel} does not divide --devices {devices}")
+    p, g, k = bytes_per_param(precision, optimizer)
+    n_d = devices // model_parallel
+    stages = {}
+    for stage in range(4):
+        parts = paper_parts_per_device(params, stage, n_d, k=k, param_bytes=p, grad_bytes=g, n_m=model_parallel)
+        row: dict[str, Any] = {name: int(round(v)) for name, v in parts.items()}
+        if memory_per_device is not None:
+            row["fits"] = parts["total"] <= memory_per_device
+        stages[str(stage)] = row
+    return {
+        "params": params,
+        "devices": devices,
+        "data_parallel": n_d,
+        "model_parallel": model_parallel,
+        "precision": precision,
+        "optimizer": optimizer,
+        "bytes_per_param": {"params": p, "grads": g, "optimizer": k},
+        "memory_per_device": memory_per_device,
+        "stages": stages,
+    }
+
+
+def format_estimate(result: dict[str, Any]) -> str:
+    gb = 1e9
+    b = result["bytes_per_param"]
+    lines = [
+        f"model states per device: Ψ = {result['params']:,.0f} parameters, N_d = {result['data_parallel']}, "
+        f"N_m = {result['model_parallel']}, {result['precision']} precision, {result['optimizer']} "
+        f"({b['params']:g} + {b['grads']:g} + K={b['optimizer']:g} bytes per parameter)",
+        "",
+        f"  {'stage':<6} {'partitioned':<14} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}"
+        + ("  fits" if result["memory_per_device"] else ""),
+    ]
+    names = {"0": "nothing (DP)", "1": "optimizer", "2": "+ gradients", "3": "+ parameters"}
+    for stage, row in result["stages"].items():
+        cells = " ".join(f"{row[k] / gb:>7.3g} GB" for k in ("params", "grads", "optimizer", "total"))  # the paper's 3 digits
+        fits = ("  yes" if row["fits"] else "  no") if "fits" in row else ""
+        lines.append(f"  {stage:<6} {names[stage]:<14} {cells}{fits}")
+    if result["memory_per_device"]:
+        fitting = [s for s, row in result["stages"].items() if row["fits"]]
+        budget = f"{result['memory_per_device'] / gb:g} GB"
+        lines += ["", f"fits in {budget} per device: " + (f"stages {', '.join(fitting)}" if fitting else "no stage")
+                  + " (model states only; activations and temporaries come on top)"]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""``jzero estimate``: the paper's formulas, per part and stage, with a fits verdict; bad input is one line."""
+
+import json
+
+import pytest
+
+from jzero.cli import main
+from jzero.estimate import parse_count, parse_memory
+
+
+def test_reproduces_the_papers_7_5b_row_at_64(capsys):
+    """Figure 1: 7.5B parameters, N_d = 64, mixed-precision Adam: 120, 31.4, 16.6 and 1.88 GB."""
+    assert main(["estimate", "--params", "7.5B", "--devices", "64"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()}
+    assert [rows[s].split()[-2] for s in "0123"] == ["120", "31.4", "16.6", "1.88"]
+
+    assert main(["estimate", "--params", "7.5e9", "--devices", "64", "--json", "--memory-per-device", "32GB"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    stages = out["stages"]
+    assert set(stages) == {"0", "1", "2", "3"}
+    assert stages["0"] == {"params": 15e9, "grads": 15e9, "optimizer": 90e9, "total": 120e9, "fits": False}
+    assert stages["1"]["optimizer"] == pytest.approx(90e9 / 64) and stages["1"]["fits"] is True
+    assert stages["2"]["grads"] == pytest.approx(15e9 / 64) and stages["2"]["params"] == 15e9
+    assert stages["3"]["total"] == pytest.approx(120e9 / 64)
+    for row in stages.values():
+        assert row["total"] == pytest.approx(row["params"] + row["grads"] + row["optimizer"], abs=2)
+
+
+def test_model_parallel_fp32_and_other_optimizers(capsys):
+    assert main(["estimate", "--params", "1B", "--devices", "16", "--model-parallel", "2", "--precision", "fp32",
+                 "--optimizer", "sgd", "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out["data_parallel"] == 8 and out["bytes_per_param"] == {"params": 4, "grads": 4, "optimizer": 4}
+    assert out["stages"]["0"]["total"] == pytest.approx(12e9 / 2)
+    assert out["stages"]["3"]["total"] == pytest.approx(12e9 / 16)
+    assert "fits" not in out["stages"]["0"]
+    assert main(["estimate", "--params", "1B", "--devices", "8", "--optimizer", "adafactor", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_per_param"]["optimizer"] == 4  # the fp32 master only
+
+
+def test_parsing():
+    assert parse_count("7.5B") == 7.5e9 and parse_count("350M") == 350e6 and parse_count("124m") == 124e6
+    assert parse_count("7.5e9") == 7.5e9 and parse_count("1000") == 1000
+    assert parse_memory("80GB") == 80e9 and parse_memory("80GiB") == 80 * 2**30 and parse_memory("1e9") == 1e9
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--params", "lots", "--devices", "8"], "jzero: error: --params: expected a count like 7.5e9 or 7.5B, got 'lots'"),
+        (["--params", "1B", "--devices", "8", "--model-parallel", "3"], "jzero: error: --model-parallel: 3 does not divide"),
+        (["--params", "1B", "--devices", "8", "--memory-per-device", "big"], "jzero: error: --memory-per-device: expected"),
+        (["--params", "1B", "--devices", "0"], "jzero: error: --devices: must be positive, got 0"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(message)
