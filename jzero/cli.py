@@ -9,13 +9,13 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
 
 from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, describe
 from jzero.config import Config, ConfigError, load_config
 from jzero.estimate import OPTIMIZERS, PRECISIONS, estimate, format_estimate, parse_count, parse_memory
 from jzero.export import EXPORT_DTYPES, export_checkpoint
 from jzero.mesh import simulate_cpu_devices
+from jzero.report import format_plan, human_bytes
 from jzero.trainer import TrainingHalted, plan_report, setup, train
 
 
@@ -59,7 +59,7 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
         stage = "?" if r["stage"] is None else r["stage"]
         devices = "?" if r["devices"] is None else r["devices"]
         committed = "yes" if r["committed"] else "no"
-        print(f"{r['step']:>8}  {committed:<9}  {stage:>5}  {devices:>7}  {mesh:<28}  {_human(r['bytes']):>10}")
+        print(f"{r['step']:>8}  {committed:<9}  {stage:>5}  {devices:>7}  {mesh:<28}  {human_bytes(r['bytes']):>10}")
     if not rows:
         print("  no checkpoints")
     return 0
@@ -68,80 +68,10 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
 def cmd_checkpoint_export(args: argparse.Namespace) -> int:
     done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype)
     print(
-        f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {_human(done['bytes'])} "
+        f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {human_bytes(done['bytes'])} "
         f"as {done['dtype']} to {done['out']}"
     )
     return 0
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _tensor_list(title: str, tensors: list[dict[str, Any]], remark: str = "") -> list[str]:
-    """A titled list of tensors with their bytes, or nothing when there are none."""
-    if not tensors:
-        return []
-    total = sum(t["bytes"] for t in tensors)
-    return [f"{title}: {len(tensors)} tensors, {_human(total)}{remark}"] + [
-        f"  {t['path']} {t['shape']} {_human(t['bytes'])}" for t in tensors
-    ]
-
-
-def format_plan(report: dict[str, Any]) -> str:
-    mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
-    lines = [
-        f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({report['devices']} {report['backend']} devices), "
-        f"{report['num_params']:,} parameters",
-        "",
-        f"{'tensor':<32} {'shape':<16} {'params':<24} {'grads':<24} {'optimizer':<24} {'param bytes/dev':>15}",
-    ]
-    for t in report["tensors"]:
-        shape = "x".join(map(str, t["shape"]))
-        lines.append(
-            f"{t['path']:<32} {shape:<16} {t['param_spec']:<24} {t['grad_spec']:<24} {t['optimizer_spec']:<24} "
-            f"{_human(t['param_bytes_per_device']):>15}"
-        )
-    lines += ["", f"{'model states per device':<24} {'plan':>12} {'paper formula':>14} {'ratio':>7}"]
-    for key in ("params", "grads", "optimizer", "total"):
-        got, ideal = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key]
-        lines.append(f"{key:<24} {_human(got):>12} {_human(ideal):>14} {got / ideal if ideal else float('nan'):>7.3f}")
-    c = report["compiled"]
-    lines += [
-        "",
-        f"compiled step, per device: arguments {_human(c['argument'])}, outputs {_human(c['output'])}, "
-        f"temporaries {_human(c['temp'])}",
-        "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
-    ]
-    if not report["collectives"]:
-        lines.append("  none")
-    for kind, v in sorted(report["collectives"].items()):
-        inside = report["collectives_in_loop"].get(kind, 0)
-        groups = "/".join(map(str, report["collective_groups"].get(kind, [])))
-        groups = f"  groups of {groups} devices" if groups else ""
-        lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {_human(v['bytes']):>12}{groups}")
-    t = report["paper_table"]
-    lines += [
-        "",
-        f"the paper's table for this model: Ψ = {t['psi']:,}, {t['param_bytes']:g}-byte params and grads, "
-        f"K = {t['k']:g}, N_d = {t['n_d']}, N_m = {t['n_m']}",
-        f"  {'stage':<6} {'partitioned':<18} {'bytes per device':>16}",
-    ]
-    for row in t["rows"]:
-        mark = "  <- this plan" if row["stage"] == report["stage"] else ""
-        lines.append(f"  {row['stage']:<6} {row['partitioned']:<18} {row['bytes'] / 1e9:>13.3f} GB{mark}")
-    lines.append("")
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
-    lines += _tensor_list("replicated over data (no dimension divisible by it)", report["replicated"])
-    lines += _tensor_list(
-        "not split by the model rules", report["not_on_model"], " (ZeRO still partitions them over data x model at stages >= 1)"
-    )
-    return "\n".join(lines)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

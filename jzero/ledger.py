@@ -125,7 +125,17 @@ def compiled_memory(compiled: Any) -> dict[str, int]:
         "output": int(mem.output_size_in_bytes),
         "temp": int(mem.temp_size_in_bytes),
         "alias": int(mem.alias_size_in_bytes),
+        # An upper bound: everything live at once, donated outputs sharing their arguments' buffers.
+        # (XLA's own peak_memory_in_bytes on CPU leaves the temporaries out.)
+        "peak": int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
     }
+
+
+def flops_per_device(compiled: Any) -> float | None:
+    """XLA's cost analysis of the partitioned (per-device) program; a loop body counts once."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) and cost else cost
+    return float(cost["flops"]) if cost and "flops" in cost else None
 
 
 def live_bytes_per_device(tree: Any) -> int:

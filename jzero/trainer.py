@@ -32,6 +32,7 @@ from jzero.plan import Plan, make_plan, shard_bytes
 from jzero.precision import Precision
 from jzero.preemption import Preemption
 from jzero.progress import TrainProgress
+from jzero.report import format_ledger_summary
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
 
@@ -160,9 +161,11 @@ def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text:
     return notes
 
 
-def plan_report(s: Setup) -> dict[str, Any]:
-    """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives."""
-    _, compiled = s.compile_step()
+def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
+    """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives.
+    ``compiled`` is the compiled step when the caller has it already."""
+    if compiled is None:
+        _, compiled = s.compile_step()
     hlo = compiled.as_text()
     ops = ledger.parse_collectives(hlo)
     collectives = ledger.summarize_collectives(ops)
@@ -175,7 +178,8 @@ def plan_report(s: Setup) -> dict[str, Any]:
         "num_params": plan.num_params,
         "per_device_bytes": plan.per_device_bytes(),
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
-        "compiled": {k: mem[k] for k in ("argument", "output", "temp")},
+        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
+        "flops_per_device": ledger.flops_per_device(compiled),
         "collectives": {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in collectives.items()},
         "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
         "collective_groups": {k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in collectives},
@@ -197,6 +201,15 @@ def plan_report(s: Setup) -> dict[str, Any]:
         "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
         "paper_table": paper_table(plan),
     }
+
+
+def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]:
+    """The plan report of the step this run compiled, with the bytes its live state really holds."""
+    report = plan_report(s, compiled)
+    params = ledger.live_bytes_per_device(state.params)
+    optimizer = ledger.live_bytes_per_device(state.opt_state)
+    report["live_bytes_per_device"] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
+    return report
 
 
 PARTITIONED = {0: "nothing", 1: "optimizer state", 2: "+ gradients", 3: "+ parameters"}
@@ -348,6 +361,10 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
             f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  "
             f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
         )
+        report = startup_ledger(s, compiled, state)
+        name = "ledger.json" if not (run_dir / "ledger.json").exists() else f"ledger.step-{start}.json"
+        (run_dir / name).write_text(json.dumps(report, indent=1))
+        bar.note(format_ledger_summary(report) + f"\n  written to {run_dir / name}")
         bar.advance(start)
 
         def save(step: int) -> None:

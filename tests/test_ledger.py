@@ -59,3 +59,51 @@ def test_paper_table_row_for_7_5b_at_64():
     assert [round(r, 1) for r in rows[:3]] == [120.0, 31.4, 16.6]
     assert round(rows[3], 2) == 1.88
     assert paper_bytes_per_device(psi, 3, 64, n_m=2) == pytest.approx(rows[3] * 1e9 / 2)
+
+
+def test_startup_ledger_matches_the_live_arrays(devices, tmp_path, capsys):
+    """`jzero train` writes <run.dir>/ledger.json before the first step; its bytes are the live state's."""
+    import json
+
+    from conftest import TINY
+
+    from jzero import ledger as jl
+    from jzero.cli import main
+    from jzero.config import load_config
+    from jzero.trainer import setup
+
+    sets = [*TINY, "train.steps=1", f"run.dir={tmp_path}"]
+    assert main(["train", "configs/gpt-tiny.yaml", *(f"--set={o}" for o in sets)]) == 0
+    out = capsys.readouterr().err
+    assert "ledger: ZeRO stage 3 on data=8 x model=1" in out and f"written to {tmp_path / 'ledger.json'}" in out
+    report = json.loads((tmp_path / "ledger.json").read_text())
+    state = setup(load_config("configs/gpt-tiny.yaml", sets)).init_state()
+    live = {"params": jl.live_bytes_per_device(state.params), "optimizer": jl.live_bytes_per_device(state.opt_state)}
+    assert report["live_bytes_per_device"]["params"] == live["params"]
+    assert report["live_bytes_per_device"]["optimizer"] == live["optimizer"]
+    for part in ("params", "optimizer"):
+        assert report["per_device_bytes"][part] == pytest.approx(live[part], rel=0.02)
+        assert report["per_device_bytes"][part] / report["ideal_per_device_bytes"][part] <= 1.02
+    c = report["compiled"]
+    assert c["peak"] >= c["temp"] > 0 and c["argument"] >= live["params"] + live["optimizer"]
+    assert report["flops_per_device"] > 0
+    assert report["collectives"]["all-gather"]["count"] > 0  # stage 3 gathers parameters
+
+
+def test_plan_of_the_7b_config_on_64_devices(tmp_path):
+    """Nothing is allocated: a 6.7B-parameter plan compiles on 64 simulated CPU devices."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jzero.cli", "plan", "configs/gpt-7b.yaml", "--json"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["devices"] == 64 and report["num_params"] == 6_706_176_000
+    for part in ("params", "grads", "optimizer", "total"):
+        assert report["per_device_bytes"][part] / report["ideal_per_device_bytes"][part] == pytest.approx(1.0, abs=0.02)
+    assert report["paper_table"]["rows"][3]["bytes"] == pytest.approx(16 * 6_706_176_000 / 64)

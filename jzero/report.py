@@ -1,0 +1,105 @@
+"""Human-readable renderings of the plan and ledger reports (``jzero plan``, ``jzero train``'s
+startup summary). The reports themselves are plain dicts built in :mod:`jzero.trainer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_bytes(n: float) -> str:
+    """1024-based: ``1.64 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _tensor_list(title: str, tensors: list[dict[str, Any]], remark: str = "") -> list[str]:
+    """A titled list of tensors with their bytes, or nothing when there are none."""
+    if not tensors:
+        return []
+    total = sum(t["bytes"] for t in tensors)
+    return [f"{title}: {len(tensors)} tensors, {human_bytes(total)}{remark}"] + [
+        f"  {t['path']} {t['shape']} {human_bytes(t['bytes'])}" for t in tensors
+    ]
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    lines = [
+        f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({report['devices']} {report['backend']} devices), "
+        f"{report['num_params']:,} parameters",
+        "",
+        f"{'tensor':<32} {'shape':<16} {'params':<24} {'grads':<24} {'optimizer':<24} {'param bytes/dev':>15}",
+    ]
+    for t in report["tensors"]:
+        shape = "x".join(map(str, t["shape"]))
+        lines.append(
+            f"{t['path']:<32} {shape:<16} {t['param_spec']:<24} {t['grad_spec']:<24} {t['optimizer_spec']:<24} "
+            f"{human_bytes(t['param_bytes_per_device']):>15}"
+        )
+    lines += ["", f"{'model states per device':<24} {'plan':>12} {'paper formula':>14} {'ratio':>7}"]
+    for key in ("params", "grads", "optimizer", "total"):
+        got, ideal = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key]
+        lines.append(f"{key:<24} {human_bytes(got):>12} {human_bytes(ideal):>14} {got / ideal if ideal else float('nan'):>7.3f}")
+    c = report["compiled"]
+    lines += [
+        "",
+        f"compiled step, per device: arguments {human_bytes(c['argument'])}, outputs {human_bytes(c['output'])}, "
+        f"temporaries {human_bytes(c['temp'])}, peak {human_bytes(c['peak'])} (arguments + temporaries + unaliased outputs)"
+        + (f"; {report['flops_per_device']:.3g} FLOPs (XLA's cost analysis)" if report.get("flops_per_device") else ""),
+        "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
+    ]
+    if not report["collectives"]:
+        lines.append("  none")
+    for kind, v in sorted(report["collectives"].items()):
+        inside = report["collectives_in_loop"].get(kind, 0)
+        groups = "/".join(map(str, report["collective_groups"].get(kind, [])))
+        groups = f"  groups of {groups} devices" if groups else ""
+        lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {human_bytes(v['bytes']):>12}{groups}")
+    t = report["paper_table"]
+    lines += [
+        "",
+        f"the paper's table for this model: Ψ = {t['psi']:,}, {t['param_bytes']:g}-byte params and grads, "
+        f"K = {t['k']:g}, N_d = {t['n_d']}, N_m = {t['n_m']}",
+        f"  {'stage':<6} {'partitioned':<18} {'bytes per device':>16}",
+    ]
+    for row in t["rows"]:
+        mark = "  <- this plan" if row["stage"] == report["stage"] else ""
+        lines.append(f"  {row['stage']:<6} {row['partitioned']:<18} {row['bytes'] / 1e9:>13.3f} GB{mark}")
+    lines.append("")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    lines += _tensor_list("replicated over data (no dimension divisible by it)", report["replicated"])
+    lines += _tensor_list(
+        "not split by the model rules", report["not_on_model"], " (ZeRO still partitions them over data x model at stages >= 1)"
+    )
+    return "\n".join(lines)
+
+
+def format_ledger_summary(report: dict[str, Any]) -> str:
+    """A few lines for the start of a run: bytes against the formula, compiled memory, traffic."""
+    mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    got, ideal = report["per_device_bytes"], report["ideal_per_device_bytes"]
+    live = report.get("live_bytes_per_device", {})
+    c = report["compiled"]
+    lines = [
+        f"ledger: ZeRO stage {report['stage']} on {mesh} ({report['devices']} {report['backend']} devices), "
+        f"{report['num_params']:,} parameters",
+        f"  model states per device: {human_bytes(got['total'])} planned, paper formula {human_bytes(ideal['total'])} "
+        f"(ratio {got['total'] / ideal['total']:.3f})",
+    ]
+    if live:
+        lines.append(
+            f"  live now: params {human_bytes(live['params'])}, optimizer {human_bytes(live['optimizer'])}"
+            f" (+ gradients {human_bytes(got['grads'])} inside the step)"
+        )
+    flops = f", {report['flops_per_device']:.3g} FLOPs" if report.get("flops_per_device") else ""
+    lines.append(
+        f"  compiled step: arguments {human_bytes(c['argument'])}, temporaries {human_bytes(c['temp'])}, "
+        f"peak {human_bytes(c['peak'])}{flops} per device"
+    )
+    traffic = ", ".join(f"{k} {v['count']} ops {human_bytes(v['bytes'])}" for k, v in sorted(report["collectives"].items()))
+    lines.append(f"  collectives: {traffic or 'none'}")
+    return "\n".join(lines)
