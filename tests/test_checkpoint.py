@@ -121,6 +121,23 @@ def test_sigterm_saves_at_the_step_boundary_and_exits_0(devices, tmp_path):
     assert (result.start_step, result.final_step) == (step, step + 2)
 
 
+def test_a_second_sigint_aborts_at_once(capsys):
+    """The first SIGINT asks for a save at the step boundary; the second raises at once. Outside
+    the context the previous handlers are back."""
+    from jzero.preemption import Preemption
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), Preemption() as preemption:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert preemption.signal == "SIGINT" and preemption.requested()
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: a save is already asked for
+        assert preemption.signal == "SIGINT"
+        os.kill(os.getpid(), signal.SIGINT)
+        pytest.fail("the second SIGINT did not abort")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert "SIGINT: saving at the next step boundary" in capsys.readouterr().err
+
+
 def test_no_resume_refuses_a_run_with_checkpoints(devices, tmp_path, capsys):
     train(run_config(tmp_path, "train.steps=2"), progress=False)
     before = sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir())
