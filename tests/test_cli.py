@@ -67,7 +67,9 @@ def test_plan_json_contract(capsys):
         assert report["per_device_bytes"][part] == pytest.approx(report["ideal_per_device_bytes"][part], rel=0.02)
     psi = report["num_params"]
     assert report["ideal_per_device_bytes"]["params"] == pytest.approx(4 * psi / 8, rel=1e-6)
-    assert set(report["compiled"]) == {"argument", "output", "temp"}
+    assert set(report["compiled"]) == {"argument", "output", "temp", "peak"}
+    assert report["compiled"]["peak"] >= report["compiled"]["argument"] + report["compiled"]["temp"]
+    assert report["flops_per_device"] > 0
     assert all(v > 0 for v in report["compiled"].values())
     assert report["collectives"]["all-gather"]["count"] > 0
     assert all(set(v) == {"count", "bytes"} for v in report["collectives"].values())
