@@ -233,7 +233,9 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
     directory = Path(run_dir) / CHECKPOINTS
     if not directory.is_dir():
         raise ConfigError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
-    committed = set(RunCheckpoints(run_dir, read_only=True).steps())
+    checkpoints = RunCheckpoints(run_dir, read_only=True)
+    committed = set(checkpoints.steps())
+    checkpoints.close()
     rows = []
     for entry in sorted(directory.iterdir()):
         tmp = _TMP.match(entry.name)

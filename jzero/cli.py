@@ -15,8 +15,8 @@ from jzero.config import Config, ConfigError, load_config
 from jzero.estimate import OPTIMIZERS, PRECISIONS, estimate, format_estimate, parse_count, parse_memory
 from jzero.export import EXPORT_DTYPES, export_checkpoint
 from jzero.mesh import simulate_cpu_devices
-from jzero.report import format_plan, human_bytes
-from jzero.trainer import TrainingHalted, plan_report, setup, train
+from jzero.report import format_all_stages, format_plan, human_bytes
+from jzero.trainer import TrainingHalted, plan_report, setup, train, with_verdict
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,8 +76,17 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     config = _load(args)
-    report = plan_report(setup(config))
-    print(json.dumps(report) if args.json else format_plan(report))
+    memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
+    stages = range(4) if args.all_stages else [config.zero.stage]
+    reports = {}
+    for stage in stages:
+        config.zero.stage = stage
+        reports[str(stage)] = with_verdict(plan_report(setup(config)), memory)
+    if args.all_stages:
+        print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))
+    else:
+        (report,) = reports.values()
+        print(json.dumps(report) if args.json else format_plan(report))
     return 0
 
 
@@ -105,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="shardings, bytes per device and collectives, without allocating")
     with_config(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--all-stages", action="store_true", help="plan stages 0-3 and compare them")
+    plan.add_argument("--memory-per-device", default=None, help="e.g. 80GB: does the compiled step's peak fit?")
     plan.set_defaults(func=cmd_plan)
 
     est = sub.add_parser("estimate", help="per-device model-state memory at stages 0-3, from the paper's formulas")

@@ -127,6 +127,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
         raise ConfigError("--out", f"folder {out.parent} does not exist")
     checkpoints = RunCheckpoints(run_dir, read_only=True)
     steps = checkpoints.steps()
+    checkpoints.close()  # only its listing is needed; the tensors are read one by one below
     if not steps:
         raise ConfigError(str(run_dir), "holds no committed checkpoint")
     if step is None:

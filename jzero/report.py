@@ -71,6 +71,8 @@ def format_plan(report: dict[str, Any]) -> str:
     lines.append("")
     for note in report["notes"]:
         lines.append(f"note: {note}")
+    lines += _tensor_list("largest tensors (whole)", report.get("largest", []))
+    lines += _fit_line(report)
     lines += _tensor_list("replicated over data (no dimension divisible by it)", report["replicated"])
     lines += _tensor_list(
         "not split by the model rules", report["not_on_model"], " (ZeRO still partitions them over data x model at stages >= 1)"
@@ -102,4 +104,46 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
     )
     traffic = ", ".join(f"{k} {v['count']} ops {human_bytes(v['bytes'])}" for k, v in sorted(report["collectives"].items()))
     lines.append(f"  collectives: {traffic or 'none'}")
+    return "\n".join(lines)
+
+
+def _fit_line(report: dict[str, Any]) -> list[str]:
+    if report.get("fits") is None:
+        return []
+    verdict = "fits" if report["fits"] else "does NOT fit"
+    peak = report["compiled"]["peak"]
+    budget = report["memory_per_device"] / 1e9
+    return [f"verdict: the compiled step {verdict} in {budget:g} GB per device (peak {peak / 1e9:.3g} GB)"]
+
+
+def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
+    """``jzero plan --all-stages``: one row per stage, each figure also against stage 0."""
+    first = next(iter(reports.values()))
+    mesh = " x ".join(f"{k}={v}" for k, v in first["mesh"].items())
+    base = reports.get("0", first)
+    verdicts = first.get("fits") is not None
+    header = (
+        f"{'stage':<6} {'model states':>13} {'formula':>12} {'ratio':>6} {'vs 0':>5} {'temporaries':>12} {'vs 0':>5} "
+        f"{'peak':>12} {'FLOPs':>9} {'all-gather':>11} {'all-reduce':>11}" + ("  fits" if verdicts else "")
+    )
+    lines = [
+        f"jzero plan --all-stages: mesh {mesh} ({first['devices']} {first['backend']} devices), "
+        f"{first['num_params']:,} parameters",
+        "",
+        header,
+    ]
+    for stage, r in reports.items():
+        got, ideal = r["per_device_bytes"]["total"], r["ideal_per_device_bytes"]["total"]
+        temp = r["compiled"]["temp"]
+        comm = {k: human_bytes(r["collectives"].get(k, {}).get("bytes", 0)) for k in ("all-gather", "all-reduce")}
+        flops = f"{r['flops_per_device']:.3g}" if r.get("flops_per_device") else "?"
+        row = (
+            f"{stage:<6} {human_bytes(got):>13} {human_bytes(ideal):>12} {got / ideal:>6.3f} "
+            f"{got / base['per_device_bytes']['total']:>5.2f} {human_bytes(temp):>12} {temp / base['compiled']['temp']:>5.2f} "
+            f"{human_bytes(r['compiled']['peak']):>12} {flops:>9} {comm['all-gather']:>11} {comm['all-reduce']:>11}"
+        )
+        lines.append(row + (("  yes" if r["fits"] else "  no") if verdicts else ""))
+    lines += ["", "model states: per device, against the paper's formula; collectives: HLO result bytes, a loop body once"]
+    notes = dict.fromkeys(note for r in reports.values() for note in r["notes"])
+    lines += [f"note: {note}" for note in notes]
     return "\n".join(lines)

@@ -198,9 +198,20 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
             for t in plan.tensors
         ],
         "replicated": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.replicated],
+        "largest": [
+            {"path": t.path, "shape": list(t.shape), "bytes": t.nbytes}
+            for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:5]
+        ],
         "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
         "paper_table": paper_table(plan),
     }
+
+
+def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dict[str, Any]:
+    """Add ``memory_per_device`` and ``fits``: the compiled step's peak per device within it."""
+    report["memory_per_device"] = memory_per_device
+    report["fits"] = None if memory_per_device is None else report["compiled"]["peak"] <= memory_per_device
+    return report
 
 
 def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]:

@@ -137,3 +137,23 @@ def test_console_script_simulates_cpu_devices(tmp_path):
     )
     report = json.loads(out.stdout)
     assert report["devices"] == 4 and report["mesh"] == {"data": 4, "model": 1}
+
+
+def test_plan_all_stages_with_a_memory_verdict(devices, capsys):
+    """--all-stages plans 0-3 in one run; each stage's bytes match the formula, fall with the stage,
+    and the compiled peak is judged against --memory-per-device."""
+    assert main(["plan", CONFIG, *_sets(), "--all-stages", "--json", "--memory-per-device", "1GB"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert list(stages) == ["0", "1", "2", "3"]
+    totals = [stages[s]["per_device_bytes"]["total"] for s in "0123"]
+    assert totals == sorted(totals, reverse=True) and totals[3] == pytest.approx(totals[0] / 8, rel=0.02)
+    for report in stages.values():
+        assert report["per_device_bytes"]["total"] / report["ideal_per_device_bytes"]["total"] <= 1.02
+        assert report["memory_per_device"] == 1e9 and report["fits"] is True
+        assert report["largest"][0]["bytes"] >= report["largest"][-1]["bytes"]
+
+    peak = stages["3"]["compiled"]["peak"]
+    assert main(["plan", CONFIG, *_sets(), "--memory-per-device", str(peak - 1)]) == 0
+    out = capsys.readouterr().out
+    assert f"verdict: the compiled step does NOT fit in {(peak - 1) / 1e9:g} GB per device" in out
+    assert "largest tensors (whole)" in out
