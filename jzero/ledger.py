@@ -41,6 +41,7 @@ class Collective:
     group_size: int | None  # devices in each replica group, when the HLO says
     computation: str
     in_loop: bool  # inside a while loop body (e.g. the scan over layers)
+    executions: int = 1  # times it runs per step: the product of the enclosing loops' trip counts
 
 
 def group_size(groups: str) -> int | None:
@@ -59,12 +60,13 @@ def group_size(groups: str) -> int | None:
 def parse_collectives(hlo_text: str) -> list[Collective]:
     """Every collective op in compiled HLO text, with its result bytes and where it sits."""
     computations: dict[str, list[str]] = {}
-    current = None
+    current = entry = None
     for line in hlo_text.splitlines():
         match = _COMPUTATION.match(line)
         if match and "=" not in line.split("(")[0]:
             current = match.group("name")
             computations[current] = []
+            entry = current if line.startswith("ENTRY") else entry
         elif current is not None:
             computations[current].append(line)
 
@@ -80,6 +82,7 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
             in_loop.add(name)
             frontier.extend(callees.get(name, ()))
 
+    executions = _executions(computations, entry)
     found = []
     for name, lines in computations.items():
         for line in lines:
@@ -100,9 +103,65 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
                     group_size=group_size(groups.group(1)) if groups else None,
                     computation=name,
                     in_loop=name in in_loop,
+                    executions=executions.get(name, 1),
                 )
             )
     return found
+
+
+_TRIP_COUNT = re.compile(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)')
+
+
+def _executions(computations: dict[str, list[str]], entry: str | None) -> dict[str, int]:
+    """How many times each computation runs per call of the entry: a while body runs its loop's
+    known trip count times per run of its caller; anything else once per call."""
+    calls: dict[str, list[tuple[str, int]]] = {}
+    for name, lines in computations.items():
+        for line in lines:
+            body = _WHILE_BODY.search(line)
+            trip = _TRIP_COUNT.search(line)
+            for m in _CALLS.finditer(line):
+                for callee in (c.strip().lstrip("%") for c in m.group(1).split(",")):
+                    factor = int(trip.group(1)) if body and trip and callee == body.group(1) else 1
+                    calls.setdefault(name, []).append((callee, factor))
+    counts: dict[str, int] = {}
+    order: list[str] = []  # callers before callees (the call graph is acyclic)
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for callee, _ in calls.get(name, ()):
+            visit(callee)
+        order.append(name)
+
+    if entry is None:
+        return {}
+    visit(entry)
+    counts[entry] = 1
+    for name in reversed(order):
+        for callee, factor in calls.get(name, ()):
+            counts[callee] = counts.get(callee, 0) + counts.get(name, 0) * factor
+    return counts
+
+
+def communication_bytes(ops: list[Collective]) -> dict[str, int]:
+    """Bytes each device sends per step, by op kind, in the paper's accounting: an all-gather or a
+    reduce-scatter moves the whole tensor once, an all-reduce twice (a reduce-scatter then an
+    all-gather). Loop bodies count once per iteration."""
+    out: dict[str, int] = {}
+    for op in ops:
+        whole = op.bytes * (op.group_size or 1) if op.kind == "reduce-scatter" else op.bytes
+        factor = 2 if op.kind == "all-reduce" else 1
+        out[op.kind] = out.get(op.kind, 0) + whole * factor * op.executions
+    return out
+
+
+def paper_communication_bytes(num_params: float, stage: int, grad_bytes: float, n_m: int = 1) -> float:
+    """The paper's data-parallel volume per device per step: 2Ψ (stages 0-2: reduce-scatter and
+    all-gather, or an all-reduce) or 3Ψ (stage 3 gathers parameters in forward and backward)."""
+    return (3 if STAGES[stage].params else 2) * float(num_params) * grad_bytes / n_m
 
 
 def summarize_collectives(ops: list[Collective]) -> dict[str, dict[str, int]]:

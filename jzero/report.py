@@ -58,6 +58,7 @@ def format_plan(report: dict[str, Any]) -> str:
         groups = "/".join(map(str, report["collective_groups"].get(kind, [])))
         groups = f"  groups of {groups} devices" if groups else ""
         lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {human_bytes(v['bytes']):>12}{groups}")
+    lines += _communication_lines(report)
     t = report["paper_table"]
     lines += [
         "",
@@ -124,7 +125,7 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
     verdicts = first.get("fits") is not None
     header = (
         f"{'stage':<6} {'model states':>13} {'formula':>12} {'ratio':>6} {'vs 0':>5} {'temporaries':>12} {'vs 0':>5} "
-        f"{'peak':>12} {'FLOPs':>9} {'all-gather':>11} {'all-reduce':>11}" + ("  fits" if verdicts else "")
+        f"{'peak':>12} {'FLOPs':>9} {'all-gather':>11} {'all-reduce':>11} {'comm/paper':>10}" + ("  fits" if verdicts else "")
     )
     lines = [
         f"jzero plan --all-stages: mesh {mesh} ({first['devices']} {first['backend']} devices), "
@@ -140,10 +141,27 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
         row = (
             f"{stage:<6} {human_bytes(got):>13} {human_bytes(ideal):>12} {got / ideal:>6.3f} "
             f"{got / base['per_device_bytes']['total']:>5.2f} {human_bytes(temp):>12} {temp / base['compiled']['temp']:>5.2f} "
-            f"{human_bytes(r['compiled']['peak']):>12} {flops:>9} {comm['all-gather']:>11} {comm['all-reduce']:>11}"
+            f"{human_bytes(r['compiled']['peak']):>12} {flops:>9} {comm['all-gather']:>11} {comm['all-reduce']:>11} "
+            f"{r['communication']['ratio']:>10.2f}"
         )
         lines.append(row + (("  yes" if r["fits"] else "  no") if verdicts else ""))
-    lines += ["", "model states: per device, against the paper's formula; collectives: HLO result bytes, a loop body once"]
+    lines += [
+        "",
+        "model states: per device, against the paper's formula; all-gather/all-reduce: HLO result bytes, a loop body "
+        "once; comm/paper: bytes sent per step (loops times their trip counts) over the paper's 2Ψ or 3Ψ",
+    ]
     notes = dict.fromkeys(note for r in reports.values() for note in r["notes"])
     lines += [f"note: {note}" for note in notes]
     return "\n".join(lines)
+
+
+def _communication_lines(report: dict[str, Any]) -> list[str]:
+    comm = report.get("communication")
+    if not comm:
+        return []
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(comm["bytes_per_step"].items()))
+    return [
+        f"communication per device per step: {human_bytes(comm['total'])} ({parts or 'none'}; an all-reduce counts "
+        f"twice, loops times their trip counts), the paper's {comm['paper_model']} = {human_bytes(comm['paper'])}: "
+        f"ratio {comm['ratio']:.2f}"
+    ]

@@ -204,6 +204,7 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         ],
         "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
         "paper_table": paper_table(plan),
+        "communication": communication(plan, ops),
     }
 
 
@@ -221,6 +222,22 @@ def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]
     optimizer = ledger.live_bytes_per_device(state.opt_state)
     report["live_bytes_per_device"] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
     return report
+
+
+def communication(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any]:
+    """Bytes per device per step from the compiled HLO (loops times their trip counts), against
+    the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3). Tensor-parallel all-reduces count too."""
+    table = paper_table(plan)
+    measured = ledger.communication_bytes(ops)
+    paper = ledger.paper_communication_bytes(plan.num_params, plan.stage, table["param_bytes"], table["n_m"])
+    total = sum(measured.values())
+    return {
+        "bytes_per_step": measured,
+        "total": total,
+        "paper": paper,
+        "paper_model": "3Ψ" if plan.rule.params else "2Ψ",
+        "ratio": total / paper if paper else None,
+    }
 
 
 PARTITIONED = {0: "nothing", 1: "optimizer state", 2: "+ gradients", 3: "+ parameters"}

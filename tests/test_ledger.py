@@ -107,3 +107,56 @@ def test_plan_of_the_7b_config_on_64_devices(tmp_path):
     for part in ("params", "grads", "optimizer", "total"):
         assert report["per_device_bytes"][part] / report["ideal_per_device_bytes"][part] == pytest.approx(1.0, abs=0.02)
     assert report["paper_table"]["rows"][3]["bytes"] == pytest.approx(16 * 6_706_176_000 / 64)
+
+
+NESTED = """\
+HloModule jit_step, entry_computation_layout={()->()}
+
+%inner_body (p: (s32[])) -> (s32[]) {
+  %all-gather.7 = f32[64]{0} all-gather(f32[8]{0} %x), replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+%outer_body (p: (s32[])) -> (s32[]) {
+  %while.2 = (s32[]) while(%t), condition=%cond, body=%inner_body, backend_config={"known_trip_count":{"n":"4"}}
+  %reduce-scatter.8 = f32[8]{0} reduce-scatter(f32[64]{0} %g), replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+%cond (p: (s32[])) -> pred[] {
+  ROOT %lt = pred[] compare(%a, %b), direction=LT
+}
+
+ENTRY %main.1 (a: f32[8]) -> f32[8] {
+  %while.1 = (s32[]) while(%t), condition=%cond, body=%outer_body, backend_config={"known_trip_count":{"n":"3"}}
+  %all-reduce.9 = f32[16]{0} all-reduce(f32[16]{0} %p), replica_groups=[1,8]<=[8], to_apply=%add
+}
+"""
+
+
+def test_loops_multiply_by_their_trip_counts_and_all_reduce_counts_twice():
+    from jzero.ledger import communication_bytes
+
+    ops = {o.kind: o for o in parse_collectives(NESTED)}
+    assert ops["all-gather"].executions == 12 and ops["reduce-scatter"].executions == 3
+    assert ops["all-reduce"].executions == 1
+    assert communication_bytes(list(ops.values())) == {
+        "all-gather": 64 * 4 * 12,
+        "reduce-scatter": 64 * 4 * 3,  # the whole tensor, not the shard it returns
+        "all-reduce": 2 * 16 * 4,
+    }
+
+
+def test_communication_against_the_papers_volume(devices):
+    """Stage 0 sends the paper's 2Ψ (one all-reduce); stage 3 gathers the parameters for the
+    forward and again for the backward pass, up to 2Ψ of all-gathers."""
+    from conftest import tiny_config
+
+    from jzero.trainer import plan_report, setup
+
+    for stage in (0, 3):
+        report = plan_report(setup(tiny_config(f"zero.stage={stage}")))
+        comm, psi = report["communication"], report["num_params"]
+        assert comm["paper"] == (3 if stage == 3 else 2) * psi * 4
+        if stage == 0:
+            assert comm["ratio"] == pytest.approx(1.0, abs=0.01) and set(comm["bytes_per_step"]) == {"all-reduce"}
+        else:
+            assert 1.5 * psi * 4 <= comm["bytes_per_step"]["all-gather"] <= 2.02 * psi * 4
