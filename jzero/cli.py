@@ -16,7 +16,7 @@ from jzero.estimate import OPTIMIZERS, PRECISIONS, estimate, format_estimate, pa
 from jzero.export import EXPORT_DTYPES, export_checkpoint
 from jzero.mesh import simulate_cpu_devices
 from jzero.report import format_all_stages, format_plan, human_bytes
-from jzero.trainer import TrainingHalted, plan_report, setup, train, with_verdict
+from jzero.trainer import TrainingHalted, one_group_reference, plan_report, setup, train, with_scaling, with_verdict
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,10 +78,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = _load(args)
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     stages = range(4) if args.all_stages else [config.zero.stage]
+    reference = one_group_reference(config)  # the same for every stage: one group partitions nothing
     reports = {}
     for stage in stages:
         config.zero.stage = stage
-        reports[str(stage)] = with_verdict(plan_report(setup(config)), memory)
+        reports[str(stage)] = with_scaling(with_verdict(plan_report(setup(config)), memory), reference)
     if args.all_stages:
         print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))
     else:

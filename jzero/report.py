@@ -59,6 +59,7 @@ def format_plan(report: dict[str, Any]) -> str:
         groups = f"  groups of {groups} devices" if groups else ""
         lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {human_bytes(v['bytes']):>12}{groups}")
     lines += _communication_lines(report)
+    lines += _scaling_lines(report)
     t = report["paper_table"]
     lines += [
         "",
@@ -150,6 +151,10 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
         "model states: per device, against the paper's formula; all-gather/all-reduce: HLO result bytes, a loop body "
         "once; comm/paper: bytes sent per step (loops times their trip counts) over the paper's 2Ψ or 3Ψ",
     ]
+    if all("scaling" in r for r in reports.values()):
+        ratios = ", ".join(f"{r['scaling']['flops_ratio_to_predicted']:.2f}" for r in reports.values())
+        lines.append(f"FLOPs per device over one batch group's / {first['scaling']['batch_groups']}, stages 0-3: {ratios}")
+        lines += [f"FLAG stage {stage}: {flag}" for stage, r in reports.items() for flag in r["scaling"]["flags"]]
     notes = dict.fromkeys(note for r in reports.values() for note in r["notes"])
     lines += [f"note: {note}" for note in notes]
     return "\n".join(lines)
@@ -165,3 +170,15 @@ def _communication_lines(report: dict[str, Any]) -> list[str]:
         f"twice, loops times their trip counts), the paper's {comm['paper_model']} = {human_bytes(comm['paper'])}: "
         f"ratio {comm['ratio']:.2f}"
     ]
+
+
+def _scaling_lines(report: dict[str, Any]) -> list[str]:
+    sc = report.get("scaling")
+    if not sc or sc["flops_ratio_to_predicted"] is None:
+        return []
+    lines = [
+        f"scaling over {sc['batch_groups']} batch groups: FLOPs per device {sc['flops_ratio_to_predicted']:.2f}x one "
+        f"group's / {sc['batch_groups']}; temporaries {sc['temp_ratio']:.2f}x one group's "
+        f"({human_bytes(sc['temp_one_group'])})"
+    ]
+    return lines + [f"FLAG: {flag}" for flag in sc["flags"]]

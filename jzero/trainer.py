@@ -6,6 +6,7 @@ step) on their own model, as ``examples/`` shows.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -206,6 +207,41 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "paper_table": paper_table(plan),
         "communication": communication(plan, ops),
     }
+
+
+def one_group_reference(config: Config) -> dict[str, float | None]:
+    """The same model and global batch compiled for one batch group (``data`` = ``replica`` = 1,
+    stage 0): what each device's work and temporaries should be divided by N_d."""
+    ref = copy.deepcopy(config)
+    ref.mesh.axes = {k: (1 if k in ("data", "replica") else v) for k, v in ref.mesh.axes.items()}
+    ref.mesh.dcn = {}
+    ref.zero.stage = 0
+    s = setup(ref, devices=jax.devices()[: math.prod(v for v in ref.mesh.axes.values() if v > 0)])
+    _, compiled = s.compile_step()
+    return {"flops": ledger.flops_per_device(compiled), "temp": ledger.compiled_memory(compiled)["temp"]}
+
+
+def with_scaling(report: dict[str, Any], reference: dict[str, float | None]) -> dict[str, Any]:
+    """Add ``scaling``: per-device FLOPs and temporaries against one batch group's over N_d, and
+    ``flags`` when either fails to shrink (GSPMD replicating work is as costly as a no-op stage)."""
+    groups = report["mesh"].get("data", 1) * report["mesh"].get("replica", 1)
+    flops, temp = report.get("flops_per_device"), report["compiled"]["temp"]
+    flops_ratio = flops / (reference["flops"] / groups) if flops and reference["flops"] else None
+    temp_ratio = temp / reference["temp"] if reference["temp"] else None
+    flags = []
+    if groups > 1 and flops_ratio is not None and flops_ratio > 1.2:  # clean programs measure 1.00-1.01
+        flags.append(f"per-device FLOPs are {flops_ratio:.1f}x one batch group's / {groups}: work is replicated across data")
+    if groups > 1 and temp_ratio is not None and temp_ratio >= 1:
+        flags.append(f"temporaries do not shrink with the data axis ({temp_ratio:.2f}x one batch group's)")
+    report["scaling"] = {
+        "batch_groups": groups,
+        "flops_one_group": reference["flops"],
+        "flops_ratio_to_predicted": flops_ratio,
+        "temp_one_group": reference["temp"],
+        "temp_ratio": temp_ratio,
+        "flags": flags,
+    }
+    return report
 
 
 def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dict[str, Any]:

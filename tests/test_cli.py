@@ -157,3 +157,15 @@ def test_plan_all_stages_with_a_memory_verdict(devices, capsys):
     out = capsys.readouterr().out
     assert f"verdict: the compiled step does NOT fit in {(peak - 1) / 1e9:g} GB per device" in out
     assert "largest tensors (whole)" in out
+
+
+def test_plan_flags_work_that_does_not_shrink_with_the_data_axis(devices, capsys):
+    """With the batch's activations pinned replicated, every device computes the whole batch:
+    the ledger flags FLOPs and temporaries that do not fall with N_d; the default rules are clean."""
+    assert main(["plan", CONFIG, *_sets(), "--json"]) == 0
+    clean = json.loads(capsys.readouterr().out)["scaling"]
+    assert clean["flags"] == [] and clean["flops_ratio_to_predicted"] == pytest.approx(1.0, abs=0.05)
+    replicated = "partitioning.rules=[[batch, null], [vocab, model], [heads, model], [mlp, model]]"
+    assert main(["plan", CONFIG, *_sets(replicated)]) == 0
+    out = capsys.readouterr().out
+    assert "FLAG: per-device FLOPs are" in out and "work is replicated across data" in out
