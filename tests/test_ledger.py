@@ -159,4 +159,6 @@ def test_communication_against_the_papers_volume(devices):
         if stage == 0:
             assert comm["ratio"] == pytest.approx(1.0, abs=0.01) and set(comm["bytes_per_step"]) == {"all-reduce"}
         else:
+            # Measured 1.61Ψ here (1.92Ψ on gpt-tiny): XLA reuses some forward gathers in the
+            # backward pass, so the band is "most parameters twice, never more than twice".
             assert 1.5 * psi * 4 <= comm["bytes_per_step"]["all-gather"] <= 2.02 * psi * 4
