@@ -195,7 +195,9 @@ def chart(result: dict, path: Path) -> None:
         right.annotate(f"{r['largest_params_ratio']:.1f}x", (i, r["largest_model"]["num_params"] / 1e6), ha="center", va="bottom")
     right.set(xlabel="ZeRO stage", ylabel="million parameters",
               title=f"largest model in {result['budget_bytes'] / mib:.0f} MiB per device")  # fmt: skip
-    mesh = " x ".join(f"{k}={v}" for k, v in result["mesh"].items())
+    from jzero.report import mesh_text
+
+    mesh = mesh_text(result["mesh"])
     fig.suptitle(f"jzero on {mesh} ({result['backend']}), fp32 AdamW")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -203,7 +205,9 @@ def chart(result: dict, path: Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    mesh = " x ".join(f"{k}={v}" for k, v in result["mesh"].items())
+    from jzero.report import mesh_text
+
+    mesh = mesh_text(result["mesh"])
     lines = [
         f"{result['num_params']:,} parameters, mesh {mesh} ({result['backend']}), fp32 AdamW; "
         f"median of {result['rounds']} interleaved rounds of {result['steps_per_round']} steps; "

@@ -15,7 +15,7 @@ from jzero.config import Config, ConfigError, load_config
 from jzero.estimate import OPTIMIZERS, PRECISIONS, estimate, format_estimate, parse_count, parse_memory
 from jzero.export import EXPORT_DTYPES, export_checkpoint
 from jzero.mesh import simulate_cpu_devices
-from jzero.report import format_all_stages, format_plan, human_bytes
+from jzero.report import format_all_stages, format_plan, human_bytes, mesh_text
 from jzero.trainer import TrainingHalted, one_group_reference, plan_report, setup, train, with_scaling, with_verdict
 
 
@@ -55,7 +55,7 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
         return 0
     print(f"{'step':>8}  {'committed':<9}  {'stage':>5}  {'devices':>7}  {'mesh':<28}  {'size':>10}")
     for r in rows:
-        mesh = " x ".join(f"{k}={v}" for k, v in (r["mesh"] or {}).items()) or "?"
+        mesh = mesh_text(r["mesh"] or {}) or "?"
         stage = "?" if r["stage"] is None else r["stage"]
         devices = "?" if r["devices"] is None else r["devices"]
         committed = "yes" if r["committed"] else "no"

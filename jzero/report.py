@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 
+def mesh_text(axes: dict[str, int]) -> str:
+    """``data=4 x model=2``."""
+    return " x ".join(f"{k}={v}" for k, v in axes.items())
+
+
 def human_bytes(n: float) -> str:
     """1024-based: ``1.64 MiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -26,7 +31,7 @@ def _tensor_list(title: str, tensors: list[dict[str, Any]], remark: str = "") ->
 
 
 def format_plan(report: dict[str, Any]) -> str:
-    mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    mesh = mesh_text(report["mesh"])
     lines = [
         f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({report['devices']} {report['backend']} devices), "
         f"{report['num_params']:,} parameters",
@@ -84,7 +89,7 @@ def format_plan(report: dict[str, Any]) -> str:
 
 def format_ledger_summary(report: dict[str, Any]) -> str:
     """A few lines for the start of a run: bytes against the formula, compiled memory, traffic."""
-    mesh = " x ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    mesh = mesh_text(report["mesh"])
     got, ideal = report["per_device_bytes"], report["ideal_per_device_bytes"]
     live = report.get("live_bytes_per_device", {})
     c = report["compiled"]
@@ -121,7 +126,7 @@ def _fit_line(report: dict[str, Any]) -> list[str]:
 def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
     """``jzero plan --all-stages``: one row per stage, each figure also against stage 0."""
     first = next(iter(reports.values()))
-    mesh = " x ".join(f"{k}={v}" for k, v in first["mesh"].items())
+    mesh = mesh_text(first["mesh"])
     base = reports.get("0", first)
     verdicts = first.get("fits") is not None
     header = (

@@ -169,6 +169,7 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         _, compiled = s.compile_step()
     hlo = compiled.as_text()
     ops = ledger.parse_collectives(hlo)
+    table = paper_table(s.plan)
     collectives = ledger.summarize_collectives(ops)
     plan = s.plan
     mem = ledger.compiled_memory(compiled)
@@ -204,8 +205,8 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
             for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:5]
         ],
         "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
-        "paper_table": paper_table(plan),
-        "communication": communication(plan, ops),
+        "paper_table": table,
+        "communication": communication(plan, ops, table),
     }
 
 
@@ -260,10 +261,10 @@ def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]
     return report
 
 
-def communication(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any]:
+def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any]) -> dict[str, Any]:
     """Bytes per device per step from the compiled HLO (loops times their trip counts), against
-    the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3). Tensor-parallel all-reduces count too."""
-    table = paper_table(plan)
+    the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3), sized from ``table`` (:func:`paper_table`).
+    Tensor-parallel all-reduces count too."""
     measured = ledger.communication_bytes(ops)
     paper = ledger.paper_communication_bytes(plan.num_params, plan.stage, table["param_bytes"], table["n_m"])
     total = sum(measured.values())
