@@ -13,17 +13,37 @@ Checkpoints (Orbax; restore onto any mesh or stage)::
     checkpoints = jzero.RunCheckpoints("runs/mine")
     checkpoints.save(step, state)
     restored = checkpoints.restore_latest(jzero.sharded_abstract(abstract, plan))
+
+The names load on first use (PEP 562): ``import jzero`` and ``python -m jzero.cli`` import no JAX,
+so the command line has its Ctrl-C handler in place before JAX's seconds of importing begin.
 """
 
-from jzero.checkpoint import RunCheckpoints
-from jzero.config import CheckpointConfig, Config, ConfigError, default_rules, load_config
-from jzero.ledger import live_bytes_per_device, paper_bytes_per_device, parse_collectives
-from jzero.mesh import make_mesh
-from jzero.plan import STAGES, Plan, StageRule, make_plan
-from jzero.precision import Precision
-from jzero.state import TrainState
-from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
+import importlib
+from typing import TYPE_CHECKING, Any
 
+_WHERE = {
+    "RunCheckpoints": "jzero.checkpoint",
+    "CheckpointConfig": "jzero.config",
+    "Config": "jzero.config",
+    "ConfigError": "jzero.config",
+    "default_rules": "jzero.config",
+    "load_config": "jzero.config",
+    "live_bytes_per_device": "jzero.ledger",
+    "paper_bytes_per_device": "jzero.ledger",
+    "parse_collectives": "jzero.ledger",
+    "make_mesh": "jzero.mesh",
+    "STAGES": "jzero.plan",
+    "Plan": "jzero.plan",
+    "StageRule": "jzero.plan",
+    "make_plan": "jzero.plan",
+    "Precision": "jzero.precision",
+    "TrainState": "jzero.state",
+    "abstract_state": "jzero.step",
+    "make_train_step": "jzero.step",
+    "sharded_abstract": "jzero.step",
+    "sharded_init": "jzero.step",
+    "state_from_params": "jzero.step",
+}
 __all__ = [
     "STAGES",
     "CheckpointConfig",
@@ -47,3 +67,25 @@ __all__ = [
     "sharded_init",
     "state_from_params",
 ]
+
+if TYPE_CHECKING:
+    from jzero.checkpoint import RunCheckpoints
+    from jzero.config import CheckpointConfig, Config, ConfigError, default_rules, load_config
+    from jzero.ledger import live_bytes_per_device, paper_bytes_per_device, parse_collectives
+    from jzero.mesh import make_mesh
+    from jzero.plan import STAGES, Plan, StageRule, make_plan
+    from jzero.precision import Precision
+    from jzero.state import TrainState
+    from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'jzero' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

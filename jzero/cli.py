@@ -1,22 +1,26 @@
 """The ``jzero`` command line: ``train``, ``plan``, ``estimate`` and ``checkpoint info|export``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
+Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
+imports only the standard library and :mod:`jzero.config` (no JAX); the commands import JAX and
+Orbax (seconds) inside :func:`main`, with its handlers in place.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import NoReturn
 
-from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, describe
-from jzero.config import Config, ConfigError, load_config
-from jzero.estimate import OPTIMIZERS, PRECISIONS, estimate, format_estimate, parse_count, parse_memory
-from jzero.export import EXPORT_DTYPES, export_checkpoint
-from jzero.mesh import simulate_cpu_devices
-from jzero.report import format_all_stages, format_plan, human_bytes, mesh_text
-from jzero.trainer import TrainingHalted, one_group_reference, plan_report, setup, train, with_scaling, with_verdict
+from jzero.config import EXPORT_DTYPES, Config, ConfigError, load_config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,6 +30,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(args: argparse.Namespace) -> Config:
+    from jzero.mesh import simulate_cpu_devices
+
     config = load_config(args.config, args.set)
     # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
     # there is no accelerator.
@@ -34,8 +40,15 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError
+    from jzero.trainer import TrainingHalted, train
+
     config = _load(args)
-    result = train(config, progress=not args.quiet, resume=not args.no_resume)
+    try:
+        result = train(config, progress=not args.quiet, resume=not args.no_resume)
+    except (TrainingHalted, CheckpointWriteError) as err:
+        print(f"jzero: {err}", file=sys.stderr)
+        return 1
     history = result.history
     span = f"steps {result.start_step} -> {result.final_step}"
     loss = f": loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}" if history else ""
@@ -49,6 +62,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_info(args: argparse.Namespace) -> int:
+    from jzero.checkpoint import describe
+    from jzero.report import human_bytes, mesh_text
+
     rows = describe(args.run_dir)
     if args.json:
         print(json.dumps(rows))
@@ -66,7 +82,11 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_export(args: argparse.Namespace) -> int:
-    done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype)
+    from jzero.export import export_checkpoint
+    from jzero.report import human_bytes
+
+    with _interrupt_raises():  # so that the export removes its temporary file
+        done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype)
     print(
         f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {human_bytes(done['bytes'])} "
         f"as {done['dtype']} to {done['out']}"
@@ -75,6 +95,10 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from jzero.estimate import parse_memory
+    from jzero.report import format_all_stages, format_plan
+    from jzero.trainer import one_group_reference, plan_report, setup, with_scaling, with_verdict
+
     config = _load(args)
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     stages = range(4) if args.all_stages else [config.zero.stage]
@@ -92,6 +116,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    from jzero.estimate import estimate, format_estimate, parse_count, parse_memory
+
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     result = estimate(parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory)
     print(json.dumps(result) if args.json else format_estimate(result))
@@ -99,6 +125,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jzero.estimate import OPTIMIZERS, PRECISIONS  # no JAX: the ledger is imported when used
+
     parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -144,21 +172,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
-    logging.getLogger("absl").setLevel(logging.CRITICAL)
+def _exit_interrupted() -> NoReturn:
+    """``jzero: interrupted`` and exit 130 at once, not through interpreter shutdown: after an
+    interrupt inside JAX's tracing or compiling, shutdown crashed (SIGSEGV) here. Nothing is lost
+    that a kill would keep: checkpoints commit atomically, and an export removes its temporary file
+    before it gets here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a flush re-entered from the signal handler; the line below still goes out
+            pass
+    os.write(2, b"jzero: interrupted\n")
+    os._exit(130)
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    # Exit here rather than raise KeyboardInterrupt: raised inside a finalizer or a callback it is
+    # ignored with a traceback, and the command runs on.
+    _exit_interrupted()
+
+
+@contextlib.contextmanager
+def _interrupt_raises() -> Iterator[None]:
+    """Within the block SIGINT raises KeyboardInterrupt (Python's default) instead of exiting at
+    once, so ``finally`` blocks run. Another handler than :func:`main`'s is left alone."""
+    ours = signal.getsignal(signal.SIGINT) is _on_sigint  # set only in the main thread
+    if ours:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        yield
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, _on_sigint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status: 0, 1 (a run failed), 2 (bad input) or 130 (Ctrl-C).
+
+    With ``argv`` None, jzero is the program (the ``jzero`` script, ``python -m jzero.cli``) and owns
+    the process: Ctrl-C exits at once with one line, even while JAX imports. Called with a list (in
+    a Python process of yours), it leaves your SIGINT handling alone and returns 130 on
+    KeyboardInterrupt.
+    """
+    program = argv is None
+    previous = None
+    if program and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        args = build_parser().parse_args(argv)
+        # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
         return args.func(args)
     except ConfigError as err:
         print(f"jzero: error: {err}", file=sys.stderr)
         return 2
-    except (TrainingHalted, CheckpointWriteError) as err:
-        print(f"jzero: {err}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
+        if program:
+            _exit_interrupted()
         print("jzero: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Every problem is raised as one :class:`ConfigError` that names the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -21,7 +23,27 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, message: str):
         self.key = key
-        super().__init__(f"{key}: {message}" if key else message)
+        text = f"{key}: {message}" if key else message
+        super().__init__(" ".join(text.splitlines()))  # one line even when a path or value holds a newline
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 3, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = 60, 40, 60
+
+
+def show_value(value: Any, limit: int = 80) -> str:
+    """A value's repr for an error message, at most about ``limit`` characters.
+
+    The repr is built by a bounded walk (``reprlib``): a few hundred bytes of YAML aliases can
+    expand to a value whose full repr is megabytes, and building it would be the problem itself.
+    """
+    return clip(_REPR.repr(value), limit)
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, marked with ``...`` when cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclasses.dataclass
@@ -168,6 +190,20 @@ KNOWN_MESH_AXES = ("replica", "data", "model")
 OPTIMIZERS = ("adamw", "adam", "adafactor", "lion", "sgd")
 SCHEDULES = ("constant", "cosine")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtype`` writes
+
+# JAX runs with 32-bit integers (jax_enable_x64 is off): token ids, positions, optax's step count and
+# the loss scale's step counter are int32, so every size and count that reaches JAX stays below 2**31.
+MAX_INT32 = 2**31 - 1
+# Parameter counts are exact as floats below 2**53 (the ledger and the estimate use floats), and
+# 16 bytes per parameter (fp32 Adam) x 2**53 = 2**57 stays inside int64 byte counts.
+MAX_PARAMS = 2**53
+MAX_SEED = 2**32 - 1  # grain's shuffle takes a uint32 seed (jax.random.key takes more)
+MAX_FLOAT32 = 3.4028234663852886e38  # the loss scale is a float32
+# Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
+# 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
+MAX_CPU_DEVICES = 4096
+MAX_YAML_BYTES = 1 << 20  # configs are a few KB; a bigger file is the wrong path (data, a checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,27 +211,47 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def _read_yaml(path: Path, key: str) -> Any:
-    if not path.is_file():
-        raise ConfigError(key, f"file not found: {path}")
+    """A YAML file's content; every way reading it can fail is one ConfigError naming ``key`` and the path."""
     try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError(key, f"{path} is not valid YAML{where}") from None
+        if path.is_dir():
+            raise ConfigError(key, f"{path} is a directory, not a YAML file")
+        if not path.exists():
+            raise ConfigError(key, f"file not found: {path}")
+        if not path.is_file():  # a FIFO or a device would block or never end
+            raise ConfigError(key, f"{path} is not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_YAML_BYTES + 1)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise ConfigError(key, f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    if len(data) > MAX_YAML_BYTES:
+        raise ConfigError(key, f"{path} is over {MAX_YAML_BYTES >> 20} MiB; a config is a small YAML file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(key, f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(key, f"{path} is nested too deeply to read") from None
+    except Exception as err:  # also YAML Python cannot build: the date 2001-13-01, a 5000-digit int
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+        detail = f"line {mark.line + 1}: {problem}" if mark and problem else (str(err).strip() or type(err).__name__)
+        raise ConfigError(key, f"{path} is not valid YAML ({clip(detail.splitlines()[0])})") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
     """``"a.b=3"`` -> ``("a.b", 3)``; the value is read as a YAML scalar."""
     if "=" not in text:
-        raise ConfigError("--set", f"expected KEY=VALUE, got {text!r}")
+        raise ConfigError("--set", f"expected KEY=VALUE, got {show_value(text)}")
     key, _, raw = text.partition("=")
     key = key.strip()
     if not key:
-        raise ConfigError("--set", f"empty key in {text!r}")
+        raise ConfigError("--set", f"empty key in {show_value(text)}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+    except RecursionError:
+        raise ConfigError(key, "value is nested too deeply to read") from None
+    except Exception:  # not YAML, or YAML Python cannot build (the date 2001-13-01): the text itself
         value = raw
     return key, value
 
@@ -213,10 +269,21 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _resolve_mesh(raw: dict[str, Any], base: Path) -> None:
+    """A ``mesh:`` that is a string names a mesh file, relative to the config file's folder."""
+    if isinstance(raw.get("mesh"), str):
+        mesh_path = base / raw["mesh"]
+        mesh = _read_yaml(mesh_path, "mesh")
+        if not isinstance(mesh, dict):
+            raise ConfigError("mesh", f"{mesh_path} must hold a mapping with 'axes:'")
+        raw["mesh"] = mesh
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or the defaults when ``path`` is None) and apply ``KEY=VALUE`` overrides.
 
-    A ``mesh:`` that is a string names a mesh file, relative to the config file.
+    A ``mesh:`` that is a string, in the file or from ``--set mesh=...``, names a mesh file relative
+    to the config file's folder (the working directory when there is no file).
     """
     raw: dict[str, Any] = {}
     base = Path.cwd()
@@ -229,15 +296,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError("config", f"{path} must hold a mapping of sections")
         raw = loaded
         base = path.parent
-    if isinstance(raw.get("mesh"), str):
-        mesh_path = base / raw["mesh"]
-        mesh = _read_yaml(mesh_path, "mesh")
-        if not isinstance(mesh, dict):
-            raise ConfigError("mesh", f"{mesh_path} must hold a mapping with 'axes:'")
-        raw["mesh"] = mesh
     for item in overrides or []:
         key, value = parse_override(item)
+        _resolve_mesh(raw, base)  # so that mesh.axes.* overrides apply inside a named mesh file
         _set_dotted(raw, key, value)
+    _resolve_mesh(raw, base)
     return from_dict(raw)
 
 
@@ -260,44 +323,72 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if value is None:
             return hint()
         if not isinstance(value, dict):
-            raise ConfigError(key, f"must be a section (mapping), got {value!r}")
+            raise ConfigError(key, f"must be a section (mapping), got {show_value(value)}")
         return _build(hint, value, key)
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(key, f"must be true or false, got {value!r}")
+        raise ConfigError(key, f"must be true or false, got {show_value(value)}")
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-        try:
-            number = float(value)
-        except ValueError:
-            raise ConfigError(key, f"must be an integer, got {value!r}") from None
-        if not number.is_integer():
-            raise ConfigError(key, f"must be an integer, got {value!r}")
-        return int(number)
+        return _integer(value, key)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(key, f"must be a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(key, f"must be a number, got {value!r}") from None
+        return _finite(value, key)
     if hint is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(key, f"must be a string, got {value!r}")
+            raise ConfigError(key, f"must be a string, got {show_value(value)}")
         return str(value)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(key, f"must be a mapping, got {value!r}")
+            raise ConfigError(key, f"must be a mapping, got {show_value(value)}")
         _, val_hint = typing.get_args(hint)
-        return {str(k): _coerce(v, val_hint, f"{key}.{k}") for k, v in value.items()}
+        return {str(k): _coerce(v, val_hint, f"{key}.{_name(k)}") for k, v in value.items()}
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(key, f"must be a list, got {value!r}")
+            raise ConfigError(key, f"must be a list, got {show_value(value)}")
         (item_hint,) = typing.get_args(hint)
         return [_coerce(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
     raise TypeError(f"unsupported config type {hint!r} at {key}")
+
+
+def _integer(value: Any, key: str) -> int:
+    """An int from an int, an integral float or text (YAML 1.1 reads ``1e3`` as text); never past int64."""
+    number: Any = value
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:  # "1e3", or more digits than Python converts
+            digits = value.strip().lstrip("+-").isdigit()
+            try:
+                number = 2**63 if digits else float(value)
+            except ValueError:
+                number = None
+    if isinstance(number, float) and math.isfinite(number) and number.is_integer():
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise ConfigError(key, f"must be an integer, got {show_value(value)}")
+    if not -(2**63) <= number < 2**63:
+        raise ConfigError(key, f"is out of range (more than 64 bits), got {show_value(value)}")
+    return number
+
+
+def _finite(value: Any, key: str) -> float:
+    """A finite float: no config number means anything as NaN or infinity."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(key, f"must be a number, got {show_value(value)}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(key, f"must be a number, got {show_value(value)}") from None
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(key, f"must be a finite number, got {show_value(value)}")
+    return number
+
+
+def _name(key: Any) -> str:
+    """A mapping key as it appears in a dotted error key, cut short."""
+    return clip(key) if isinstance(key, str) else show_value(key)
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
@@ -305,7 +396,7 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     fields = {f.name.removesuffix("_"): f.name for f in dataclasses.fields(cls)}  # YAML name -> field
     kwargs = {}
     for name, value in raw.items():
-        key = f"{prefix}.{name}" if prefix else str(name)
+        key = f"{prefix}.{_name(name)}" if prefix else _name(name)
         if name not in fields:
             raise ConfigError(key, f"unknown key (known: {', '.join(sorted(fields))})")
         kwargs[fields[name]] = _coerce(value, hints[fields[name]], key)
@@ -319,9 +410,30 @@ def from_dict(raw: dict[str, Any]) -> Config:
     return config
 
 
-def _positive(value: int | float, key: str) -> None:
-    if value <= 0:
-        raise ConfigError(key, f"must be positive, got {value}")
+def _in_range(value: float, key: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
+    """``low <= value <= high`` (or strictly, per end); written so that NaN fails too."""
+    above = value > low if open_low else value >= low
+    below = value < high if open_high else value <= high
+    if not (above and below):
+        ends = f"{'(' if open_low else '['}{_num(low)}, {_num(high)}{')' if open_high else ']'}"
+        want = f">= {_num(low)}" if high == math.inf and not open_low else f"in {ends}"
+        raise ConfigError(key, f"must be {want}, got {_num(value)}")
+
+
+def _positive(value: float, key: str, high: float = MAX_INT32) -> None:
+    if not 0 < value <= high:  # False for NaN too
+        bound = "" if high == math.inf else f" and at most {_num(high)}"
+        raise ConfigError(key, f"must be positive{bound}, got {_num(value)}")
+
+
+def _num(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _param_count(m: ModelConfig) -> int:
+    """The GPT's parameter count, to the leading terms: embedding and head, then per layer the
+    attention (4 d^2) and MLP (2 r d^2) kernels."""
+    return 2 * m.vocab_size * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2
 
 
 def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatches: int = 1) -> None:
@@ -338,20 +450,24 @@ def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatch
 
 
 def validate(config: Config) -> None:
-    """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`."""
+    """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`.
+
+    Every number is checked for range (floats are finite already): a value a run cannot use is
+    refused here, naming its key, rather than failing deep inside JAX.
+    """
+    _in_range(config.seed, "seed", 0, MAX_SEED)
     axes = config.mesh.axes
     if not axes:
         raise ConfigError("mesh.axes", "must name at least the 'data' axis")
     for name, size in axes.items():
         if name not in KNOWN_MESH_AXES:
             raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
-        if size == 0 or size < -1:
-            raise ConfigError(f"mesh.axes.{name}", f"size must be positive or -1, got {size}")
+        if size == 0 or size < -1 or size > MAX_INT32:
+            raise ConfigError(f"mesh.axes.{name}", f"size must be positive (at most {MAX_INT32}) or -1, got {size}")
     for name, ways in config.mesh.dcn.items():
         if name not in axes:
             raise ConfigError(f"mesh.dcn.{name}", f"is not a mesh axis (axes: {', '.join(axes)})")
-        if ways <= 0:
-            raise ConfigError(f"mesh.dcn.{name}", f"must be positive, got {ways}")
+        _positive(ways, f"mesh.dcn.{name}")
         if axes[name] > 0 and axes[name] % ways:
             raise ConfigError(f"mesh.dcn.{name}", f"{ways} does not divide the axis size {axes[name]}")
     if "data" not in axes:
@@ -365,36 +481,45 @@ def validate(config: Config) -> None:
 
     m = config.model
     if m.name != "gpt":
-        raise ConfigError("model.name", f"unknown model {m.name!r} (known: gpt)")
+        raise ConfigError("model.name", f"unknown model {show_value(m.name)} (known: gpt)")
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
         _positive(getattr(m, field), f"model.{field}")
+    if m.mlp_ratio * m.d_model > MAX_INT32:  # the MLP's hidden width is a dimension too
+        raise ConfigError("model.mlp_ratio", f"the MLP width mlp_ratio x d_model = {m.mlp_ratio * m.d_model} is over {MAX_INT32}")
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError("model.n_heads", f"head size d_model/n_heads={m.d_model // m.n_heads} must be even (rotary)")
     if m.vocab_size < 256:
         raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
+    if _param_count(m) > MAX_PARAMS:
+        sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, mlp_ratio={m.mlp_ratio}, vocab_size={m.vocab_size}"
+        raise ConfigError("model", f"{sizes} make {_param_count(m):.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
 
     o = config.optimizer
     if o.name not in OPTIMIZERS:
-        raise ConfigError("optimizer.name", f"unknown optimizer {o.name!r} (known: {', '.join(OPTIMIZERS)})")
-    _positive(o.learning_rate, "optimizer.learning_rate")
-    if o.warmup_steps < 0:
-        raise ConfigError("optimizer.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+        raise ConfigError("optimizer.name", f"unknown optimizer {show_value(o.name)} (known: {', '.join(OPTIMIZERS)})")
+    _positive(o.learning_rate, "optimizer.learning_rate", math.inf)
+    _in_range(o.weight_decay, "optimizer.weight_decay", 0, math.inf, open_high=True)
+    _in_range(o.b1, "optimizer.b1", 0, 1, open_high=True)  # decay rates: 1 would never forget, above it diverges
+    _in_range(o.b2, "optimizer.b2", 0, 1, open_high=True)
+    _positive(o.eps, "optimizer.eps", math.inf)
+    _in_range(o.min_lr_ratio, "optimizer.min_lr_ratio", 0, 1)
+    _in_range(o.warmup_steps, "optimizer.warmup_steps", 0, MAX_INT32)
     if o.schedule not in SCHEDULES:
-        raise ConfigError("optimizer.schedule", f"unknown schedule {o.schedule!r} (known: {', '.join(SCHEDULES)})")
+        raise ConfigError("optimizer.schedule", f"unknown schedule {show_value(o.schedule)} (known: {', '.join(SCHEDULES)})")
     if o.clip_norm is not None:
-        _positive(o.clip_norm, "optimizer.clip_norm")
+        _positive(o.clip_norm, "optimizer.clip_norm", math.inf)
     if config.train.nonfinite not in ("skip", "halt"):
-        raise ConfigError("train.nonfinite", f"must be skip or halt, got {config.train.nonfinite!r}")
+        raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(config.train.nonfinite)}")
     pr = config.precision
     for field in ("param_dtype", "compute_dtype", "master_dtype", "grad_reduce_dtype"):
         value = getattr(pr, field)
         if value is not None and value not in DTYPE_NAMES:
-            raise ConfigError(f"precision.{field}", f"unknown dtype {value!r} (known: {', '.join(DTYPE_NAMES)})")
+            raise ConfigError(f"precision.{field}", f"unknown dtype {show_value(value)} (known: {', '.join(DTYPE_NAMES)})")
     if pr.master_dtype != "float32":
-        raise ConfigError("precision.master_dtype", f"must be float32, got {pr.master_dtype!r}")
-    _positive(pr.loss_scale, "precision.loss_scale")
+        raise ConfigError("precision.master_dtype", f"must be float32, got {show_value(pr.master_dtype)}")
+    _positive(pr.loss_scale, "precision.loss_scale", MAX_FLOAT32)
     _positive(pr.loss_scale_window, "precision.loss_scale_window")
 
     _positive(config.train.steps, "train.steps")
@@ -403,32 +528,32 @@ def validate(config: Config) -> None:
     if axes["data"] > 0 and axes.get("replica", 1) > 0:
         check_batch_divides(config.train.global_batch_size, axes, config.train.microbatches)
     _positive(config.run.log_every, "run.log_every")
-    if config.checkpoint.every < 0:
+    if not 0 <= config.checkpoint.every <= MAX_INT32:
         raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
     _positive(config.checkpoint.keep, "checkpoint.keep")
-    _positive(config.runtime.cpu_devices, "runtime.cpu_devices")
-    _positive(config.data.max_bytes, "data.max_bytes")
+    _positive(config.runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+    _positive(config.data.max_bytes, "data.max_bytes", 2**63 - 1)
 
     for i, rule in enumerate(config.partitioning.path_rules):
         key = f"partitioning.path_rules[{i}]"
         if len(rule) != 2 or not isinstance(rule[0], str) or not isinstance(rule[1], list):
-            raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {rule!r}")
+            raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {show_value(rule)}")
         try:
             re.compile(rule[0])
-        except re.error as err:
-            raise ConfigError(key, f"bad regex {rule[0]!r}: {err}") from None
+        except (re.error, RecursionError, OverflowError) as err:
+            raise ConfigError(key, f"bad regex {show_value(rule[0])}: {clip(str(err))}") from None
         for axis in rule[1]:
             if axis is not None and axis not in axes:
-                raise ConfigError(key, f"names mesh axis {axis!r}, which the mesh lacks")
+                raise ConfigError(key, f"names mesh axis {show_value(axis)}, which the mesh lacks")
     if config.partitioning.rules is None:
         config.partitioning.rules = default_rules(axes)
     for i, rule in enumerate(config.partitioning.rules):
         if len(rule) != 2 or not isinstance(rule[0], str):
-            raise ConfigError(f"partitioning.rules[{i}]", f"must be [logical_name, mesh_axis_or_null], got {rule!r}")
+            raise ConfigError(f"partitioning.rules[{i}]", f"must be [logical_name, mesh_axis_or_null], got {show_value(rule)}")
         targets = rule[1] if isinstance(rule[1], list) else [rule[1]]
         for axis in targets:
             if axis is not None and axis not in axes:
-                raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {axis!r}, which the mesh lacks")
+                raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {show_value(axis)}, which the mesh lacks")
 
 
 def dump_config(config: Config) -> str:

@@ -7,11 +7,11 @@ parameter (the paper's Section 3 and Figure 1).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
-from jzero.config import ConfigError
-from jzero.ledger import paper_parts_per_device
+from jzero.config import MAX_INT32, MAX_PARAMS, ConfigError, show_value
 
 # Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
 # gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
@@ -30,9 +30,9 @@ _MEMORY_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**
 def bytes_per_param(precision: str, optimizer: str) -> tuple[float, float, float]:
     """``(p, g, K)`` for a precision and optimizer."""
     if precision not in PRECISIONS:
-        raise ConfigError("--precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ConfigError("--precision", f"must be one of {', '.join(PRECISIONS)}, got {show_value(precision)}")
     if optimizer not in OPTIMIZERS:
-        raise ConfigError("--optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        raise ConfigError("--optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {show_value(optimizer)}")
     if precision == "mixed":
         return 2, 2, 4 + _K[optimizer]
     return 4, 4, _K[optimizer]
@@ -42,10 +42,9 @@ def parse_count(text: str, key: str = "--params") -> float:
     """``7.5e9``, ``7.5B``, ``350M``, ``124m`` -> a number of parameters."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text), re.IGNORECASE)
     if not match:
-        raise ConfigError(key, f"expected a count like 7.5e9 or 7.5B, got {text!r}")
+        raise ConfigError(key, f"expected a count like 7.5e9 or 7.5B, got {show_value(text)}")
     value = float(match.group(1)) * _SUFFIXES[match.group(2).lower()]
-    if value <= 0:
-        raise ConfigError(key, f"must be positive, got {text!r}")
+    _check_amount(value, text, key, "parameter", MAX_PARAMS)
     return value
 
 
@@ -53,11 +52,20 @@ def parse_memory(text: str, key: str = "--memory-per-device") -> float:
     """``80GB`` (10^9), ``80GiB`` (2^30), ``8e10`` (bytes) -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?i?b)?\s*", str(text), re.IGNORECASE)
     if not match:
-        raise ConfigError(key, f"expected a size like 80GB or 80GiB, got {text!r}")
+        raise ConfigError(key, f"expected a size like 80GB or 80GiB, got {show_value(text)}")
     value = float(match.group(1)) * _MEMORY_UNITS[(match.group(2) or "b").lower()]
-    if value <= 0:
-        raise ConfigError(key, f"must be positive, got {text!r}")
+    _check_amount(value, text, key, "byte", math.inf)
     return value
+
+
+def _check_amount(value: float, text: Any, key: str, unit: str, most: float) -> None:
+    """A count of parameters or bytes: at least one, and finite (``1e400`` reads as infinity)."""
+    if value == 0:
+        raise ConfigError(key, f"must be positive, got {show_value(text)}")
+    if not 1 <= value < math.inf:  # NaN fails too
+        raise ConfigError(key, f"must be a finite number of at least 1 {unit}, got {show_value(text)}")
+    if value > most:  # a config's model has the same limit
+        raise ConfigError(key, f"must be at most {most:.3g} {unit}s, got {show_value(text)}")
 
 
 def estimate(
@@ -70,10 +78,17 @@ def estimate(
 ) -> dict[str, Any]:
     """Per-device model-state bytes for stages 0-3; ``stages["0"..."3"]`` each hold ``params``,
     ``grads``, ``optimizer``, ``total`` and, with a memory size, ``fits``."""
+    _check_amount(params, params, "--params", "parameter", MAX_PARAMS)
+    if memory_per_device is not None:
+        _check_amount(memory_per_device, memory_per_device, "--memory-per-device", "byte", math.inf)
     if devices < 1:
         raise ConfigError("--devices", f"must be positive, got {devices}")
+    if devices > MAX_INT32:  # like every count in a config
+        raise ConfigError("--devices", f"must be at most {MAX_INT32}, got {devices}")
     if model_parallel < 1 or devices % model_parallel:
         raise ConfigError("--model-parallel", f"{model_parallel} does not divide --devices {devices}")
+    from jzero.ledger import paper_parts_per_device  # here: the ledger imports JAX, the estimate needs none
+
     p, g, k = bytes_per_param(precision, optimizer)
     n_d = devices // model_parallel
     stages = {}

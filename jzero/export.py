@@ -3,8 +3,9 @@
 ``export_checkpoint`` writes a run's parameters (the fp32 master copy when there is one) as one
 safetensors file, streaming: each tensor is read from the sharded Orbax checkpoint as one host
 array, written, and dropped, so memory holds one tensor at a time. The file is written under a
-temporary name, checked against the checkpoint (every tensor, its shape and its byte count), and
-only then renamed into place: an export is never empty or partial.
+temporary name of its own (created new, beside ``--out``, never a file of yours), checked against
+the checkpoint (every tensor, its shape and its byte count), and only then linked into place: an
+export is never empty or partial, and never replaces a file.
 
 ``load_params`` reads parameters to start a run from (``train.init_from``): a safetensors file, a
 Flax msgpack file (``flax.serialization.to_bytes``), an Orbax params checkpoint, or a jzero
@@ -13,8 +14,11 @@ checkpoint step folder. Names are ``/``-joined tree paths, as in ``jzero plan``.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import secrets
 import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,11 +30,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jzero.checkpoint import RunCheckpoints, array_metadata, error_line, tree_paths
-from jzero.config import ConfigError
+from jzero.config import EXPORT_DTYPES, ConfigError, clip, show_value
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
-EXPORT_DTYPES = ("float32", "bfloat16")
+MAX_HEADER_BYTES = 100_000_000  # the safetensors reference reader's own limit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,27 +65,88 @@ def write_safetensors(
     return 8 + len(raw) + offset
 
 
-def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The header (without ``__metadata__``) and where the data starts."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+def safetensors_header(path: Path, key: str | None = None) -> tuple[dict[str, Any], int]:
+    """The header (without ``__metadata__``) and where the data starts, checked before any use:
+    the header's length fits the file, it is a JSON object, and the tensors' byte ranges match their
+    shapes and dtypes and tile the data exactly, to the file's end (as the format requires). A fault
+    raises one :class:`ConfigError` naming ``key`` (default: the path) and the path."""
+    key = str(path) if key is None else key
+
+    def bad(problem: str) -> ConfigError:
+        return ConfigError(key, f"{path} is not a readable safetensors file: {problem}")
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise bad(f"{size} bytes, less than the 8-byte header length")
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise bad(f"its header length {n} exceeds the {size - 8} bytes after it")
+            if n > MAX_HEADER_BYTES:
+                raise bad(f"its header length {n} is over the format's limit of {MAX_HEADER_BYTES} bytes")
+            raw = f.read(n)
+    except OSError as err:
+        raise ConfigError(key, f"{path} cannot be read: {err.strerror or err}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad(f"the header is not UTF-8 JSON ({clip(str(err))})") from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
     header.pop("__metadata__", None)
-    return header, 8 + n
+    start = 8 + n
+    ranges = []
+    for name, info in header.items():
+        ranges.append((*_tensor_range(name, info, bad), name))
+    end = 0
+    for begin, stop, name in sorted(ranges):
+        if begin != end:
+            raise bad(f"tensor {clip(name)} starts at byte {begin} of the data, not at {end}: a gap or an overlap")
+        end = stop
+    if end != size - start:
+        raise bad(f"the header describes {end} bytes of data, the file holds {size - start} (truncated or padded)")
+    return header, start
 
 
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file, memory-mapped (nothing is read until used)."""
-    header, start = safetensors_header(path)
+def _tensor_range(name: str, info: Any, bad: Callable[[str], ConfigError]) -> tuple[int, int]:
+    """A header entry's ``data_offsets``, after checking them against its dtype and shape."""
+    what = f"tensor {clip(name)}"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise bad(f"{what}: expected dtype, shape and data_offsets, got {show_value(info)}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in NUMPY_DTYPES:
+        raise bad(f"{what} has dtype {show_value(dtype)}; jzero reads {', '.join(NUMPY_DTYPES)}")
+
+    def count(values: Any, length: int | None) -> bool:  # a list of non-negative JSON integers
+        return (
+            isinstance(values, list)
+            and (length is None or len(values) == length)
+            and all(type(v) is int and v >= 0 for v in values)
+        )
+
+    if not count(shape, None) or len(shape) > 32:  # numpy's own limit; it keeps math.prod below cheap
+        raise bad(f"{what} has shape {show_value(shape)}; expected a list of at most 32 sizes")
+    if not count(offsets, 2) or offsets[0] > offsets[1]:
+        raise bad(f"{what} has data_offsets {show_value(offsets)}; expected [begin, end]")
+    nbytes = math.prod(shape) * NUMPY_DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise bad(f"{what}: {offsets[1] - offsets[0]} bytes for shape {show_value(shape)} of {dtype} ({nbytes} bytes)")
+    return offsets[0], offsets[1]
+
+
+def read_safetensors(path: Path, key: str | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file, memory-mapped (nothing is read until used); the header is
+    checked first (:func:`safetensors_header`)."""
+    header, start = safetensors_header(path, key)
     out = {}
     for name, info in header.items():
         begin, end = info["data_offsets"]
-        dtype = NUMPY_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ConfigError(str(path), f"tensor {name} has unsupported dtype {info['dtype']}")
-        out[name] = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=tuple(info["shape"]))
-        if out[name].nbytes != end - begin:
-            raise ConfigError(str(path), f"tensor {name}: {end - begin} bytes for shape {info['shape']}")
+        dtype, shape = NUMPY_DTYPES[info["dtype"]], tuple(info["shape"])
+        if end == begin:  # np.memmap cannot map zero bytes
+            out[name] = np.zeros(shape, dtype)
+        else:
+            out[name] = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape)
     return out
 
 
@@ -119,7 +184,7 @@ def parameter_arrays(saved: dict[str, tuple]) -> tuple[str, dict[str, tuple]]:
 def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32") -> dict[str, Any]:
     """Write one checkpoint's parameters to ``out`` as safetensors; returns what was written."""
     if dtype not in EXPORT_DTYPES:
-        raise ConfigError("--dtype", f"must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+        raise ConfigError("--dtype", f"must be one of {', '.join(EXPORT_DTYPES)}, got {show_value(dtype)}")
     out = Path(out)
     if out.exists():
         raise ConfigError("--out", f"{out} exists; not overwritten")
@@ -134,34 +199,79 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
         step = steps[-1]
     elif step not in steps:
         raise ConfigError("--step", f"no committed checkpoint at step {step} (committed: {', '.join(map(str, steps))})")
-    state_dir = checkpoints.step_dir(step) / "state"
-    tmp = out.with_name(out.name + ".partial")
+    step_dir = checkpoints.step_dir(step)
+    state_dir = step_dir / "state"
+
+    def unreadable(err: Exception) -> ConfigError:
+        return ConfigError(str(step_dir), f"is unreadable ({error_line(err)})")
+
     try:
         prefix, params = parameter_arrays(array_metadata(state_dir))
-        if not params:
-            raise ConfigError(str(state_dir), "holds no parameters")
-        tensors = [(name, params[name][0], dtype) for name in sorted(params)]
-        meta = {"format": "pt", "producer": "jzero", "step": str(step), "source": prefix.rstrip("/")}
-        written = write_safetensors(tmp, tensors, lambda name: restore_numpy(state_dir, [prefix + name])[prefix + name], meta)
-        _check_written(tmp, tensors, written)
-        os.replace(tmp, out)
-    except ConfigError:
-        raise
     except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
-        raise ConfigError(str(checkpoints.step_dir(step)), f"is unreadable ({error_line(err)})") from None
+        raise unreadable(err) from None
+    if not params:
+        raise ConfigError(str(state_dir), "holds no parameters")
+    tensors = [(name, params[name][0], dtype) for name in sorted(params)]
+    meta = {"format": "pt", "producer": "jzero", "step": str(step), "source": prefix.rstrip("/")}
+
+    def produce(name: str) -> np.ndarray:
+        try:
+            return restore_numpy(state_dir, [prefix + name])[prefix + name]
+        except Exception as err:
+            raise unreadable(err) from None
+
+    # From here an OSError is about --out (a full disk, a read-only folder): reading the checkpoint
+    # raises ConfigErrors naming it.
+    tmp = None
+    try:
+        tmp = _new_temporary(out)
+        written = write_safetensors(tmp, tensors, produce, meta)
+        _check_written(tmp, tensors, written, out)
+        _publish(tmp, out)
+    except OSError as err:
+        raise ConfigError("--out", f"writing {out} failed: {err.strerror or err}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     source = prefix.rstrip("/")
     return {"step": step, "source": source, "tensors": len(tensors), "bytes": written, "out": str(out), "dtype": dtype}
 
 
-def _check_written(path: Path, tensors: list[tuple[str, tuple[int, ...], str]], written: int) -> None:
-    """Every tensor is in the file with its shape, and the file has every byte: never partial."""
-    header, _ = safetensors_header(path)
+def _new_temporary(out: Path) -> Path:
+    """A new, empty, hidden file beside ``out``: created exclusively under a random name, so it is
+    never a file of yours, and with the mode ``out`` would get (mkstemp's would be 0600)."""
+    while True:
+        tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Give the finished file its name, never over a file that appeared at ``out`` meanwhile."""
+    try:
+        os.link(tmp, out)  # fails if ``out`` exists, atomically
+    except FileExistsError:
+        raise ConfigError("--out", f"{out} exists; not overwritten") from None
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        # A filesystem without hard links: check, then rename (a file appearing in between is lost).
+        if out.exists():
+            raise ConfigError("--out", f"{out} exists; not overwritten") from None
+        os.replace(tmp, out)
+
+
+def _check_written(path: Path, tensors: list[tuple[str, tuple[int, ...], str]], written: int, out: Path) -> None:
+    """Every tensor is in the file ``path`` (to become ``out``) with its shape, and the file has
+    every byte: never partial."""
+    header, _ = safetensors_header(path, "--out")
     wrong = [n for n, shape, _ in tensors if n not in header or tuple(header[n]["shape"]) != tuple(shape)]
     if len(header) != len(tensors) or wrong or path.stat().st_size != written:
-        found = f"{len(header)} of {len(tensors)} tensors; wrong: {wrong[:3]}"
-        raise ConfigError(str(path), f"does not match the checkpoint ({found})")
+        found = f"{len(header)} of {len(tensors)} tensors; wrong: {show_value(wrong[:3])}"
+        raise ConfigError("--out", f"writing {out} failed: the file read back does not match the checkpoint ({found})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,33 +279,50 @@ def _check_written(path: Path, tensors: list[tuple[str, tuple[int, ...], str]], 
 
 
 def load_params(path: str | Path) -> dict[str, np.ndarray]:
-    """``/``-joined parameter paths -> host arrays, from any of the formats the module names."""
+    """``/``-joined parameter paths -> host arrays, from any of the formats the module names. Every
+    fault, from a missing file to a damaged one, is one :class:`ConfigError` naming ``train.init_from``."""
     path = Path(path)
     key = "train.init_from"
-    if not path.exists():
-        raise ConfigError(key, f"{path} does not exist")
-    if path.is_file() and path.suffix == ".safetensors":
-        return read_safetensors(path)
-    if path.is_file() and path.suffix == ".msgpack":
-        from flax import serialization
+    try:
+        if not path.exists():
+            raise ConfigError(key, f"{path} does not exist")
+        if path.is_file() and path.suffix == ".safetensors":
+            return read_safetensors(path, key)
+        if path.is_file() and path.suffix == ".msgpack":
+            return _read_msgpack(path, key)
+        if path.is_dir():
+            return _read_orbax(path, key)
+    except OSError as err:
+        raise ConfigError(key, f"{path} cannot be read: {err.strerror or err}") from None
+    raise ConfigError(key, f"{path}: expected a .safetensors or .msgpack file, or an Orbax checkpoint folder")
 
-        try:
-            tree = serialization.msgpack_restore(path.read_bytes())
-        except Exception as err:
-            raise ConfigError(key, f"{path} is not a Flax msgpack file ({type(err).__name__})") from None
-        return _strip_params(tree_paths(tree))
-    if path.is_dir():
-        state_dir = path / "state" if (path / "state").is_dir() else path
-        try:
-            saved = array_metadata(state_dir)
-        except Exception as err:
-            raise ConfigError(key, f"{path} is not a readable Orbax checkpoint ({type(err).__name__})") from None
+
+def _read_msgpack(path: Path, key: str) -> dict[str, Any]:
+    from flax import serialization
+
+    data = path.read_bytes()
+    try:
+        tree = serialization.msgpack_restore(data)
+    except Exception as err:
+        raise ConfigError(key, f"{path} is not a Flax msgpack file ({type(err).__name__})") from None
+    flat = tree_paths(tree) if isinstance(tree, dict) else {}
+    others = [p for p, v in flat.items() if not isinstance(v, (np.ndarray, np.generic))]
+    if not flat or others:
+        raise ConfigError(key, f"{path} holds no tree of arrays (not arrays: {show_value(others or tree)})")
+    return _strip_params(flat)
+
+
+def _read_orbax(path: Path, key: str) -> dict[str, np.ndarray]:
+    state_dir = path / "state" if (path / "state").is_dir() else path
+    try:
+        saved = array_metadata(state_dir)
         if state_dir != path:  # a jzero checkpoint step: its (master) parameters
             prefix, params = parameter_arrays(saved)
             arrays = restore_numpy(state_dir, [prefix + p for p in params])
             return {p[len(prefix) :]: a for p, a in arrays.items()}
         return _strip_params(restore_numpy(path))
-    raise ConfigError(key, f"{path}: expected a .safetensors or .msgpack file, or an Orbax checkpoint folder")
+    except Exception as err:  # tensorstore and Orbax raise plain Exceptions for unreadable data
+        raise ConfigError(key, f"{path} is not a readable Orbax checkpoint ({error_line(err)})") from None
 
 
 def _strip_params(flat: dict[str, Any]) -> dict[str, Any]:

@@ -106,3 +106,35 @@ def test_shipped_configs_load():
         load_config(path)
     for path in sorted((ROOT / "configs/mesh").glob("*.yaml")):
         assert "axes" in yaml.safe_load(path.read_text())
+
+
+def test_set_mesh_names_a_mesh_file_relative_to_the_config():
+    """As ``mesh: mesh/dp8.yaml`` does in the file; later ``mesh.axes`` overrides apply inside it."""
+    config = ROOT / "configs/gpt-tiny.yaml"
+    assert load_config(config, ["mesh=mesh/dp4-mp2.yaml"]).mesh.axes == {"data": 4, "model": 2}
+    assert load_config(config, ["mesh=mesh/dp4-mp2.yaml", "mesh.axes.data=2"]).mesh.axes == {"data": 2, "model": 2}
+    assert load_config(config, ["mesh.axes.data=2", "mesh=mesh/dp4-mp2.yaml"]).mesh.axes == {"data": 4, "model": 2}
+    assert load_config(config, [f"mesh={ROOT / 'configs/mesh/dp4-mp2.yaml'}"]).mesh.axes == {"data": 4, "model": 2}
+    with pytest.raises(ConfigError, match=f"mesh: {ROOT / 'configs/mesh'} is a directory, not a YAML file"):
+        load_config(config, ["mesh=mesh"])
+
+
+def test_directories_and_special_files_are_named_as_such(tmp_path):
+    with pytest.raises(ConfigError, match=f"config: {tmp_path} is a directory, not a YAML file"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="config: /dev/null is not a regular file"):
+        load_config("/dev/null")
+    big = tmp_path / "big.yaml"
+    big.write_text("# padding\n" * 200_000)
+    with pytest.raises(ConfigError, match=f"config: {big} is over 1 MiB"):
+        load_config(big)
+
+
+def test_values_in_messages_are_bounded():
+    long = "x" * 100_000
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"optimizer.name={long}"])
+    assert len(str(err.value)) < 200 and "'xxxx" in str(err.value) and "..." in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"model.{long}=1"])
+    assert len(str(err.value)) < 400 and err.value.key.startswith("model.xxx")

@@ -57,3 +57,35 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--params", "1e400"], "jzero: error: --params: must be a finite number of at least 1 parameter, got '1e400'"),
+        (["--params", "nan"], "jzero: error: --params: expected a count like 7.5e9 or 7.5B, got 'nan'"),
+        (["--params", "inf"], "jzero: error: --params: expected a count like 7.5e9 or 7.5B, got 'inf'"),
+        (["--params", "-5"], "jzero: error: --params: expected a count like 7.5e9 or 7.5B, got '-5'"),
+        (["--params", "0.5"], "jzero: error: --params: must be a finite number of at least 1 parameter, got '0.5'"),
+        (["--params", "1e17"], "jzero: error: --params: must be at most 9.01e+15 parameters, got '1e17'"),
+        (["--params", "1B", "--memory-per-device", "1e400"], "jzero: error: --memory-per-device: must be a finite number of"),
+        (["--params", "1B", "--memory-per-device", "1e400GB"], "jzero: error: --memory-per-device: must be a finite number of"),
+        (["--params", "1B", "--devices", "99999999999"], "jzero: error: --devices: must be at most 2147483647"),
+    ],
+)
+def test_numbers_out_of_range_are_one_line(capsys, argv, message):
+    """1e400 reads as infinity: once it crashed the table (OverflowError), once it 'fit' every stage."""
+    assert main(["estimate", "--devices", "8", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith(message), err
+    assert "Traceback" not in err
+
+
+def test_the_python_api_refuses_non_finite_numbers():
+    from jzero.config import ConfigError
+    from jzero.estimate import estimate
+
+    nan, inf = float("nan"), float("inf")
+    for params, memory, key in [(nan, None, "--params"), (inf, None, "--params"), (1e9, nan, "--memory-per-device")]:
+        with pytest.raises(ConfigError, match=key):
+            estimate(params, 8, memory_per_device=memory)

@@ -1,0 +1,384 @@
+"""Bad input of every kind gets ONE line naming the key or path, exit status 2, no traceback, and
+nothing already written is lost or overwritten: configs, overrides, checkpoints to export onto a
+full disk or beside a user's own files, files to start from, and Ctrl-C while JAX imports."""
+
+import errno
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY
+
+import jzero.export
+from jzero.checkpoint import CHECKPOINTS
+from jzero.cli import main
+from jzero.config import ConfigError, load_config
+from jzero.export import read_safetensors
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
+
+
+def sets(*overrides: str) -> list[str]:
+    return [arg for kv in overrides for arg in ("--set", kv)]
+
+
+def one_line_error(capsys, argv: list[str], fragment: str) -> str:
+    """Run ``jzero argv`` in-process: exit 2, exactly one stderr line, ``jzero: error:`` and ``fragment``."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert lines[0].startswith("jzero: error: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def jzero_env() -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Config files
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    before = b"seed: 1\nrun:\n  dir: caf\xe9\n"  # Latin-1
+    path.write_bytes(before)
+    one_line_error(capsys, ["plan", str(path)], f"config: {path} is not UTF-8 text (byte 0xe9 at offset {before.index(0xE9)})")
+    assert path.read_bytes() == before
+
+
+def test_a_directory_as_the_config_is_named_as_one(tmp_path, capsys):
+    one_line_error(capsys, ["plan", str(tmp_path)], f"config: {tmp_path} is a directory, not a YAML file")
+
+
+def test_deep_nesting_is_one_line_in_a_file_and_in_set(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: " + "[" * 100_000 + "\n")
+    one_line_error(capsys, ["plan", str(path)], f"config: {path} is nested too deeply to read")
+    one_line_error(capsys, ["plan", CONFIG, *sets("seed=" + "[" * 100_000)], "seed: value is nested too deeply to read")
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("seed: !!python/object/apply:os.system ['true']\n", "is not valid YAML (line 1: could not determine a constructor"),
+        ("seed: 2001-13-01\n", "is not valid YAML (month must be in 1..12)"),
+        ("seed: " + "9" * 5000 + "\n", "is not valid YAML (Exceeds the limit"),
+        ("seed: 1\x00\n", "is not valid YAML (unacceptable character #x0000"),
+        ("model: [unclosed\n", "is not valid YAML (line 2:"),
+    ],
+)
+def test_yaml_python_cannot_build_is_one_line(tmp_path, capsys, text, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    one_line_error(capsys, ["plan", str(path)], f"config: {path} {fragment}")
+
+
+def test_an_unreadable_config_is_one_line(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\n")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr("jzero.config.open", denied, raising=False)  # root reads any file; this cannot
+    one_line_error(capsys, ["plan", str(path)], f"config: cannot read {path}: Permission denied")
+
+
+def test_a_config_without_read_permission_is_one_line(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\n")
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        pytest.skip("this user (root) reads any file; the test above covers it")
+    one_line_error(capsys, ["plan", str(path)], f"config: cannot read {path}: Permission denied")
+
+
+def test_a_fifo_as_the_config_does_not_block(tmp_path, capsys):
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    one_line_error(capsys, ["plan", str(fifo)], f"config: {fifo} is not a regular file")
+
+
+def alias_bomb(levels: int = 7) -> str:
+    """A few hundred bytes of YAML: a list nested ``levels + 1`` deep, 9 wide at each level, built
+    from aliases (9**8 leaves for 7 levels; its full repr would be hundreds of MB)."""
+    value = "[x, x, x, x, x, x, x, x, x]"
+    for k in range(levels):
+        value = f"[&l{k} {value}" + f", *l{k}" * 8 + "]"
+    return value
+
+
+@pytest.mark.parametrize(
+    "yaml_text, key",
+    [
+        (f"seed: {alias_bomb()}\n", "seed: must be an integer, got [[[[...], [...], "),
+        (f"model: {alias_bomb()}\n", "model: must be a section (mapping), got [[[[...], [...], "),
+        (f"mesh: {{axes: {alias_bomb()}}}\n", "mesh.axes: must be a mapping, got [[[[...], [...], "),
+        (f"partitioning: {{rules: {alias_bomb()}}}\n", "partitioning.rules[0][0][0]: must be a string"),
+    ],
+)
+def test_a_yaml_alias_bomb_makes_a_short_message_fast(tmp_path, capsys, yaml_text, key):
+    """The message quotes a bounded prefix of the value, built without walking all of it."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    assert len(yaml_text) < 500
+    start = time.perf_counter()
+    line = one_line_error(capsys, ["plan", str(path)], key)
+    assert len(line) < 300 and time.perf_counter() - start < 5, len(line)
+
+
+def test_an_alias_bomb_in_set_makes_a_short_message(capsys):
+    line = one_line_error(capsys, ["plan", CONFIG, *sets(f"seed={alias_bomb()}")], "seed: must be an integer, got [[[[")
+    assert len(line) < 300
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: range and finiteness, the whole class
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("optimizer.learning_rate=nan", "optimizer.learning_rate: must be a finite number, got 'nan'"),
+        ("optimizer.learning_rate=.inf", "optimizer.learning_rate: must be a finite number, got inf"),
+        ("optimizer.learning_rate=inf", "optimizer.learning_rate: must be a finite number, got 'inf'"),
+        ("optimizer.learning_rate=" + "9" * 400, "optimizer.learning_rate: must be a finite number"),
+        ("optimizer.learning_rate=0", "optimizer.learning_rate: must be positive, got 0"),
+        ("optimizer.clip_norm=nan", "optimizer.clip_norm: must be a finite number, got 'nan'"),
+        ("optimizer.clip_norm=0", "optimizer.clip_norm: must be positive, got 0"),
+        ("optimizer.b1=1.5", "optimizer.b1: must be in [0, 1), got 1.5"),
+        ("optimizer.b1=1", "optimizer.b1: must be in [0, 1), got 1"),
+        ("optimizer.b2=-0.1", "optimizer.b2: must be in [0, 1), got -0.1"),
+        ("optimizer.eps=0", "optimizer.eps: must be positive, got 0"),
+        ("optimizer.eps=-.inf", "optimizer.eps: must be a finite number"),
+        ("optimizer.weight_decay=-1", "optimizer.weight_decay: must be >= 0, got -1"),
+        ("optimizer.min_lr_ratio=1.5", "optimizer.min_lr_ratio: must be in [0, 1], got 1.5"),
+        ("optimizer.warmup_steps=-1", "optimizer.warmup_steps: must be in [0, 2147483647], got -1"),
+        ("precision.loss_scale=nan", "precision.loss_scale: must be a finite number, got 'nan'"),
+        ("precision.loss_scale=1e39", "precision.loss_scale: must be positive and at most 3.40282e+38, got 1e+39"),
+        ("precision.loss_scale_window=3000000000", "precision.loss_scale_window: must be positive and at most 2147483647"),
+        ("seed=-1", "seed: must be in [0, 4294967295], got -1"),
+        ("seed=4294967296", "seed: must be in [0, 4294967295], got 4294967296"),
+        ("seed=" + "9" * 30, "seed: is out of range (more than 64 bits)"),
+        ("seed=" + "9" * 5000, "seed: is out of range (more than 64 bits)"),
+        ("seed=3.5", "seed: must be an integer, got 3.5"),
+        ("model.d_model=1000000000000", "model.d_model: must be positive and at most 2147483647, got 1000000000000"),
+        ("model.mlp_ratio=100000000", "model.mlp_ratio: the MLP width mlp_ratio x d_model = 3200000000 is over 2147483647"),
+        ("model.d_model=1048576 model.n_layers=1048576", "model: d_model=1048576, n_layers=1048576, mlp_ratio=4, vocab_"),
+        ("train.steps=1e20", "train.steps: is out of range (more than 64 bits), got '1e20'"),
+        ("train.steps=3000000000", "train.steps: must be positive and at most 2147483647, got 3000000000"),
+        ("runtime.cpu_devices=100000", "runtime.cpu_devices: must be positive and at most 4096, got 100000"),
+        ("data.max_bytes=1e30", "data.max_bytes: is out of range (more than 64 bits)"),
+        ("mesh.axes.data=3000000000", "mesh.axes.data: size must be positive (at most 2147483647) or -1"),
+        ("seed=2001-13-01", "seed: must be an integer, got '2001-13-01'"),
+    ],
+)
+def test_meaningless_values_are_refused(tmp_path, capsys, override, fragment):
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, f"run.dir={run_dir}", *override.split(" ")]
+    with pytest.raises(ConfigError):  # first, so that a value wrongly accepted never starts a run
+        load_config(CONFIG, overrides)
+    one_line_error(capsys, ["train", CONFIG, *sets(*overrides)], fragment)
+    assert not run_dir.exists()
+
+
+def test_the_largest_seed_works_end_to_end():
+    """2**32 - 1 is accepted because grain's shuffle and jax.random.key both take it."""
+    import jax
+
+    from jzero.data import TextBatches
+
+    config = load_config(CONFIG, ["seed=4294967295"])
+    assert config.seed == 2**32 - 1
+    batches = TextBatches(np.arange(1000, dtype=np.uint8), 8, 4, config.seed)
+    assert batches.global_batch(0).shape == (4, 9)
+    assert jax.random.key(config.seed).shape == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# A mesh file from --set
+
+
+def test_set_mesh_names_a_mesh_file_as_yaml_does(capsys):
+    assert load_config(CONFIG, ["mesh=mesh/dp4-mp2.yaml"]).mesh.axes == {"data": 4, "model": 2}
+    missing = ROOT / "configs/mesh/none.yaml"  # relative to the config's folder, as in the file
+    one_line_error(capsys, ["plan", CONFIG, *sets("mesh=mesh/none.yaml")], f"mesh: file not found: {missing}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Export: never a user's file, and a write error names --out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, devices):
+    from jzero.trainer import train
+
+    run = tmp_path_factory.mktemp("run")
+    overrides = [*TINY, "mesh.axes.data=8", "train.steps=2", "checkpoint.every=2", f"run.dir={run}"]
+    train(load_config(CONFIG, overrides), progress=False)
+    assert (run / CHECKPOINTS / "2").is_dir()
+    return run
+
+
+def test_export_keeps_a_users_partial_file(run_dir, tmp_path, capsys):
+    out = tmp_path / "model.safetensors"
+    mine = tmp_path / "model.safetensors.partial"
+    mine.write_bytes(b"my own bytes\x00\xff")
+    assert main(["checkpoint", "export", str(run_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("exported step 2 (params): ") and printed.strip().endswith(f"to {out}")
+    assert mine.read_bytes() == b"my own bytes\x00\xff"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "model.safetensors.partial"]
+    assert f"{len(read_safetensors(out))} tensors" in printed  # and the export reads back whole
+
+
+def full_disk(out, tensors, produce, metadata):
+    """``write_safetensors`` on a disk that fills after the first bytes."""
+    Path(out).write_bytes(b"\x00" * 64)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out))
+
+
+def unreadable(*args, **kwargs):
+    raise ValueError("DATA_LOSS: Error reading chunk")
+
+
+@pytest.mark.parametrize("failure", ["full-disk", "unreadable-checkpoint"])
+def test_a_failed_export_keeps_a_users_partial_file(run_dir, tmp_path, capsys, monkeypatch, failure):
+    out = tmp_path / "model.safetensors"
+    (tmp_path / "model.safetensors.partial").write_bytes(b"my own bytes")
+    before = snapshot(tmp_path)
+    if failure == "full-disk":
+        monkeypatch.setattr(jzero.export, "write_safetensors", full_disk)
+        fragment = f"jzero: error: --out: writing {out} failed: No space left on device"
+    else:
+        monkeypatch.setattr(jzero.export, "restore_numpy", unreadable)
+        fragment = f"jzero: error: {run_dir / CHECKPOINTS / '2'}: is unreadable (ValueError: DATA_LOSS"
+    line = one_line_error(capsys, ["checkpoint", "export", str(run_dir), "--out", str(out)], fragment)
+    assert line.startswith(fragment)
+    assert snapshot(tmp_path) == before  # no temporary file left, the user's one untouched
+
+
+def test_an_interrupted_export_leaves_nothing(run_dir, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    (tmp_path / "model.safetensors.partial").write_bytes(b"my own bytes")
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(jzero.export, "restore_numpy", interrupted)  # Ctrl-C while reading a tensor
+    assert main(["checkpoint", "export", str(run_dir), "--out", str(tmp_path / "model.safetensors")]) == 130
+    assert capsys.readouterr().err.splitlines() == ["jzero: interrupted"]
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("disk, reason", [("full", "No space left on device"), ("read-only", "Read-only file system")])
+def test_export_onto_a_real_full_or_read_only_disk(run_dir, tmp_path, capsys, disk, reason):
+    """A 64 KiB tmpfs, which the tiny model's parameters (170 KB) do not fit, or one remounted
+    read-only (which stops root too)."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)]).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (folder / "model.safetensors.partial").write_bytes(b"my own bytes")
+        before = snapshot(folder)
+        if disk == "read-only":
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        out = folder / "model.safetensors"
+        one_line_error(capsys, ["checkpoint", "export", str(run_dir), "--out", str(out)],
+                       f"jzero: error: --out: writing {out} failed: {reason}")  # fmt: skip
+        assert snapshot(folder) == before
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])
+
+
+# ---------------------------------------------------------------------------------------------
+# train.init_from: the file's format is checked before use
+
+
+def safetensors_bytes(header: dict, data: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def one_tensor(dtype: str, shape: list, offsets: list, data: bytes) -> bytes:
+    return safetensors_bytes({"w": {"dtype": dtype, "shape": shape, "data_offsets": offsets}}, data)
+
+
+BAD_SAFETENSORS = {
+    "text": (b"just some notes, not tensors\n", "its header length 7885648055778899306 exceeds the 21 bytes after it"),
+    "empty": (b"", "0 bytes, less than the 8-byte header length"),
+    "header-not-utf8": (struct.pack("<Q", 5) + b"\xff\xfe{}}", "the header is not UTF-8 JSON"),
+    "header-a-list": (struct.pack("<Q", 2) + b"[]", "the header is not a JSON object"),
+    "header-past-the-end": (struct.pack("<Q", 200_000_000) + b" " * 16, "header length 200000000 exceeds the 16 bytes after it"),
+    "data-cut-short": (one_tensor("F32", [4], [0, 16], b"\0" * 8), "the header describes 16 bytes of data, the file holds 8"),
+    "size-not-shape": (one_tensor("F32", [4], [0, 8], b"\0" * 8), "tensor w: 8 bytes for shape [4] of F32 (16 bytes)"),
+    "negative-shape": (one_tensor("F32", [-4], [0, 0], b""), "tensor w has shape [-4]"),
+    "gap": (one_tensor("F32", [2], [8, 16], b"\0" * 16), "tensor w starts at byte 8 of the data, not at 0"),
+    "dtype": (one_tensor("BOOL", [1], [0, 1], b"\0"), "tensor w has dtype 'BOOL'"),
+    "entry-not-a-tensor": (safetensors_bytes({"w": [1, 2]}, b""), "tensor w: expected dtype, shape and data_offsets"),
+}
+
+
+@pytest.mark.parametrize("content, fragment", BAD_SAFETENSORS.values(), ids=BAD_SAFETENSORS)
+def test_init_from_a_file_that_is_not_safetensors_is_one_line(tmp_path, capsys, content, fragment):
+    source = tmp_path / "x.safetensors"
+    source.write_bytes(content)
+    run = tmp_path / "run"
+    line = one_line_error(capsys, ["train", CONFIG, *sets(*TINY, f"run.dir={run}", f"train.init_from={source}")],
+                          f"train.init_from: {source} is not a readable safetensors file: ")  # fmt: skip
+    assert fragment in line
+    assert source.read_bytes() == content and not run.exists()
+
+
+def test_init_from_a_truncated_export(tmp_path, capsys):
+    from safetensors.numpy import save_file
+
+    source = tmp_path / "p.safetensors"
+    save_file({"a": np.ones((3, 5), np.float32), "b": np.arange(7, dtype=np.int32)}, source)
+    loaded = read_safetensors(source)  # the reference writer's file reads back whole
+    assert np.array_equal(loaded["a"], np.ones((3, 5))) and np.array_equal(loaded["b"], np.arange(7))
+    os.truncate(source, source.stat().st_size - 3)
+    one_line_error(capsys, ["train", CONFIG, *sets(*TINY, f"run.dir={tmp_path / 'run'}", f"train.init_from={source}")],
+                   f"train.init_from: {source} is not a readable safetensors file: the header describes 88 bytes")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C from the first moment
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
+def test_ctrl_c_while_starting_is_one_line(delay):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jzero.cli", "plan", CONFIG],
+        cwd=ROOT, env=jzero_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"still running 30 s after SIGINT at {delay} s")
+    assert time.monotonic() - sent < 30
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and err.splitlines() == ["jzero: interrupted"], err[-3000:]
