@@ -42,10 +42,9 @@ def make_batch(step: int, batch_size: int = 64, features: int = 16) -> tuple[np.
     return x, np.sin(x @ w)
 
 
-def main(steps: int = 60, stage: int = 3) -> list[float]:
+def training_parts():
+    """The user's own pieces: parameter init, loss, optimizer and seed."""
     model = MLP()
-    tx = optax.adam(3e-3)
-    key = jax.random.key(0)
 
     def init_fn(rng):
         return model.init(rng, jnp.zeros((1, 16)))["params"]
@@ -54,6 +53,11 @@ def main(steps: int = 60, stage: int = 3) -> list[float]:
         x, y = batch
         return jnp.mean((model.apply({"params": params}, x) - y) ** 2)
 
+    return init_fn, loss_fn, optax.adam(3e-3), jax.random.key(0)
+
+
+def main(steps: int = 60, stage: int = 3) -> list[float]:
+    init_fn, loss_fn, tx, key = training_parts()
     mesh = jzero.make_mesh({"data": -1})  # jzero
     plan = jzero.make_plan(jzero.abstract_state(init_fn, tx, key), mesh, stage)  # jzero
     state = jzero.sharded_init(init_fn, tx, plan, key)  # jzero

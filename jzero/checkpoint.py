@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import re
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,45 @@ from jzero.state import TrainState
 CHECKPOINTS = "checkpoints"
 ITEMS = ("state", "data", "meta")
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+
+
+def _quiet_closed_loop_wakeups(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable-exception hook that drops one harmless error and passes on everything else.
+
+    Orbax runs each read or write in an asyncio loop of its own and closes it as soon as one
+    TensorStore operation fails. The operations still in flight then finish on TensorStore's threads
+    and try to wake the closed loop, each raising "Event loop is closed" into ``sys.unraisablehook``:
+    thousands of tracebacks after one unreadable checkpoint, with jzero's one-line answer among them.
+    """
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+        if (
+            isinstance(exc, RuntimeError)
+            and str(exc) == "Event loop is closed"
+            and any(f.name == "call_soon_threadsafe" for f in frames)
+        ):
+            return
+        previous(unraisable)
+
+    return hook
+
+
+class _QuietOrbaxOrphans(logging.Filter):
+    """Drops asyncio's "... exception was never retrieved" for Orbax's own tasks: when one write of
+    a checkpoint fails, its sibling tasks fail the same way and are never awaited. The failure
+    itself reaches the caller once, as a :class:`CheckpointWriteError`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "exception was never retrieved" not in record.getMessage():
+            return True
+        tb = record.exc_info[2] if record.exc_info else None
+        return not any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in traceback.extract_tb(tb))
+
+
+sys.unraisablehook = _quiet_closed_loop_wakeups(sys.unraisablehook)
+logging.getLogger("asyncio").addFilter(_QuietOrbaxOrphans())
 
 
 class CheckpointWriteError(RuntimeError):
@@ -119,7 +162,9 @@ class RunCheckpoints:
         self._pending: int | None = None  # the step an async write is in flight for
 
     def steps(self) -> list[int]:
-        """Committed steps, oldest first."""
+        """Committed steps, oldest first. A write still in flight is waited for first: Orbax lists a
+        step from the moment its write starts."""
+        self.wait()
         return sorted(self.manager.all_steps())
 
     def step_dir(self, step: int) -> Path:
@@ -174,6 +219,8 @@ class RunCheckpoints:
 
     def restore(self, step: int, target: TrainState) -> Restored:
         """Read ``step`` into ``target``'s shardings (``ShapeDtypeStruct`` leaves with ``sharding``)."""
+        if step not in self.steps():  # waits for a write in flight
+            raise ConfigError(str(self.step_dir(step)), "is not a committed checkpoint")
         mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)
         if mismatched:
             shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more" if len(mismatched) > 4 else "")
@@ -188,8 +235,16 @@ class RunCheckpoints:
         """The newest committed step that reads back; an unreadable one is named and skipped.
 
         None when there are no checkpoints. A shape mismatch is the config's fault, not the
-        checkpoint's, and is raised at once."""
+        checkpoint's, and is raised at once, as is a step folder jzero did not write: nothing is
+        set aside then."""
         steps = self.steps()
+        foreign = [step for step in steps if not self.written_by_jzero(step)]
+        if foreign:
+            raise ConfigError(
+                str(self.step_dir(foreign[-1])),
+                f"was not written by jzero (no {' and '.join(f'{i}/' for i in ITEMS)} items); move it out of "
+                f"{self.directory} or choose another run.dir",
+            )
         skipped: list[tuple[int, str]] = []
         for step in reversed(steps):
             try:
@@ -210,6 +265,10 @@ class RunCheckpoints:
                 str(self.directory), f"no committed checkpoint could be read (tried steps {', '.join(map(str, reversed(steps)))})"
             )
         return None
+
+    def written_by_jzero(self, step: int) -> bool:
+        """Whether a committed step folder has jzero's items: the only folders jzero sets aside."""
+        return all((self.step_dir(step) / item).is_dir() for item in ITEMS)
 
     def _set_aside(self, step: int) -> Path:
         """Rename an unreadable step out of Orbax's view (kept, not deleted), so it can be saved again."""

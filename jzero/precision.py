@@ -23,7 +23,9 @@ class Precision:
     """Which dtype each piece of training state and compute uses."""
 
     param_dtype: Any = jnp.float32  # the working parameters, as the model sees them
-    compute_dtype: Any = jnp.float32  # activations and matmuls
+    # What ``make_train_step`` casts the parameters to before calling the loss function (so
+    # activations and matmuls run in it); None: the parameters' own dtype.
+    compute_dtype: Any = None
     master_dtype: Any = jnp.float32  # kept with the optimizer state when params are narrower
     grad_reduce_dtype: Any = None  # dtype gradients are reduced in; None: the params' dtype
     loss_scale: float = 2.0**15  # initial dynamic loss scale, used when anything is float16
@@ -35,7 +37,7 @@ class Precision:
 
     @property
     def scales_loss(self) -> bool:
-        return jnp.float16 in (jnp.dtype(self.param_dtype), jnp.dtype(self.compute_dtype))
+        return jnp.float16 in (jnp.dtype(self.param_dtype), jnp.dtype(self.compute_dtype or self.param_dtype))
 
     @classmethod
     def from_names(cls, param: str, compute: str | None, master: str, grad_reduce: str | None, **kw) -> Precision:

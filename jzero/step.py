@@ -122,7 +122,9 @@ def make_train_step(
 ):
     """``step(state, batch) -> (state, metrics)``, jitted with the plan's shardings.
 
-    ``loss_fn(params, batch)`` returns the scalar mean loss over its batch. With ``microbatches``
+    ``loss_fn(params, batch)`` returns the scalar mean loss over its batch; it receives the
+    parameters cast to ``precision.compute_dtype`` when that is set (gradients come back in the
+    parameters' own dtype). With ``microbatches``
     M > 1 the global batch is split into M equal slices run one after another. At stages >= 2 each
     slice's gradient is reduce-scattered into a buffer with the stage's (1/N_d) gradient spec; at
     stages 0-1 each batch group accumulates its own unreduced gradient and one all-reduce follows
@@ -133,12 +135,15 @@ def make_train_step(
     loss scaling, ``loss_scale``.
     """
 
+    def compute_loss(params: Any, batch: Any) -> jax.Array:
+        return loss_fn(cast(params, precision.compute_dtype), batch).astype(jnp.float32)
+
     def grads_and_loss(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
         """Mean loss and reduced gradient over the global batch, in ``microbatches`` sequential slices."""
 
         def one(mb):
             def scaled_loss(p):
-                loss = loss_fn(p, mb).astype(jnp.float32)
+                loss = compute_loss(p, mb)
                 return (loss * scale if scale is not None else loss), loss
 
             (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
@@ -179,7 +184,7 @@ def make_train_step(
             return jnp.moveaxis(x, 2, 0)
 
         def group_loss(p, mb):
-            loss = loss_fn(p, mb).astype(jnp.float32)
+            loss = compute_loss(p, mb)
             return (loss * scale if scale is not None else loss), loss
 
         group_grad = jax.vmap(jax.value_and_grad(group_loss, has_aux=True), in_axes=(None, 0), spmd_axis_name=axes)

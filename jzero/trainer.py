@@ -10,6 +10,8 @@ import copy
 import dataclasses
 import json
 import math
+import os
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -309,17 +311,48 @@ class TrainingHalted(RuntimeError):
         super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
 
 
-def prepare_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
-    """Create ``run.dir``; returns it and whether it already holds a run. Without ``resume`` a
-    folder that holds a run is refused, so nothing is overwritten."""
+def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
+    """``run.dir`` and whether it already holds a run, writing nothing. Without ``resume`` a folder
+    that holds a run is refused, so nothing is overwritten; a path that cannot be a folder is refused."""
     run_dir = Path(path)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError("run.dir", f"{run_dir} exists and is not a folder")
+    for folder in (run_dir, *run_dir.parents):  # the nearest existing ancestor must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                raise ConfigError("run.dir", f"{folder} is a file, not a folder")
+            break
     existing = [name for name in ("metrics.jsonl", "config.yaml", CHECKPOINTS) if (run_dir / name).exists()]
     if existing and not resume:
         raise ConfigError("--no-resume", f"{run_dir} already holds a run ({', '.join(existing)}); choose another run.dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir, bool(existing)
+
+
+def create_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError("run.dir", f"cannot create {run_dir}: {err.strerror or err}") from None
+
+
+def trim_metrics(path: Path, last_step: int) -> int:
+    """Drop the records past ``last_step`` (and a torn last line) from ``metrics.jsonl``, atomically,
+    so a resumed run logs each step once. Returns how many were dropped."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(errors="replace").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= last_step:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_name(f".{path.name}.trim-{os.getpid()}")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 @dataclasses.dataclass
@@ -334,11 +367,11 @@ class RunResult:
 
 
 def initial_state(
-    s: Setup, checkpoints: RunCheckpoints, data: TextBatches, note: Callable[[str], None]
+    s: Setup, checkpoints: RunCheckpoints | None, data: TextBatches, note: Callable[[str], None]
 ) -> tuple[TrainState, int]:
     """The latest committed checkpoint (onto this run's mesh and stage), else ``train.init_from``,
     else a fresh init. Returns the state and the step it is at."""
-    restored = checkpoints.restore_latest(s.abstract_state(), warn=note)
+    restored = checkpoints.restore_latest(s.abstract_state(), warn=note) if checkpoints is not None else None
     if restored is not None:
         start = data.check_state(restored.data)
         changed = changes(restored.meta, mesh_shape(s.mesh), s.plan.stage)
@@ -404,15 +437,31 @@ def train(config: Config, *, progress: bool = True, data: TextBatches | None = N
     if data is None:
         m, t = config.model, config.train
         data = text_batches(config.data.path, config.data.max_bytes, m.seq_len, t.global_batch_size, config.seed)
-    run_dir, existing = prepare_run_dir(config.run.dir, resume)
-    checkpoints = RunCheckpoints(run_dir, config.checkpoint)
+    # Everything that can refuse the run does so here, before anything is written or drawn.
+    run_dir, existing = check_run_dir(config.run.dir, resume)
+    notes: list[str] = []
+    checkpoints = RunCheckpoints(run_dir, config.checkpoint) if (run_dir / CHECKPOINTS).is_dir() else None
+    try:
+        state, start = initial_state(s, checkpoints, data, notes.append)
+    except BaseException:
+        for line in notes:  # checkpoints set aside on the way
+            print(line, file=sys.stderr)
+        if checkpoints is not None:
+            checkpoints.close()
+        raise
+    create_run_dir(run_dir)
+    checkpoints = checkpoints or RunCheckpoints(run_dir, config.checkpoint)
     if not existing:
         (run_dir / "config.yaml").write_text(dump_config(config))
+    dropped = trim_metrics(run_dir / "metrics.jsonl", start)
+    if dropped:
+        notes.append(f"dropped {dropped} metrics.jsonl records past step {start}, which this run logs again")
     meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
     steps = config.train.steps
 
     with TrainProgress(steps, enabled=progress) as bar, Preemption() as preemption:
-        state, start = initial_state(s, checkpoints, data, bar.announce)
+        for line in notes:
+            bar.announce(line)
         result = RunResult([], start, start, [])
         if start >= steps:
             bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, TINY, assert_trees_close, tiny_config
+from conftest import LR, TINY, reference_with_floor, tiny_config
 
 from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
 from jzero.cli import main
@@ -185,13 +186,16 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         for got, expected in zip(host(restored.state), want, strict=True):
             assert got.dtype == expected.dtype and np.array_equal(got, expected)
         state = restored.state
+    start = jax.device_get((state.params, state.opt_state))  # the step below donates state
     after_one_device, _ = s.make_step()(state, data.device_batch(3, s.plan.batch))
     original = setup(tiny_config(LR, "zero.stage=3"))
     ckpts = RunCheckpoints(tmp_path / "0")
-    reference = ckpts.restore(3, original.abstract_state()).state
-    reference, _ = original.make_step()(reference, data.device_batch(3, original.plan.batch))
-    assert_trees_close(after_one_device.params, reference.params)
-    assert_trees_close(after_one_device.opt_state, reference.opt_state)
+    restored = ckpts.restore(3, original.abstract_state()).state
+    after_dp8, _ = original.make_step()(restored, data.device_batch(3, original.plan.batch))
+    # Both equal one-device optax from the restored state, within 10x its reordering floor.
+    reference = reference_with_floor(None, s.loss_fn, s.tx, None, lambda k: jnp.asarray(data.global_batch(3)), 1, start=start)
+    for after in (after_one_device, after_dp8):
+        reference.check(params=after.params, opt_state=after.opt_state)
 
 
 def test_resume_with_other_shapes_lists_the_paths(devices, tmp_path, capsys):

@@ -4,7 +4,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
+from conftest import reference_with_floor
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -38,8 +41,11 @@ def test_linen_loop_trains(devices, linen_loop, stage, capsys):
 
 
 def test_stages_agree_on_the_linen_loop(linen_loop):
-    a, b = linen_loop.main(steps=10, stage=0), linen_loop.main(steps=10, stage=3)
-    assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    """Stage 0 and stage 3 both give one-device optax's losses, within 10x the reordering floor."""
+    init_fn, loss_fn, tx, key = linen_loop.training_parts()
+    reference = reference_with_floor(init_fn, loss_fn, tx, key, lambda k: jax.tree.map(jnp.asarray, linen_loop.make_batch(k)), 10)
+    for stage in (0, 3):
+        reference.check(losses=linen_loop.main(steps=10, stage=stage))
 
 
 def test_nnx_loop_trains_on_dp4_mp2(devices, nnx_loop, capsys):

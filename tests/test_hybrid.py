@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import LR, STEPS, assert_trees_close, reference_run, tiny_config, train_sharded
+from conftest import LR, STEPS, reference_with_floor, tiny_config, train_sharded
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -71,7 +71,7 @@ def test_dp4_mp2_matches_reference(devices, data, reference, stage):
     assert specs["blocks/mlp_in/kernel"] == P(None, None, "model")  # Megatron: MLP hidden on model
     assert specs["embed/embedding"] == P("model", None)  # vocabulary on model
     state = train_sharded(s, data.device_batch)
-    assert_trees_close(state.params, reference[0])
+    reference.check(params=state.params, opt_state=state.opt_state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,9 +127,8 @@ def test_unannotated_model_at_stage3_on_dp8(devices, data):
     allowance = 4 * kept_whole * (1 - 1 / 8)
     assert live == pytest.approx(_fp32_adam_formula(psi, 3, 8) + allowance, rel=0.02)
 
-    ref_params, ref_opt = reference_run(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
-    assert_trees_close(state.params, ref_params)
-    assert_trees_close(state.opt_state, ref_opt)
+    reference = reference_with_floor(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
+    reference.check(params=state.params, opt_state=state.opt_state)
 
 
 def test_path_rules_place_an_unannotated_model_on_model(devices):
@@ -207,8 +206,8 @@ def test_nnx_model_trains_sharded_and_matches_reference(devices, data, axes):
     step = make_train_step(loss_fn, tx, plan)
     for k in range(STEPS):
         state, _ = step(state, data.device_batch(k, plan.batch))
-    ref_params, _ = reference_run(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
-    assert_trees_close(state.params, ref_params)
+    reference = reference_with_floor(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
+    reference.check(params=state.params, opt_state=state.opt_state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +232,7 @@ def test_replica2_data4(devices, data, reference):
     state = train_sharded(s, data.device_batch)
     live = ledger.live_bytes_per_device(state.params) + ledger.live_bytes_per_device(state.opt_state)
     assert live == pytest.approx(12 * psi / 4, rel=0.02)
-    assert_trees_close(state.params, reference[0])
+    reference.check(params=state.params, opt_state=state.opt_state)
 
 
 def test_replica_mesh_file_and_dcn(devices, tmp_path):

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import pytest
-from conftest import reference_run, tiny_config
+from conftest import reference_with_floor, tiny_config
 
 from jzero.checkpoint import CHECKPOINTS, RunCheckpoints
 from jzero.data import text_batches
@@ -48,15 +47,15 @@ def test_dcn_axis_spans_processes(tmp_path):
     assert results[0]["grid_processes"] == [[0, 0, 0, 0], [1, 1, 1, 1]]
     assert results[0]["losses"] == results[1]["losses"]
 
-    # Two ZeRO-3 steps across processes give one device's losses.
     s = setup(tiny_config("data.max_bytes=100000", "mesh.axes.data=1"), devices=jax.devices()[:1])
     data = text_batches(None, 100_000, 16, 16, 0)
 
     def batch(k):
         return jnp.asarray(data.global_batch(k))
 
-    want = [float(s.loss_fn(reference_run(s.init_fn, s.loss_fn, s.tx, s.rng, batch, steps=k)[0], batch(k))) for k in (0, 1)]
-    assert results[0]["losses"][:2] == pytest.approx(want, rel=1e-5)
+    # Three ZeRO-3 steps across processes give one device's losses, within 10x the reordering floor.
+    reference = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, batch, steps=3)
+    reference.check(losses=results[0]["losses"])
 
     # The checkpoint both processes wrote (each its own shards) restores in this one process, on
     # one device at stage 0, and gives the two-process run's third loss.
@@ -64,4 +63,4 @@ def test_dcn_axis_spans_processes(tmp_path):
     assert sorted(p.name for p in state_dir.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
     restored = RunCheckpoints(tmp_path / "run").restore(2, s.abstract_state())
     assert int(restored.state.step) == 2 and restored.data["next_step"] == 2
-    assert float(s.loss_fn(restored.state.params, batch(2))) == pytest.approx(results[0]["losses"][2], rel=1e-5)
+    reference.check(losses=[*results[0]["losses"][:2], float(s.loss_fn(restored.state.params, batch(2)))])

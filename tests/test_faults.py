@@ -1,0 +1,234 @@
+"""Faults and refusals around a run directory: restore racing a save, folders jzero did not write,
+refusals before anything is written, metrics after a kill, and no library noise on any exit path.
+Faults run as real subprocesses with real signals, and a real full disk where one can be mounted."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+from test_checkpoint import cli_args, host, jzero_process, run_config
+
+from jzero.checkpoint import CHECKPOINTS, RunCheckpoints, describe
+from jzero.cli import main
+from jzero.trainer import setup, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes: what "nothing was changed" is checked against."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def stderr_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Restore never races a save
+
+
+def test_save_then_restore_at_once_never_sets_anything_aside(devices, tmp_path):
+    """The README's own-loop pattern with async saves (the default): save, then restore at once,
+    20 rounds. Every restore waits for the write in flight and reads the step just saved."""
+    s = setup(tiny_config("zero.stage=3"))
+    state = s.init_state()
+    checkpoints = RunCheckpoints(tmp_path)
+    warnings = []
+    for step in range(1, 21):
+        assert checkpoints.save(step, state)
+        restored = checkpoints.restore_latest(s.abstract_state(), warn=warnings.append)
+        assert restored.step == step and restored.skipped == []
+        state = restored.state
+    checkpoints.close()
+    assert warnings == []
+    assert sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir()) == ["18", "19", "20"]  # keep=3, nothing set aside
+    for got, want in zip(host(state), host(s.init_state()), strict=True):
+        assert np.array_equal(got, want)
+
+
+def test_restore_of_a_step_being_written_waits_for_it(devices, tmp_path):
+    s = setup(tiny_config())
+    checkpoints = RunCheckpoints(tmp_path)
+    assert checkpoints.save(5, s.init_state())
+    assert checkpoints.restore(5, s.abstract_state()).step == 5
+    assert not any(".unreadable-" in p.name for p in (tmp_path / CHECKPOINTS).iterdir())
+    checkpoints.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Folders jzero did not write
+
+
+def test_step_folders_jzero_did_not_write_are_refused_and_left_alone(devices, tmp_path, capsys):
+    run = tmp_path / "theirs"
+    for step in (1, 3, 5, 7):
+        (run / CHECKPOINTS / str(step)).mkdir(parents=True)
+        (run / CHECKPOINTS / str(step) / "weights.bin").write_bytes(b"not jzero's " * step)
+    before = snapshot(run)
+    code = main(["train", "--quiet", *cli_args(run)])
+    err = stderr_lines(capsys.readouterr().err)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"jzero: error: {(run / CHECKPOINTS / '7').absolute()}: was not written by jzero")
+    assert snapshot(run) == before  # nothing renamed, nothing added (no config.yaml either)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every refusal comes before anything is written or drawn
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ("train.global_batch_size=32", "train.global_batch_size"),
+        ("seed=1", "seed"),
+        ("model.d_model=64", "checkpoints/2"),
+        ("data.max_bytes=100000", "data.path"),
+    ],
+)
+def test_a_refused_resume_is_one_line_and_changes_nothing(devices, tmp_path, capsys, change, key):
+    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    code = main(["train", *cli_args(tmp_path, "train.steps=4", change)])  # with the progress bar
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(stderr_lines(err)) == 1, err
+    assert err.startswith("jzero: error: ") and key in err.splitlines()[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_init_from_writes_no_run_dir(devices, tmp_path, capsys):
+    run, missing = tmp_path / "run", tmp_path / "nope.safetensors"
+    code = main(["train", *cli_args(run, f"train.init_from={missing}")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and stderr_lines(err) == [f"jzero: error: train.init_from: {missing} does not exist"]
+    assert not run.exists()
+
+
+def test_run_dir_under_a_file_is_one_line(devices, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    code = main(["train", "--quiet", *cli_args(tmp_path / "notes.txt" / "run")])
+    err = stderr_lines(capsys.readouterr().err)
+    assert code == 2 and err == [f"jzero: error: run.dir: {tmp_path / 'notes.txt'} is a file, not a folder"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics.jsonl after a kill
+
+
+def test_metrics_hold_one_row_per_step_after_a_kill_and_a_resume(devices, tmp_path):
+    steps = ["train.steps=40", "run.log_every=1", "checkpoint.every=4"]
+    metrics, folder = tmp_path / "metrics.jsonl", tmp_path / CHECKPOINTS
+    proc = jzero_process(tmp_path, *steps)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:  # kill once rows past a commit are logged
+        committed = max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=0) if folder.is_dir() else 0
+        if committed and len(metrics.read_text().splitlines()) >= committed + 2:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.endswith("}")]
+    committed = max(r["step"] for r in describe(tmp_path) if r["committed"])
+    assert max(logged) > committed, (logged, committed)  # steps past the checkpoint were logged
+    with open(metrics, "a") as f:
+        f.write('{"step": 99, "lo')  # and a line torn by the kill
+    result = train(run_config(tmp_path, *steps), progress=False)
+    assert result.start_step == committed
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(range(1, 41))
+
+
+# ---------------------------------------------------------------------------------------------
+# No library noise on any exit path
+
+
+def jzero_cli(*args, cwd=ROOT, timeout=300):
+    return subprocess.run([sys.executable, "-m", "jzero.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def damage(step_dir: Path, how: str) -> None:
+    state = step_dir / "state"
+    if how == "truncate-all-data":  # the case that printed thousands of tracebacks
+        for f in state.rglob("d/*"):
+            os.truncate(f, 100)
+    elif how == "truncate-index":
+        for f in (state / "d").iterdir():
+            os.truncate(f, 20)
+    elif how == "truncate-manifest":
+        os.truncate(state / "manifest.ocdbt", 5)
+
+
+@pytest.mark.parametrize("how", ["truncate-all-data", "truncate-index", "truncate-manifest"])
+def test_resume_past_a_damaged_checkpoint_is_quiet(devices, tmp_path, how):
+    train(run_config(tmp_path, "train.steps=4"), progress=False)
+    damage(tmp_path / CHECKPOINTS / "4", how)
+    done = jzero_cli("train", "--quiet", *cli_args(tmp_path, "train.steps=6"))
+    err = stderr_lines(done.stderr)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and len(err) <= 3, err
+    assert err[0].startswith(f"jzero: warning: checkpoint {tmp_path / CHECKPOINTS / '4'} is unreadable")
+    assert f"resumed from {tmp_path / CHECKPOINTS / '2'}" in err[1]
+
+
+@pytest.mark.parametrize("how", ["truncate-index", "truncate-manifest", "truncate-all-data"])
+def test_export_of_a_damaged_checkpoint_is_one_line(devices, tmp_path, how):
+    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    damage(tmp_path / CHECKPOINTS / "2", how)
+    done = jzero_cli("checkpoint", "export", str(tmp_path), "--out", str(tmp_path / "p.safetensors"))
+    assert done.returncode == 2 and len(stderr_lines(done.stderr)) == 1, done.stderr[-3000:]
+    assert done.stderr.startswith(f"jzero: error: {tmp_path / CHECKPOINTS / '2'}")
+    assert not (tmp_path / "p.safetensors").exists()
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A real tmpfs of ``size`` at ``path`` (root only); skips where it cannot be mounted."""
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)])
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line(devices, tmp_path):
+    """The run dir on a 300 KiB tmpfs: config, ledger and metrics fit, the first checkpoint does not."""
+    with small_disk(tmp_path / "disk", "300k") as disk:
+        done = jzero_cli("train", "--quiet", *cli_args(disk / "run", "train.steps=4"))
+        err = stderr_lines(done.stderr)
+        assert done.returncode == 1 and len(err) == 1, done.stderr[-3000:]
+        assert err[0].startswith(f"jzero: checkpoint: writing step 2 to {(disk / 'run' / CHECKPOINTS / '2').absolute()} failed")
+        assert "RESOURCE_EXHAUSTED" in err[0] or "No space left" in err[0]
+        assert not [r for r in describe(disk / "run") if r["committed"]]
+
+
+def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):
+    """The first SIGINT asks for a save; a second one right after aborts it. One notice, one line
+    for the abort, exit 130, no traceback; every committed step still reads back."""
+    proc = jzero_process(tmp_path, "train.steps=100000", "checkpoint.every=2", "run.log_every=1")
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and stderr_lines(err)[-1] == "jzero: interrupted", err[-3000:]
+    assert len(stderr_lines(err)) <= 2, err[-3000:]
+    s = setup(run_config(tmp_path))
+    checkpoints = RunCheckpoints(tmp_path, read_only=True)
+    for step in checkpoints.steps():
+        assert int(checkpoints.restore(step, s.abstract_state()).state.step) == step
+    checkpoints.close()
