@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tmp", default=None, help="where checkpoints are written (default: a temporary folder)")
     args = parser.parse_args(argv)
 
-    from jzero.config import CheckpointConfig, load_config
+    from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
+    from jzero.schema import CheckpointConfig
 
     config = load_config(args.config, args.set)
     simulate_cpu_devices(config.runtime.cpu_devices)
@@ -61,9 +62,9 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from jzero import ledger
+    from jzero.build import setup
     from jzero.checkpoint import RunCheckpoints
     from jzero.mesh import mesh_shape
-    from jzero.trainer import setup
 
     s = setup(config)
     state = jax.block_until_ready(mid_training(s.init_state(), s.plan.state))

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from jzero import ledger
+    from jzero.build import setup
     from jzero.data import text_batches
-    from jzero.trainer import setup
 
     m, t = base.model, base.train
     data = text_batches(base.data.path, base.data.max_bytes, m.seq_len, t.global_batch_size, base.seed)
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
 def peak_bytes(config_path: str, overrides: list[str]) -> tuple[int, int]:
     """(parameters, compiled per-device peak) of a config, compiled from shapes only."""
     from jzero import ledger
+    from jzero.build import setup
     from jzero.config import load_config
-    from jzero.trainer import setup
 
     s = setup(load_config(config_path, overrides))
     _, compiled = s.compile_step()

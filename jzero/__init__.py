@@ -23,18 +23,21 @@ from typing import TYPE_CHECKING, Any
 
 _WHERE = {
     "RunCheckpoints": "jzero.checkpoint",
-    "CheckpointConfig": "jzero.config",
-    "Config": "jzero.config",
-    "ConfigError": "jzero.config",
-    "default_rules": "jzero.config",
+    "CheckpointConfig": "jzero.schema",
+    "Config": "jzero.schema",
+    "ConfigError": "jzero.errors",
+    "JzeroError": "jzero.errors",
+    "PlanError": "jzero.errors",
+    "CheckpointError": "jzero.errors",
+    "default_rules": "jzero.plan",
     "load_config": "jzero.config",
     "live_bytes_per_device": "jzero.ledger",
-    "paper_bytes_per_device": "jzero.ledger",
+    "paper_bytes_per_device": "jzero.stages",
     "parse_collectives": "jzero.ledger",
     "make_mesh": "jzero.mesh",
-    "STAGES": "jzero.plan",
+    "STAGES": "jzero.stages",
     "Plan": "jzero.plan",
-    "StageRule": "jzero.plan",
+    "StageRule": "jzero.stages",
     "make_plan": "jzero.plan",
     "Precision": "jzero.precision",
     "TrainState": "jzero.state",
@@ -47,9 +50,12 @@ _WHERE = {
 __all__ = [
     "STAGES",
     "CheckpointConfig",
+    "CheckpointError",
     "Config",
     "ConfigError",
+    "JzeroError",
     "Plan",
+    "PlanError",
     "Precision",
     "RunCheckpoints",
     "StageRule",
@@ -70,11 +76,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from jzero.checkpoint import RunCheckpoints
-    from jzero.config import CheckpointConfig, Config, ConfigError, default_rules, load_config
-    from jzero.ledger import live_bytes_per_device, paper_bytes_per_device, parse_collectives
+    from jzero.config import load_config
+    from jzero.errors import CheckpointError, ConfigError, JzeroError, PlanError
+    from jzero.ledger import live_bytes_per_device, parse_collectives
     from jzero.mesh import make_mesh
-    from jzero.plan import STAGES, Plan, StageRule, make_plan
+    from jzero.plan import Plan, default_rules, make_plan
     from jzero.precision import Precision
+    from jzero.schema import CheckpointConfig, Config
+    from jzero.stages import STAGES, StageRule, paper_bytes_per_device
     from jzero.state import TrainState
     from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
 

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jzero.config import CheckpointConfig, ConfigError
+from jzero.errors import CheckpointError, JzeroError
+from jzero.schema import CheckpointConfig
 from jzero.state import TrainState
 
 CHECKPOINTS = "checkpoints"
@@ -100,14 +101,7 @@ class Restored:
 def tree_paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[str, Any]:
     """``{"params/blocks/mlp_in/kernel": leaf, ...}`` for any pytree (dicts, lists, dataclasses)."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-    return {"/".join(_key(k) for k in path): leaf for path, leaf in leaves}
-
-
-def _key(k: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf for path, leaf in leaves}
 
 
 def _is_array_metadata(x: Any) -> bool:
@@ -150,7 +144,7 @@ class RunCheckpoints:
         self.every = cfg.every
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
         if read_only and not self.directory.is_dir():
-            raise ConfigError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
+            raise CheckpointError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             enable_async_checkpointing=cfg.async_,
@@ -220,11 +214,11 @@ class RunCheckpoints:
     def restore(self, step: int, target: TrainState) -> Restored:
         """Read ``step`` into ``target``'s shardings (``ShapeDtypeStruct`` leaves with ``sharding``)."""
         if step not in self.steps():  # waits for a write in flight
-            raise ConfigError(str(self.step_dir(step)), "is not a committed checkpoint")
+            raise CheckpointError(str(self.step_dir(step)), "is not a committed checkpoint")
         mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)
         if mismatched:
             shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more" if len(mismatched) > 4 else "")
-            raise ConfigError(str(self.step_dir(step)), f"the model's shapes differ from the checkpoint's: {shown}")
+            raise CheckpointError(str(self.step_dir(step)), f"the model's shapes differ from the checkpoint's: {shown}")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
         )
@@ -240,7 +234,7 @@ class RunCheckpoints:
         steps = self.steps()
         foreign = [step for step in steps if not self.written_by_jzero(step)]
         if foreign:
-            raise ConfigError(
+            raise CheckpointError(
                 str(self.step_dir(foreign[-1])),
                 f"was not written by jzero (no {' and '.join(f'{i}/' for i in ITEMS)} items); move it out of "
                 f"{self.directory} or choose another run.dir",
@@ -249,7 +243,7 @@ class RunCheckpoints:
         for step in reversed(steps):
             try:
                 restored = self.restore(step, target)
-            except ConfigError:
+            except JzeroError:
                 raise
             except Exception as err:
                 reason = error_line(err)
@@ -261,7 +255,7 @@ class RunCheckpoints:
             restored.skipped = skipped
             return restored
         if steps:
-            raise ConfigError(
+            raise CheckpointError(
                 str(self.directory), f"no committed checkpoint could be read (tried steps {', '.join(map(str, reversed(steps)))})"
             )
         return None
@@ -291,7 +285,7 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every checkpoint folder of a run, committed or not: step, committed, mesh, stage, bytes, path."""
     directory = Path(run_dir) / CHECKPOINTS
     if not directory.is_dir():
-        raise ConfigError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
+        raise CheckpointError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
     checkpoints = RunCheckpoints(run_dir, read_only=True)
     committed = set(checkpoints.steps())
     checkpoints.close()

@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import NoReturn
 
-from jzero.config import EXPORT_DTYPES, Config, ConfigError, load_config
+from jzero.config import load_config
+from jzero.errors import JzeroError
+from jzero.schema import EXPORT_DTYPES, Config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,18 +97,20 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from jzero.analysis import one_group_reference, plan_report, with_scaling, with_verdict
+    from jzero.build import setup
     from jzero.estimate import parse_memory
     from jzero.report import format_all_stages, format_plan
-    from jzero.trainer import one_group_reference, plan_report, setup, with_scaling, with_verdict
+    from jzero.stages import STAGES
 
     config = _load(args)
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
-    stages = range(4) if args.all_stages else [config.zero.stage]
-    reference = one_group_reference(config)  # the same for every stage: one group partitions nothing
+    built = setup(config)  # the mesh, model and abstract state once; each stage is a new plan of them
+    reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
+    stages = STAGES if args.all_stages else [config.zero.stage]
     reports = {}
     for stage in stages:
-        config.zero.stage = stage
-        reports[str(stage)] = with_scaling(with_verdict(plan_report(setup(config)), memory), reference)
+        reports[str(stage)] = with_scaling(with_verdict(plan_report(built.replan(stage)), memory), reference)
     if args.all_stages:
         print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))
     else:
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         return args.func(args)
-    except ConfigError as err:
+    except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it
         print(f"jzero: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from jzero.config import ConfigError
+from jzero.errors import ConfigError
 
 
 def stdlib_sources() -> list[Path]:

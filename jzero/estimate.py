@@ -11,7 +11,9 @@ import math
 import re
 from typing import Any
 
-from jzero.config import MAX_INT32, MAX_PARAMS, ConfigError, show_value
+from jzero.errors import ConfigError, show_value
+from jzero.schema import MAX_INT32, MAX_PARAMS
+from jzero.stages import STAGES, paper_parts_per_device
 
 # Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
 # gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
@@ -87,12 +89,10 @@ def estimate(
         raise ConfigError("--devices", f"must be at most {MAX_INT32}, got {devices}")
     if model_parallel < 1 or devices % model_parallel:
         raise ConfigError("--model-parallel", f"{model_parallel} does not divide --devices {devices}")
-    from jzero.ledger import paper_parts_per_device  # here: the ledger imports JAX, the estimate needs none
-
     p, g, k = bytes_per_param(precision, optimizer)
     n_d = devices // model_parallel
     stages = {}
-    for stage in range(4):
+    for stage in STAGES:
         parts = paper_parts_per_device(params, stage, n_d, k=k, param_bytes=p, grad_bytes=g, n_m=model_parallel)
         row: dict[str, Any] = {name: int(round(v)) for name, v in parts.items()}
         if memory_per_device is not None:
@@ -119,14 +119,13 @@ def format_estimate(result: dict[str, Any]) -> str:
         f"N_m = {result['model_parallel']}, {result['precision']} precision, {result['optimizer']} "
         f"({b['params']:g} + {b['grads']:g} + K={b['optimizer']:g} bytes per parameter)",
         "",
-        f"  {'stage':<6} {'partitioned':<14} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}"
+        f"  {'stage':<6} {'partitioned':<16} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}"
         + ("  fits" if result["memory_per_device"] else ""),
     ]
-    names = {"0": "nothing (DP)", "1": "optimizer", "2": "+ gradients", "3": "+ parameters"}
     for stage, row in result["stages"].items():
         cells = " ".join(f"{row[k] / gb:>7.3g} GB" for k in ("params", "grads", "optimizer", "total"))  # the paper's 3 digits
         fits = ("  yes" if row["fits"] else "  no") if "fits" in row else ""
-        lines.append(f"  {stage:<6} {names[stage]:<14} {cells}{fits}")
+        lines.append(f"  {stage:<6} {STAGES[int(stage)].partitioned:<16} {cells}{fits}")
     if result["memory_per_device"]:
         fitting = [s for s, row in result["stages"].items() if row["fits"]]
         budget = f"{result['memory_per_device'] / gb:g} GB"

@@ -30,7 +30,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jzero.checkpoint import RunCheckpoints, array_metadata, error_line, tree_paths
-from jzero.config import EXPORT_DTYPES, ConfigError, clip, show_value
+from jzero.errors import CheckpointError, ConfigError, clip, show_value
+from jzero.schema import EXPORT_DTYPES
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
@@ -194,7 +195,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
     steps = checkpoints.steps()
     checkpoints.close()  # only its listing is needed; the tensors are read one by one below
     if not steps:
-        raise ConfigError(str(run_dir), "holds no committed checkpoint")
+        raise CheckpointError(str(run_dir), "holds no committed checkpoint")
     if step is None:
         step = steps[-1]
     elif step not in steps:
@@ -202,15 +203,15 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
     step_dir = checkpoints.step_dir(step)
     state_dir = step_dir / "state"
 
-    def unreadable(err: Exception) -> ConfigError:
-        return ConfigError(str(step_dir), f"is unreadable ({error_line(err)})")
+    def unreadable(err: Exception) -> CheckpointError:
+        return CheckpointError(str(step_dir), f"is unreadable ({error_line(err)})")
 
     try:
         prefix, params = parameter_arrays(array_metadata(state_dir))
     except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
         raise unreadable(err) from None
     if not params:
-        raise ConfigError(str(state_dir), "holds no parameters")
+        raise CheckpointError(str(state_dir), "holds no parameters")
     tensors = [(name, params[name][0], dtype) for name in sorted(params)]
     meta = {"format": "pt", "producer": "jzero", "step": str(step), "source": prefix.rstrip("/")}
 
@@ -221,7 +222,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
             raise unreadable(err) from None
 
     # From here an OSError is about --out (a full disk, a read-only folder): reading the checkpoint
-    # raises ConfigErrors naming it.
+    # raises CheckpointErrors naming it.
     tmp = None
     try:
         tmp = _new_temporary(out)

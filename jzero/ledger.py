@@ -10,8 +10,6 @@ from typing import Any
 
 import jax
 
-from jzero.plan import STAGES
-
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {
     "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
@@ -158,12 +156,6 @@ def communication_bytes(ops: list[Collective]) -> dict[str, int]:
     return out
 
 
-def paper_communication_bytes(num_params: float, stage: int, grad_bytes: float, n_m: int = 1) -> float:
-    """The paper's data-parallel volume per device per step: 2Ψ (stages 0-2: reduce-scatter and
-    all-gather, or an all-reduce) or 3Ψ (stage 3 gathers parameters in forward and backward)."""
-    return (3 if STAGES[stage].params else 2) * float(num_params) * grad_bytes / n_m
-
-
 def summarize_collectives(ops: list[Collective]) -> dict[str, dict[str, int]]:
     """Op kind -> {count, bytes, in_loop}: ``count`` ops in the program text (a loop body's ops
     count once, however many times the loop runs)."""
@@ -204,26 +196,3 @@ def live_bytes_per_device(tree: Any) -> int:
         for shard in leaf.addressable_shards:
             per_device[shard.device.id] += shard.data.nbytes
     return max(per_device.values()) if per_device else 0
-
-
-def paper_parts_per_device(
-    num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
-) -> dict[str, float]:
-    """The paper's model-state bytes per device, by part: ``params``, ``grads``, ``optimizer`` and
-    ``total``. Each part is its bytes per parameter times Ψ, over N_d where the stage partitions
-    it, and over N_m (model parallelism splits everything)."""
-    rule = STAGES[stage]
-    psi = float(num_params)
-    parts = {
-        "params": param_bytes * psi / (n_d if rule.params else 1) / n_m,
-        "grads": grad_bytes * psi / (n_d if rule.grads else 1) / n_m,
-        "optimizer": k * psi / (n_d if rule.optimizer else 1) / n_m,
-    }
-    return {**parts, "total": sum(parts.values())}
-
-
-def paper_bytes_per_device(
-    num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
-) -> float:
-    """The paper's model-state bytes per device: (2 + 2 + K)Ψ with the stage's parts over N_d."""
-    return paper_parts_per_device(num_params, stage, n_d, k, param_bytes, grad_bytes, n_m)["total"]

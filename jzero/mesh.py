@@ -14,7 +14,7 @@ import jax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from jzero.config import ConfigError
+from jzero.errors import ConfigError
 
 
 def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """ZeRO stages as sharding specs: (abstract state, mesh, stage, rules) -> shardings + a report.
 
-One rule table (:data:`STAGES`) says which of parameters, gradients and optimizer state a stage
+One rule table (:data:`jzero.stages.STAGES`) says which of parameters, gradients and optimizer state a stage
 partitions over ``data``. Every tensor gets two specs:
 
 - ``R``: its model-parallel spec (path rules, else logical names through the rules), replicated
@@ -29,29 +29,33 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jzero.config import ConfigError, default_rules
+from jzero.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
+from jzero.errors import PlanError
+from jzero.stages import StageRule, per_device_parts, stage_rule
 from jzero.state import TrainState
 
-DATA = "data"
-REPLICA = "replica"  # hierarchical partitioning: whole model-state copies per replica group
-SCAN_AXIS = "layers"
 
+def default_rules(axis_names: Sequence[str]) -> list[list]:
+    """Megatron-style logical-axis rules: heads, MLP hidden and vocabulary on ``model``; the batch on
+    ``data`` (and ``replica`` when the mesh has one); everything else unsharded by the rules.
 
-@dataclasses.dataclass(frozen=True)
-class StageRule:
-    """Which model states a ZeRO stage partitions over the ``data`` axis."""
+    Args:
+      axis_names: the mesh's axis names.
 
-    params: bool
-    grads: bool
-    optimizer: bool
-
-
-STAGES: dict[int, StageRule] = {
-    0: StageRule(params=False, grads=False, optimizer=False),  # plain data parallelism
-    1: StageRule(params=False, grads=False, optimizer=True),  # P_os
-    2: StageRule(params=False, grads=True, optimizer=True),  # P_os+g
-    3: StageRule(params=True, grads=True, optimizer=True),  # P_os+g+p
-}
+    Returns:
+      An ordered list of ``[logical_name, mesh_axis_or_axes_or_None]``; the first match wins.
+    """
+    batch = [a for a in BATCH_AXES if a in axis_names] if REPLICA in axis_names else DATA
+    return [
+        ["batch", batch],
+        ["vocab", MODEL],
+        ["embed", None],
+        ["heads", MODEL],
+        ["kv", None],
+        ["mlp", MODEL],
+        [LAYERS, None],
+        ["length", None],
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Plan:
 
     @property
     def rule(self) -> StageRule:
-        return STAGES[self.stage]
+        return stage_rule(self.stage)
 
     @property
     def data_size(self) -> int:
@@ -107,9 +111,9 @@ class Plan:
     def not_on_model(self) -> list[TensorPlan]:
         """With a ``model`` axis of size > 1: parameters no rule splits over it (whole per model group
         before ZeRO)."""
-        if int(self.mesh.shape.get("model", 1)) == 1:
+        if int(self.mesh.shape.get(MODEL, 1)) == 1:
             return []
-        return [t for t in self.tensors if not any("model" in _axes_of(e) for e in t.replicated_spec)]
+        return [t for t in self.tensors if not any(MODEL in _axes_of(e) for e in t.replicated_spec)]
 
     @property
     def num_params(self) -> int:
@@ -127,16 +131,10 @@ class Plan:
 
         For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded.
         """
-        n_d = self.data_size
-        n_m = math.prod(int(s) for a, s in self.mesh.shape.items() if a not in (DATA, REPLICA))
         full_params = sum(t.nbytes for t in self.tensors)
         full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
-        rule = self.rule
-        params = full_params / (n_d if rule.params else 1) / n_m
-        grads = full_params / (n_d if rule.grads else 1) / n_m
-        opt = full_opt / (n_d if rule.optimizer else 1) / n_m
-        out = {"params": params, "grads": grads, "optimizer": opt}
-        out = {k: int(round(v)) for k, v in out.items()}
+        parts = per_device_parts(full_params, full_params, full_opt, self.stage, self.data_size, model_ways(self.mesh.shape))
+        out = {k: int(round(parts[k])) for k in ("params", "grads", "optimizer")}
         out["total"] = sum(out.values())
         return out
 
@@ -148,10 +146,9 @@ def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
 
 def path_str(path: Sequence[Any]) -> str:
     """``a/b/kernel`` for a tree path; NNX's trailing ``.value`` attribute is left out."""
-    names = [_key_name(k) for k in path]
     if path and getattr(path[-1], "name", None) == "value":
-        names = names[:-1]
-    return "/".join(names)
+        path = path[:-1]
+    return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
 
 
 def logical_names(params: Any) -> dict[str, tuple | None]:
@@ -160,13 +157,6 @@ def logical_names(params: Any) -> dict[str, tuple | None]:
     get_spec = nnx.get_partition_spec if isinstance(params, nnx.State) else nn.get_partition_spec
     specs = jax.tree_util.tree_flatten_with_path(get_spec(params), is_leaf=lambda x: isinstance(x, P))[0]
     return {path_str(path): (tuple(spec) if isinstance(spec, P) and len(spec) else None) for path, spec in specs}
-
-
-def _key_name(key: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
 
 
 def _axes_of(entry: Any) -> tuple[str, ...]:
@@ -190,13 +180,13 @@ def logical_to_mesh(name: str | None, rules: Sequence[Sequence[Any]]) -> Any:
 def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: Mesh, rules, path_rules=()) -> P:
     """The tensor's model-parallel spec, from the first matching path rule, else its logical names
     through ``rules``; checks that each axis exists, divides its dimension and is used once."""
+    where = f"{path} {list(shape)}"
     mesh_axes = None
     for pattern, spec in path_rules:
         if re.search(pattern, path):
             if len(spec) != len(shape):
-                raise ConfigError(
-                    "partitioning.path_rules", f"{path} {list(shape)}: rule {pattern!r} gives {len(spec)} dims, not {len(shape)}"
-                )
+                gives = f"path rule {pattern!r} gives {len(spec)} dims, not {len(shape)}"
+                raise PlanError(where, f"{gives} (partitioning.path_rules)")
             mesh_axes = [tuple(a) if isinstance(a, list) else a for a in spec]
             break
     if mesh_axes is None and logical:
@@ -208,16 +198,14 @@ def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: 
         axes = _axes_of(entry)
         for axis in axes:
             if axis not in mesh.shape:
-                raise ConfigError("partitioning.rules", f"{path} {list(shape)}: mesh axis {axis!r} does not exist")
+                raise PlanError(where, f"mesh axis {axis!r} does not exist (partitioning.rules)")
             if axis in used:
-                raise ConfigError("partitioning.rules", f"{path} {list(shape)}: mesh axis {axis!r} used twice")
+                raise PlanError(where, f"mesh axis {axis!r} used twice (partitioning.rules)")
             used.add(axis)
         factor = math.prod(int(mesh.shape[a]) for a in axes)
         if size % factor:
-            raise ConfigError(
-                "partitioning.rules",
-                f"{path} {list(shape)}: dimension {dim} ({size}) is not divisible by mesh axis {entry!r} ({factor})",
-            )
+            problem = f"dimension {dim} ({size}) is not divisible by mesh axis {entry!r} ({factor})"
+            raise PlanError(where, f"{problem} (partitioning.rules)")
         # A size-1 axis splits nothing; leaving it out keeps the dim free for ZeRO and specs legible.
         real = tuple(a for a in axes if int(mesh.shape[a]) > 1)
         entries.append(real[0] if len(real) == 1 else (real or None))
@@ -231,7 +219,7 @@ def zero_axes(mesh: Mesh) -> tuple[str, ...]:
     A tensor the model axis does not split is held whole by every device of that axis; ZeRO then
     partitions it over ``model`` too, so per-device bytes fall by N_d x N_m as the paper assumes.
     """
-    others = tuple(a for a in mesh.axis_names if a not in (DATA, REPLICA) and int(mesh.shape[a]) > 1)
+    others = tuple(a for a in mesh.axis_names if a not in BATCH_AXES and int(mesh.shape[a]) > 1)
     return (DATA, *others)
 
 
@@ -248,7 +236,7 @@ def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple |
 
     def rank(dim: int) -> tuple:
         # The scan axis last, then dims no model axis uses, then larger first, then earlier first.
-        return (logical[dim] == SCAN_AXIS, entries[dim] is not None, -shape[dim], dim)
+        return (logical[dim] == LAYERS, entries[dim] is not None, -shape[dim], dim)
 
     def place(axis: str) -> int | None:
         for dim in sorted(range(len(shape)), key=rank):
@@ -283,14 +271,12 @@ def make_plan(
     parameters by path (first match wins, before logical names): the way to put an unannotated
     model's tensors on ``model``.
     """
-    if stage not in STAGES:
-        raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {stage}")
+    rule = stage_rule(stage)
     if DATA not in mesh.shape:
-        raise ConfigError("mesh.axes", "must include the 'data' axis")
+        raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
     if rules is None:
         rules = default_rules(mesh.axis_names)
     rules = tuple((name, tuple(axis) if isinstance(axis, list) else axis) for name, axis in rules)
-    rule = STAGES[stage]
 
     names = logical_names(abstract_state.params)
     params = nn.unbox(abstract_state.params)
@@ -357,7 +343,7 @@ def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, 
     leaves, treedef = jax.tree_util.tree_flatten_with_path(opt_state)
     specs, report = [], []
     for path, leaf in leaves:
-        keys = tuple(_key_name(k) for k in path)
+        keys = tuple(jax.tree_util.keystr((k,), simple=True) for k in path)
         shape = tuple(getattr(leaf, "shape", ()))
         dtype = np.dtype(getattr(leaf, "dtype", np.float32))
         matches = (by_path.get(keys[-n:]) for n in lengths if len(keys) >= n)

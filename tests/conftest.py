@@ -191,14 +191,14 @@ def reference(data):
     """The tiny GPT trained 20 steps on one device, with its reordering floor."""
     import jax.numpy as jnp
 
-    from jzero.trainer import setup
+    from jzero.build import setup
 
     s = setup(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
     return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
 def train_sharded(s, batches, steps=STEPS):
-    """Sharded init and ``steps`` compiled steps of a :class:`jzero.trainer.Setup`; returns the final state."""
+    """Sharded init and ``steps`` compiled steps of a :class:`jzero.build.Setup`; returns the final state."""
     state = s.init_state()
     step = s.make_step()
     for k in range(steps):

@@ -4,7 +4,7 @@ import pytest
 from conftest import tiny_config
 
 from jzero import ledger
-from jzero.trainer import setup
+from jzero.build import setup
 
 PER_DEVICE_BATCH = 2
 

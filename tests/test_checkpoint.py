@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 from conftest import LR, TINY, reference_with_floor, tiny_config
 
+from jzero.build import setup
 from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
 from jzero.cli import main
 from jzero.config import ConfigError, load_config
 from jzero.data import text_batches
+from jzero.errors import CheckpointError
 from jzero.export import restore_numpy
-from jzero.trainer import setup, train
+from jzero.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = [*TINY, "mesh.axes.data=8", "zero.stage=3", "checkpoint.every=2", "run.log_every=4"]
@@ -237,7 +239,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(devices, tmp_pat
 def test_no_readable_checkpoint_is_a_clear_error(devices, tmp_path):
     train(run_config(tmp_path, "train.steps=2", "checkpoint.keep=1"), progress=False)
     (tmp_path / CHECKPOINTS / "2" / "state" / "_METADATA").unlink()
-    with pytest.raises(ConfigError, match="no committed checkpoint could be read"):
+    with pytest.raises(CheckpointError, match="no committed checkpoint could be read"):
         train(run_config(tmp_path, "train.steps=4"), progress=False)
 
 

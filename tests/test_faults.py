@@ -16,9 +16,10 @@ import pytest
 from conftest import tiny_config
 from test_checkpoint import cli_args, host, jzero_process, run_config
 
+from jzero.build import setup
 from jzero.checkpoint import CHECKPOINTS, RunCheckpoints, describe
 from jzero.cli import main
-from jzero.trainer import setup, train
+from jzero.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,12 +14,14 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jzero import ledger
+from jzero.build import setup
 from jzero.cli import main
 from jzero.config import ConfigError, load_config
+from jzero.errors import PlanError
 from jzero.mesh import make_mesh
 from jzero.plan import make_plan
+from jzero.stages import paper_bytes_per_device
 from jzero.step import abstract_state, make_train_step, sharded_init
-from jzero.trainer import setup
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT_TINY = ROOT / "configs/gpt-tiny.yaml"
@@ -28,7 +30,7 @@ DP4_MP2 = ["mesh.axes.data=4", "mesh.axes.model=2"]
 
 def _fp32_adam_formula(psi, stage, n_d, n_m=1):
     """The paper's per-device model states for fp32 Adam (4Ψ + 4Ψ + 8Ψ), over N_m."""
-    return ledger.paper_bytes_per_device(psi, stage, n_d, k=8, param_bytes=4, grad_bytes=4, n_m=n_m)
+    return paper_bytes_per_device(psi, stage, n_d, k=8, param_bytes=4, grad_bytes=4, n_m=n_m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,9 +144,9 @@ def test_path_rules_place_an_unannotated_model_on_model(devices):
     specs = {t.path: t.replicated_spec for t in placed.tensors}
     assert specs["Dense_0/kernel"] == P(None, "model") and specs["Dense_1/kernel"] == P("model", None)
     assert "Dense_0/kernel" not in {t.path for t in placed.not_on_model}
-    with pytest.raises(ConfigError, match=r"Dense_0/kernel \[64, 32\]: rule .* gives 1 dims, not 2"):
+    with pytest.raises(PlanError, match=r"Dense_0/kernel \[64, 32\]: path rule .* gives 1 dims, not 2"):
         make_plan(abstract, mesh, 0, path_rules=[[r"Dense_0/kernel$", ["model"]]])
-    with pytest.raises(ConfigError, match=r"odd \[3\]: dimension 0 \(3\) is not divisible by mesh axis 'model' \(2\)"):
+    with pytest.raises(PlanError, match=r"odd \[3\]: dimension 0 \(3\) is not divisible by mesh axis 'model' \(2\)"):
         make_plan(abstract, mesh, 0, path_rules=[[r"^odd$", ["model"]]])
 
 

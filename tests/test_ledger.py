@@ -2,7 +2,8 @@
 
 import pytest
 
-from jzero.ledger import group_size, paper_bytes_per_device, parse_collectives, summarize_collectives
+from jzero.ledger import group_size, parse_collectives, summarize_collectives
+from jzero.stages import paper_bytes_per_device
 
 HLO = """\
 HloModule jit_step, entry_computation_layout={()->()}
@@ -68,9 +69,9 @@ def test_startup_ledger_matches_the_live_arrays(devices, tmp_path, capsys):
     from conftest import TINY
 
     from jzero import ledger as jl
+    from jzero.build import setup
     from jzero.cli import main
     from jzero.config import load_config
-    from jzero.trainer import setup
 
     sets = [*TINY, "train.steps=1", f"run.dir={tmp_path}"]
     assert main(["train", "configs/gpt-tiny.yaml", *(f"--set={o}" for o in sets)]) == 0
@@ -150,7 +151,8 @@ def test_communication_against_the_papers_volume(devices):
     forward and again for the backward pass, up to 2Ψ of all-gathers."""
     from conftest import tiny_config
 
-    from jzero.trainer import plan_report, setup
+    from jzero.analysis import plan_report
+    from jzero.build import setup
 
     for stage in (0, 3):
         report = plan_report(setup(tiny_config(f"zero.stage={stage}")))

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 from conftest import reference_with_floor, tiny_config
 
+from jzero.build import setup
 from jzero.checkpoint import CHECKPOINTS, RunCheckpoints
 from jzero.data import text_batches
-from jzero.trainer import setup
 
 HELPER = Path(__file__).parent / "helpers" / "dcn_mesh.py"
 

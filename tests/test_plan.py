@@ -7,9 +7,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jzero.config import ConfigError
+from jzero.errors import PlanError
 from jzero.mesh import make_mesh
-from jzero.plan import STAGES, data_partition, make_plan
+from jzero.plan import data_partition, make_plan
+from jzero.stages import STAGES
 from jzero.step import abstract_state
 
 
@@ -128,13 +129,13 @@ def test_logical_names_map_to_the_model_axis(devices):
     ],
 )
 def test_bad_rules_name_the_tensor(devices, rules, message):
-    with pytest.raises(ConfigError, match=message) as err:
+    with pytest.raises(PlanError, match=message) as err:
         make_plan(_abstract(Annotated()), make_mesh({"data": 4, "model": 2}), 0, rules)
     assert "w [8, 12]" in str(err.value)
 
 
 def test_model_axis_must_divide(devices):
-    with pytest.raises(ConfigError, match=r"w \[8, 12\]: dimension 1 \(12\) is not divisible by mesh axis 'model' \(8\)"):
+    with pytest.raises(PlanError, match=r"w \[8, 12\]: dimension 1 \(12\) is not divisible by mesh axis 'model' \(8\)"):
         make_plan(_abstract(Annotated()), make_mesh({"data": 1, "model": 8}), 0)
 
 
@@ -152,7 +153,7 @@ def test_plan_bytes_per_stage_follow_formula(devices):
 def test_tied_embeddings_drop_the_lm_head(devices):
     from conftest import tiny_config
 
-    from jzero.trainer import setup
+    from jzero.build import setup
 
     untied = setup(tiny_config()).plan
     tied = setup(tiny_config("model.tie_embeddings=true")).plan
@@ -165,8 +166,8 @@ def test_gpt2_small_config_has_124m_parameters(devices):
     """GPT-2 small's 124.4M less its 1024 x 768 learned positions (rotary here)."""
     from pathlib import Path
 
+    from jzero.build import setup
     from jzero.config import load_config
-    from jzero.trainer import setup
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs/gpt2-small.yaml", ["mesh.axes.data=8"])
     assert setup(cfg).plan.num_params == 124_466_688 - 1024 * 768

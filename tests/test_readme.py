@@ -9,8 +9,8 @@ import jax
 import numpy as np
 from conftest import tiny_config
 
+from jzero.build import setup
 from jzero.checkpoint import RunCheckpoints
-from jzero.trainer import setup
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,9 @@ import pytest
 from conftest import LR, STEPS, reference_run, tiny_config
 
 from jzero import ledger
+from jzero.analysis import lowering_notes
+from jzero.build import setup
 from jzero.step import sharded_init
-from jzero.trainer import lowering_notes, setup
 
 N_D = 8
 

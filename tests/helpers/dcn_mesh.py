@@ -13,10 +13,10 @@ jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
 
+from jzero.build import setup  # noqa: E402
 from jzero.checkpoint import RunCheckpoints  # noqa: E402
 from jzero.config import load_config  # noqa: E402
 from jzero.data import text_batches  # noqa: E402
-from jzero.trainer import setup  # noqa: E402
 
 cfg = load_config(
     None,

@@ -1,0 +1,179 @@
+"""What a compiled plan shows: the ``jzero plan --json`` report and the start-up ledger.
+
+Each report is a plain dict (rendered by :mod:`jzero.report`): the plan's specs and bytes against
+the paper's formulas (:mod:`jzero.stages`), the compiled step's memory, FLOPs and collectives
+(:mod:`jzero.ledger`), and how per-device work scales against one batch group's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+
+from jzero import ledger
+from jzero.axes import BATCH_AXES, batch_ways, model_ways
+from jzero.build import Setup
+from jzero.mesh import make_mesh, mesh_shape
+from jzero.plan import Plan, shard_bytes
+from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
+from jzero.state import TrainState
+
+__all__ = [
+    "communication",
+    "lowering_notes",
+    "one_group_reference",
+    "paper_table",
+    "plan_report",
+    "startup_ledger",
+    "with_scaling",
+    "with_verdict",
+]
+
+
+def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text: str) -> list[str]:
+    """Say what the HLO shows about the gradient reduction, and nothing more."""
+    notes = []
+    if stage_rule(stage).grads:  # the stage reduce-scatters its gradients
+        if "reduce-scatter" in collectives:
+            notes.append("gradients are reduced with reduce-scatter")
+        elif "all-reduce" in collectives and "dynamic-slice" in hlo_text:
+            notes.append(
+                f"{jax.default_backend()} backend: no reduce-scatter op in the HLO; gradients are all-reduced "
+                "and each device keeps its slice (dynamic-slice)"
+            )
+    return notes
+
+
+def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
+    """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives.
+    ``compiled`` is the compiled step when the caller has it already."""
+    if compiled is None:
+        _, compiled = s.compile_step()
+    hlo = compiled.as_text()
+    ops = ledger.parse_collectives(hlo)
+    table = paper_table(s.plan)
+    collectives = ledger.summarize_collectives(ops)
+    plan = s.plan
+    mem = ledger.compiled_memory(compiled)
+    return {
+        "devices": int(s.mesh.size),
+        "mesh": mesh_shape(s.mesh),
+        "stage": plan.stage,
+        "num_params": plan.num_params,
+        "per_device_bytes": plan.per_device_bytes(),
+        "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
+        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
+        "flops_per_device": ledger.flops_per_device(compiled),
+        "collectives": {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in collectives.items()},
+        "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
+        "collective_groups": {k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in collectives},
+        "backend": jax.default_backend(),
+        "notes": lowering_notes(plan.stage, collectives, hlo),
+        "tensors": [
+            {
+                "path": t.path,
+                "shape": list(t.shape),
+                "dtype": str(t.dtype),
+                "param_spec": str(t.param_spec),
+                "grad_spec": str(t.grad_spec),
+                "optimizer_spec": str(t.update_spec),
+                "param_bytes_per_device": shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
+            }
+            for t in plan.tensors
+        ],
+        "replicated": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.replicated],
+        "largest": [
+            {"path": t.path, "shape": list(t.shape), "bytes": t.nbytes}
+            for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:5]
+        ],
+        "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
+        "paper_table": table,
+        "communication": communication(plan, ops, table),
+    }
+
+
+def one_group_reference(s: Setup) -> dict[str, float | None]:
+    """The same model and global batch compiled for one batch group (``data`` = ``replica`` = 1,
+    stage 0): what each device's work and temporaries should be divided by N_d.
+
+    Returns:
+      ``{"flops", "temp"}`` per device of that program.
+    """
+    axes = {name: (1 if name in BATCH_AXES else size) for name, size in mesh_shape(s.mesh).items()}
+    mesh = make_mesh(axes, jax.devices()[: math.prod(axes.values())])
+    _, compiled = s.replan(stage=0, mesh=mesh).compile_step()
+    return {"flops": ledger.flops_per_device(compiled), "temp": ledger.compiled_memory(compiled)["temp"]}
+
+
+def with_scaling(report: dict[str, Any], reference: dict[str, float | None]) -> dict[str, Any]:
+    """Add ``scaling``: per-device FLOPs and temporaries against one batch group's over N_d, and
+    ``flags`` when either fails to shrink (GSPMD replicating work is as costly as a no-op stage)."""
+    groups = batch_ways(report["mesh"])
+    flops, temp = report.get("flops_per_device"), report["compiled"]["temp"]
+    flops_ratio = flops / (reference["flops"] / groups) if flops and reference["flops"] else None
+    temp_ratio = temp / reference["temp"] if reference["temp"] else None
+    flags = []
+    if groups > 1 and flops_ratio is not None and flops_ratio > 1.2:  # clean programs measure 1.00-1.01
+        flags.append(f"per-device FLOPs are {flops_ratio:.1f}x one batch group's / {groups}: work is replicated across data")
+    if groups > 1 and temp_ratio is not None and temp_ratio >= 1:
+        flags.append(f"temporaries do not shrink with the data axis ({temp_ratio:.2f}x one batch group's)")
+    report["scaling"] = {
+        "batch_groups": groups,
+        "flops_one_group": reference["flops"],
+        "flops_ratio_to_predicted": flops_ratio,
+        "temp_one_group": reference["temp"],
+        "temp_ratio": temp_ratio,
+        "flags": flags,
+    }
+    return report
+
+
+def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dict[str, Any]:
+    """Add ``memory_per_device`` and ``fits``: the compiled step's peak per device within it."""
+    report["memory_per_device"] = memory_per_device
+    report["fits"] = None if memory_per_device is None else report["compiled"]["peak"] <= memory_per_device
+    return report
+
+
+def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]:
+    """The plan report of the step this run compiled, with the bytes its live state really holds."""
+    report = plan_report(s, compiled)
+    params = ledger.live_bytes_per_device(state.params)
+    optimizer = ledger.live_bytes_per_device(state.opt_state)
+    report["live_bytes_per_device"] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
+    return report
+
+
+def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any]) -> dict[str, Any]:
+    """Bytes per device per step from the compiled HLO (loops times their trip counts), against
+    the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3), sized from ``table`` (:func:`paper_table`).
+    Tensor-parallel all-reduces count too."""
+    measured = ledger.communication_bytes(ops)
+    paper = paper_communication_bytes(plan.num_params, plan.stage, table["param_bytes"], table["n_m"])
+    total = sum(measured.values())
+    return {
+        "bytes_per_step": measured,
+        "total": total,
+        "paper": paper,
+        "paper_model": f"{plan.rule.communication_units}Ψ",
+        "ratio": total / paper if paper else None,
+    }
+
+
+def paper_table(plan: Plan) -> dict[str, Any]:
+    """The paper's per-stage model-state bytes for this model and mesh (its Figure 1 / Table 1 style):
+    (p + g + K)Ψ with the stage's parts over N_d, then over N_m, where p and g are the parameter and
+    gradient bytes and K the optimizer-state bytes per parameter."""
+    psi = plan.num_params
+    param_bytes = sum(t.nbytes for t in plan.tensors) / psi
+    k = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves) / psi
+    n_d = plan.data_size
+    n_m = model_ways(plan.mesh.shape)
+    sizes = {"k": k, "param_bytes": param_bytes, "grad_bytes": param_bytes, "n_m": n_m}
+    rows = [
+        {"stage": stage, "partitioned": rule.partitioned, "bytes": paper_bytes_per_device(psi, stage, n_d, **sizes)}
+        for stage, rule in STAGES.items()
+    ]
+    return {"psi": psi, "k": round(k, 3), "param_bytes": param_bytes, "n_d": n_d, "n_m": n_m, "rows": rows}

@@ -1,0 +1,28 @@
+"""The mesh axis names, spelled once, and what follows from a mesh's sizes alone.
+
+No JAX here: the config layer reads these before JAX starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+__all__ = ["BATCH_AXES", "DATA", "KNOWN_MESH_AXES", "LAYERS", "MODEL", "REPLICA", "batch_ways", "model_ways"]
+
+REPLICA = "replica"  # hierarchical partitioning: whole model-state copies per replica group
+DATA = "data"  # ZeRO's partitioning and the batch
+MODEL = "model"  # tensor (model) parallelism
+KNOWN_MESH_AXES = (REPLICA, DATA, MODEL)
+BATCH_AXES = (REPLICA, DATA)  # the batch is split over both; model states only over data
+LAYERS = "layers"  # the logical name of a scanned model's stacked-layer dimension
+
+
+def batch_ways(shape: Mapping[str, int]) -> int:
+    """How many ways the batch is split: ``replica`` x ``data``, the batch groups."""
+    return math.prod(int(shape.get(a, 1)) for a in BATCH_AXES)
+
+
+def model_ways(shape: Mapping[str, int]) -> int:
+    """N_m: the product of the axes that are not batch axes (model parallelism divides everything)."""
+    return math.prod(int(s) for a, s in shape.items() if a not in BATCH_AXES)

@@ -1,0 +1,195 @@
+"""From a :class:`~jzero.config.Config` to a built run: mesh, model, optimizer, precision and plan.
+
+Nothing here allocates on devices or compiles. :func:`setup` is what ``jzero train`` and ``jzero
+plan`` start from; it takes any ``init_fn``/``loss_fn`` pair, with jzero's GPT as the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from jzero.mesh import make_mesh, mesh_shape
+from jzero.models.gpt import GPT, lm_loss
+from jzero.plan import Plan, make_plan
+from jzero.precision import Precision
+from jzero.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
+from jzero.state import TrainState
+from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init
+from jzero.validation import check_batch_divides
+
+__all__ = ["Setup", "build_model", "build_optimizer", "build_precision", "build_schedule", "setup"]
+
+InitFn = Callable[[jax.Array], Any]
+LossFn = Callable[[Any, jax.Array], jax.Array]
+
+
+def build_precision(cfg: PrecisionConfig) -> Precision:
+    """The :class:`~jzero.precision.Precision` a ``precision:`` section names."""
+    return Precision.from_names(
+        cfg.param_dtype,
+        cfg.compute_dtype,
+        cfg.master_dtype,
+        cfg.grad_reduce_dtype,
+        loss_scale=cfg.loss_scale,
+        loss_scale_window=cfg.loss_scale_window,
+    )
+
+
+def build_model(cfg: ModelConfig, precision: Precision) -> GPT:
+    """jzero's GPT with the ``model:`` section's shape: every GPT field the section has, by name
+    (``name`` is the model's kind in the config, not the Flax module's name)."""
+    shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "name"}
+    return GPT(**shape, dtype=precision.compute_dtype)
+
+
+def build_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
+    """Linear warmup from 0, then constant or cosine decay to ``min_lr_ratio`` at ``total_steps``."""
+    peak = cfg.learning_rate
+    if cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            0.0, peak, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), end_value=peak * cfg.min_lr_ratio
+        )
+    if cfg.warmup_steps:
+        warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
+        return optax.join_schedules([warmup, optax.constant_schedule(peak)], [cfg.warmup_steps])
+    return optax.constant_schedule(peak)
+
+
+def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
+    """The ``optimizer:`` section's optax transformation, with its schedule and optional clipping."""
+    lr = build_schedule(cfg, total_steps)
+    optimizers = {
+        "adamw": lambda: optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
+        "adam": lambda: optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+        "adafactor": lambda: optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None),
+        "lion": lambda: optax.lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+        "sgd": lambda: optax.sgd(lr, momentum=cfg.b1),
+    }
+    tx = optimizers[cfg.name]()
+    if cfg.clip_norm is not None:
+        # The norm is the global gradient's: GSPMD reduces over the logical arrays, whatever the sharding.
+        tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
+    return tx
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Everything a run needs, built from a config; nothing allocated on devices yet.
+
+    Attributes:
+      config: the config it was built from (its ``zero.stage`` is the plan's stage).
+      tx: the optimizer.
+      mesh: the device mesh.
+      plan: the stage's shardings.
+      rng: the run's key (the seed's).
+      init_fn: ``init_fn(key)`` returns the fp32 parameters.
+      loss_fn: ``loss_fn(params, batch)`` returns the mean loss of a ``[batch, seq_len + 1]`` batch.
+      precision: the dtype policy.
+      abstract: the train state's shapes, parameters still boxed with their logical names.
+    """
+
+    config: Config
+    tx: optax.GradientTransformation
+    mesh: Mesh
+    plan: Plan
+    rng: jax.Array
+    init_fn: InitFn
+    loss_fn: LossFn
+    precision: Precision
+    abstract: TrainState
+
+    @property
+    def batch_shape(self) -> tuple[int, int]:
+        return (self.config.train.global_batch_size, self.config.model.seq_len + 1)
+
+    def abstract_state(self) -> TrainState:
+        """The train state as sharded ``ShapeDtypeStruct`` leaves."""
+        return sharded_abstract(self.abstract, self.plan)
+
+    def compile_step(self):
+        """Lower and compile the train step from shapes alone; returns ``(step, compiled)``."""
+        batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
+        step = self.make_step()
+        return step, step.lower(self.abstract_state(), batch).compile()
+
+    def init_state(self) -> TrainState:
+        """A fresh train state, initialised straight into the plan's shardings."""
+        return sharded_init(self.init_fn, self.tx, self.plan, self.rng, self.precision)
+
+    def make_step(self):
+        """The jitted train step (:func:`jzero.step.make_train_step`) for this plan."""
+        return make_train_step(
+            self.loss_fn, self.tx, self.plan, precision=self.precision, microbatches=self.config.train.microbatches
+        )
+
+    def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Setup:
+        """The same model and optimizer planned for another stage or mesh; the abstract state is
+        reused, so nothing is traced again.
+
+        Args:
+          stage: the ZeRO stage (default: this one).
+          mesh: the mesh (default: this one).
+
+        Returns:
+          A new :class:`Setup`; its config records the stage and the mesh's axes.
+        """
+        stage = self.plan.stage if stage is None else stage
+        mesh = self.mesh if mesh is None else mesh
+        check_batch_divides(self.config.train.global_batch_size, mesh_shape(mesh), self.config.train.microbatches)
+        cfg = self.config
+        axes = {name: int(size) for name, size in mesh.shape.items()}
+        config = dataclasses.replace(
+            cfg,
+            zero=dataclasses.replace(cfg.zero, stage=stage),
+            mesh=cfg.mesh if mesh is self.mesh else dataclasses.replace(cfg.mesh, axes=axes, dcn={}),
+        )
+        plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules)
+        return dataclasses.replace(self, config=config, mesh=mesh, plan=plan)
+
+
+def setup(
+    config: Config,
+    devices: Sequence[jax.Device] | None = None,
+    *,
+    init_fn: InitFn | None = None,
+    loss_fn: LossFn | None = None,
+) -> Setup:
+    """Build a run from a config: resolve the mesh on the devices and plan the stage.
+
+    Args:
+      config: a validated config (:func:`jzero.config.load_config`).
+      devices: the devices to build the mesh on (default: all of them).
+      init_fn: ``init_fn(key)`` returning fp32 parameters (boxed with logical names or not); with
+        ``loss_fn``, any model instead of jzero's GPT. Both or neither.
+      loss_fn: ``loss_fn(params, batch)`` returning the mean loss of a token batch
+        ``[batch, model.seq_len + 1]``.
+
+    Returns:
+      The :class:`Setup`; nothing is allocated on devices.
+    """
+    if (init_fn is None) != (loss_fn is None):
+        raise TypeError("setup: pass both init_fn and loss_fn, or neither (jzero's GPT)")
+    mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
+    check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
+    precision = build_precision(config.precision)
+    tx = build_optimizer(config.optimizer, config.train.steps)
+    if init_fn is None:
+        model = build_model(config.model, precision)
+        sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
+
+        def init_fn(key):
+            return model.init(key, sample)["params"]
+
+        loss_fn = partial(lm_loss, model)
+    rng = jax.random.key(config.seed)
+    abstract = abstract_state(init_fn, tx, rng, precision)
+    plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules, config.partitioning.path_rules)
+    return Setup(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract)

@@ -1,0 +1,146 @@
+"""What the training loop does besides stepping, as hooks it calls (Levanter's pattern).
+
+The loop (:func:`jzero.trainer.train`) steps and, at logged steps, turns the device metrics into
+one host-side record. Everything else is a :class:`Hook`: the progress bar, ``metrics.jsonl``,
+TensorBoard, the checkpoint cadence and preemption. A Python caller adds its own with
+``train(config, hooks=[...])``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from jzero.checkpoint import RunCheckpoints
+from jzero.preemption import Preemption
+from jzero.progress import TrainProgress
+from jzero.state import TrainState
+
+__all__ = ["CheckpointHook", "Hook", "JsonlHook", "PreemptionHook", "ProgressHook", "TensorBoardHook"]
+
+
+class Hook:
+    """Something the training loop calls; override what you need. Every method is a no-op here.
+
+    The loop calls, in order: :meth:`step` after each step, :meth:`log` at each logged step,
+    :meth:`stop_requested` before each step, :meth:`end` once after the last step (also when the
+    run stops early), and :meth:`close` always, even after an error.
+    """
+
+    def step(self, step: int, state: TrainState) -> None:
+        """After each train step; ``step`` is the number of steps done."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        """At each logged step: ``record`` holds ``step``, ``loss``, ``grad_norm``,
+        ``learning_rate``, ``tokens_per_sec``, ``skipped_steps`` (and ``loss_scale``)."""
+
+    def stop_requested(self) -> bool:
+        """Whether the loop should stop before its next step."""
+        return False
+
+    def end(self, step: int, state: TrainState, preempted: str | None) -> None:
+        """After the last step run; ``preempted`` names the signal that stopped the run early."""
+
+    def close(self) -> None:
+        """Release what the hook holds; called once, on every exit path."""
+
+
+class ProgressHook(Hook):
+    """The progress bar: advanced each step, loss and tokens/s at logged steps."""
+
+    def __init__(self, bar: TrainProgress):
+        self.bar = bar
+
+    def step(self, step: int, state: TrainState) -> None:
+        self.bar.advance(step)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.bar.update(record["step"], record)
+
+
+class JsonlHook(Hook):
+    """One JSON object per logged step, appended to ``metrics.jsonl`` and flushed at once."""
+
+    def __init__(self, file: IO[str]):
+        self.file = file
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardHook(Hook):
+    """Each logged record's numbers as TensorBoard scalars under ``logdir`` (``tensorboardX``)."""
+
+    def __init__(self, logdir: str | Path):
+        from tensorboardX import SummaryWriter  # only runs that log to TensorBoard import it
+
+        self.writer = SummaryWriter(str(logdir))
+
+    def log(self, record: dict[str, Any]) -> None:
+        for name, value in record.items():
+            if name != "step":
+                self.writer.add_scalar(name, value, record["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class CheckpointHook(Hook):
+    """Saves every ``checkpoint.every`` steps and at the last step; on preemption, the step reached.
+
+    Args:
+      checkpoints: the run's checkpoints.
+      first_step: the step the run started from (a run preempted there has nothing new to save).
+      last_step: ``train.steps``.
+      data_state: ``data_state(step)``, the data iterator's state before ``step``.
+      meta: what each checkpoint records about the run.
+      warn: where a skipped save is reported.
+    """
+
+    def __init__(
+        self,
+        checkpoints: RunCheckpoints,
+        first_step: int,
+        last_step: int,
+        data_state: Callable[[int], dict[str, Any]],
+        meta: dict[str, Any],
+        warn: Callable[[str], None],
+    ):
+        self.checkpoints, self.first_step, self.last_step = checkpoints, first_step, last_step
+        self.data_state, self.meta, self.warn = data_state, meta, warn
+        self.saved: list[int] = []  # the steps this run checkpointed
+
+    def save(self, step: int, state: TrainState) -> None:
+        if self.checkpoints.save(step, state, self.data_state(step), self.meta):
+            self.saved.append(step)
+        else:
+            self.warn(f"jzero: warning: step {step}: the state is not finite; not checkpointed")
+
+    def step(self, step: int, state: TrainState) -> None:
+        self.checkpoints.check()  # a failed background write surfaces here, in the loop's thread
+        if self.checkpoints.due(step) or step == self.last_step:
+            self.save(step, state)
+
+    def end(self, step: int, state: TrainState, preempted: str | None) -> None:
+        if preempted and step not in self.saved and step > self.first_step:
+            self.save(step, state)
+
+    def close(self) -> None:
+        self.checkpoints.close()  # waits for the write in flight
+
+
+class PreemptionHook(Hook):
+    """Stops the loop at the step boundary after SIGTERM or SIGINT (agreed across processes)."""
+
+    def __init__(self, preemption: Preemption):
+        self.preemption = preemption
+
+    def stop_requested(self) -> bool:
+        return self.preemption.requested()

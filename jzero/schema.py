@@ -1,0 +1,170 @@
+"""What a run config is: its sections as frozen dataclasses, the names each key accepts, and the
+limits its numbers must keep. No JAX and no I/O here: :mod:`jzero.config` reads a config from YAML
+and flags, :mod:`jzero.validation` checks its values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jzero.axes import DATA, MODEL
+
+__all__ = [
+    "CheckpointConfig",
+    "Config",
+    "DataConfig",
+    "MeshConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PartitioningConfig",
+    "PrecisionConfig",
+    "RunConfig",
+    "RuntimeConfig",
+    "TrainConfig",
+    "ZeroConfig",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh axes in order, name -> size; one size may be -1 ("all remaining devices")."""
+
+    axes: dict[str, int] = dataclasses.field(default_factory=lambda: {DATA: -1, MODEL: 1})
+    # How many ways each axis spans hosts (MaxText's dcn split); the rest of it stays within a host.
+    dcn: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    dir: str = "runs/default"
+    log_every: int = 10
+    tensorboard: bool = True  # scalars in <dir>/tensorboard/ (tensorboard --logdir runs/)
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroConfig:
+    stage: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str = "gpt"
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    seq_len: int = 128
+    remat: bool = True
+    tie_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"  # adamw, adam, adafactor, lion or sgd (momentum b1)
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    schedule: str = "constant"  # constant or cosine (to min_lr_ratio x learning_rate at train.steps)
+    warmup_steps: int = 0  # linear warmup from 0
+    min_lr_ratio: float = 0.1
+    clip_norm: float | None = None  # clip by the global gradient norm
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    global_batch_size: int = 32
+    nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
+    microbatches: int = 1  # gradient accumulation: slices of the global batch run in sequence
+    init_from: str | None = None  # start from exported (.safetensors) or plain Flax (.msgpack, Orbax dir) params
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints under ``<run.dir>/checkpoints``. ``async_`` is spelled ``async`` in YAML."""
+
+    every: int = 100  # save every N steps (0: only at the end and on preemption)
+    keep: int = 3  # committed checkpoints kept, newest first
+    async_: bool = True  # write in the background; the loop blocks only for the device-to-host copy
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig:
+    param_dtype: str = "float32"  # the working parameters: float32, bfloat16 or float16
+    compute_dtype: str | None = None  # activations and matmuls; None: param_dtype
+    master_dtype: str = "float32"  # kept with the optimizer state when params are narrower
+    grad_reduce_dtype: str | None = None  # dtype gradients are reduced in; None: param_dtype
+    loss_scale: float = 32768.0  # initial dynamic loss scale (used when anything is float16)
+    loss_scale_window: int = 1000  # finite steps before the scale doubles
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """``path`` is a file, a folder or a glob; None means the Python stdlib's own sources."""
+
+    path: str | None = None
+    max_bytes: int = 8_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    cpu_devices: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitioningConfig:
+    """``rules``: ordered ``[logical_name, mesh_axis | [axes] | null]`` pairs, the first match wins;
+    None means the planner's defaults for the mesh (:func:`jzero.plan.default_rules`)."""
+
+    rules: list[list[str | list[str] | None]] | None = None
+    # ``[regex, [mesh_axis_or_null per dim]]``: place parameters by path, e.g. an unannotated model's.
+    path_rules: list[list[str | list[str | None]]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: int = 0
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    zero: ZeroConfig = dataclasses.field(default_factory=ZeroConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML-shaped mapping: keywords such as ``async`` lose their field's trailing ``_``."""
+        return _yaml_names(dataclasses.asdict(self))
+
+
+def _yaml_names(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k.removesuffix("_") if k.isidentifier() and k.endswith("_") else k: _yaml_names(v) for k, v in tree.items()}
+    return tree
+
+
+OPTIMIZERS = ("adamw", "adam", "adafactor", "lion", "sgd")
+SCHEDULES = ("constant", "cosine")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtype`` writes
+
+
+# JAX runs with 32-bit integers (jax_enable_x64 is off): token ids, positions, optax's step count and
+# the loss scale's step counter are int32, so every size and count that reaches JAX stays below 2**31.
+MAX_INT32 = 2**31 - 1
+# Parameter counts are exact as floats below 2**53 (the ledger and the estimate use floats), and
+# 16 bytes per parameter (fp32 Adam) x 2**53 = 2**57 stays inside int64 byte counts.
+MAX_PARAMS = 2**53
+MAX_SEED = 2**32 - 1  # grain's shuffle takes a uint32 seed (jax.random.key takes more)
+MAX_FLOAT32 = 3.4028234663852886e38  # the loss scale is a float32
+# Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
+# 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
+MAX_CPU_DEVICES = 4096

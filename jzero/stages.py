@@ -1,0 +1,118 @@
+"""The ZeRO stages, in one place: what each partitions, its label, and the paper's formulas.
+
+Rajbhandari et al., SC'20: stage 1 partitions the optimizer state (P_os), stage 2 the gradients too
+(P_os+g), stage 3 the parameters too (P_os+g+p); stage 0 is plain data parallelism. Every other
+module reads a stage through :func:`stage_rule`, never by comparing its number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jzero.errors import PlanError
+
+__all__ = [
+    "STAGES",
+    "StageRule",
+    "paper_bytes_per_device",
+    "paper_communication_bytes",
+    "paper_parts_per_device",
+    "per_device_parts",
+    "stage_rule",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRule:
+    """Which model states a ZeRO stage partitions over the ``data`` axis.
+
+    Attributes:
+      params: parameters at rest (stage 3).
+      grads: the reduced gradients (stages 2 and 3).
+      optimizer: the optimizer state, and so the update (stages 1 to 3).
+      partitioned: what the stage partitions, in the words of the paper's table.
+    """
+
+    params: bool
+    grads: bool
+    optimizer: bool
+    partitioned: str
+
+    @property
+    def communication_units(self) -> int:
+        """The paper's data-parallel traffic per step, in parameter sizes: 2Ψ (a reduce-scatter and
+        an all-gather, or an all-reduce), 3Ψ when parameters are gathered in forward and backward."""
+        return 3 if self.params else 2
+
+
+STAGES: dict[int, StageRule] = {
+    0: StageRule(params=False, grads=False, optimizer=False, partitioned="nothing"),  # plain data parallelism
+    1: StageRule(params=False, grads=False, optimizer=True, partitioned="optimizer state"),  # P_os
+    2: StageRule(params=False, grads=True, optimizer=True, partitioned="+ gradients"),  # P_os+g
+    3: StageRule(params=True, grads=True, optimizer=True, partitioned="+ parameters"),  # P_os+g+p
+}
+
+
+def stage_rule(stage: int) -> StageRule:
+    """The rule of ``stage``.
+
+    Raises:
+      PlanError: ``stage`` is not a ZeRO stage.
+    """
+    if stage not in STAGES or isinstance(stage, bool):
+        raise PlanError("stage", f"must be one of {', '.join(map(str, STAGES))}, got {stage!r}")
+    return STAGES[stage]
+
+
+def per_device_parts(params: float, grads: float, optimizer: float, stage: int, n_d: int, n_m: int = 1) -> dict[str, float]:
+    """Model-state bytes per device from each part's whole-model bytes.
+
+    Args:
+      params, grads, optimizer: bytes of the whole model's parameters, gradients and optimizer state.
+      stage: the ZeRO stage; each part it partitions is divided by ``n_d``.
+      n_d: the ``data`` axis size.
+      n_m: the model-parallel size, which divides every part.
+
+    Returns:
+      ``{"params", "grads", "optimizer", "total"}`` in bytes per device.
+    """
+    rule = stage_rule(stage)
+    parts = {
+        "params": params / (n_d if rule.params else 1) / n_m,
+        "grads": grads / (n_d if rule.grads else 1) / n_m,
+        "optimizer": optimizer / (n_d if rule.optimizer else 1) / n_m,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
+def paper_parts_per_device(
+    num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
+) -> dict[str, float]:
+    """The paper's model-state bytes per device, by part: (p + g + K)Ψ with the stage's parts over N_d.
+
+    Args:
+      num_params: Ψ.
+      stage: the ZeRO stage.
+      n_d: the ``data`` axis size.
+      k: optimizer-state bytes per parameter (12 for mixed-precision Adam: master, momentum, variance).
+      param_bytes, grad_bytes: bytes per parameter and per gradient element (2 in mixed precision).
+      n_m: the model-parallel size.
+
+    Returns:
+      ``{"params", "grads", "optimizer", "total"}`` in bytes per device.
+    """
+    psi = float(num_params)
+    return per_device_parts(param_bytes * psi, grad_bytes * psi, k * psi, stage, n_d, n_m)
+
+
+def paper_bytes_per_device(
+    num_params: float, stage: int, n_d: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2, n_m: int = 1
+) -> float:
+    """The total of :func:`paper_parts_per_device`: the paper's Figure 1 per-device model states."""
+    return paper_parts_per_device(num_params, stage, n_d, k, param_bytes, grad_bytes, n_m)["total"]
+
+
+def paper_communication_bytes(num_params: float, stage: int, grad_bytes: float, n_m: int = 1) -> float:
+    """The paper's data-parallel volume per device per step: 2Ψ (stages 0-2) or 3Ψ (stage 3), in
+    bytes of ``grad_bytes`` per element, over N_m."""
+    return stage_rule(stage).communication_units * float(num_params) * grad_bytes / n_m

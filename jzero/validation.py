@@ -1,0 +1,168 @@
+"""What values a run config may hold: :func:`validate`, the checks that need no devices (the mesh
+against the devices is :mod:`jzero.mesh`'s). Each refusal is one :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from jzero.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
+from jzero.errors import ConfigError, clip, show_value
+from jzero.schema import (
+    DTYPE_NAMES,
+    MAX_CPU_DEVICES,
+    MAX_FLOAT32,
+    MAX_INT32,
+    MAX_PARAMS,
+    MAX_SEED,
+    OPTIMIZERS,
+    SCHEDULES,
+    Config,
+    ModelConfig,
+)
+
+__all__ = ["check_batch_divides", "validate"]
+
+
+def _in_range(value: float, key: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
+    """``low <= value <= high`` (or strictly, per end); written so that NaN fails too."""
+    above = value > low if open_low else value >= low
+    below = value < high if open_high else value <= high
+    if not (above and below):
+        ends = f"{'(' if open_low else '['}{_num(low)}, {_num(high)}{')' if open_high else ']'}"
+        want = f">= {_num(low)}" if high == math.inf and not open_low else f"in {ends}"
+        raise ConfigError(key, f"must be {want}, got {_num(value)}")
+
+
+def _positive(value: float, key: str, high: float = MAX_INT32) -> None:
+    if not 0 < value <= high:  # False for NaN too
+        bound = "" if high == math.inf else f" and at most {_num(high)}"
+        raise ConfigError(key, f"must be positive{bound}, got {_num(value)}")
+
+
+def _num(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _param_count(m: ModelConfig) -> int:
+    """The GPT's parameter count, to the leading terms: embedding and head, then per layer the
+    attention (4 d^2) and MLP (2 r d^2) kernels."""
+    return 2 * m.vocab_size * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2
+
+
+def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatches: int = 1) -> None:
+    """The batch is split over ``data`` (and ``replica``), and each microbatch too."""
+    ways = batch_ways(axes)
+    if global_batch_size % ways:
+        name = " x ".join(a for a in BATCH_AXES if a in axes)
+        raise ConfigError("train.global_batch_size", f"{global_batch_size} is not divisible by the {name} axis ({ways})")
+    if global_batch_size % (ways * microbatches):
+        raise ConfigError(
+            "train.microbatches",
+            f"{microbatches} microbatches of the {global_batch_size}-row batch do not split evenly over {ways} devices",
+        )
+
+
+def validate(config: Config) -> None:
+    """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`.
+
+    Every number is checked for range (floats are finite already): a value a run cannot use is
+    refused here, naming its key, rather than failing deep inside JAX.
+    """
+    _in_range(config.seed, "seed", 0, MAX_SEED)
+    axes = config.mesh.axes
+    if not axes:
+        raise ConfigError("mesh.axes", "must name at least the 'data' axis")
+    for name, size in axes.items():
+        if name not in KNOWN_MESH_AXES:
+            raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
+        if size == 0 or size < -1 or size > MAX_INT32:
+            raise ConfigError(f"mesh.axes.{name}", f"size must be positive (at most {MAX_INT32}) or -1, got {size}")
+    for name, ways in config.mesh.dcn.items():
+        if name not in axes:
+            raise ConfigError(f"mesh.dcn.{name}", f"is not a mesh axis (axes: {', '.join(axes)})")
+        _positive(ways, f"mesh.dcn.{name}")
+        if axes[name] > 0 and axes[name] % ways:
+            raise ConfigError(f"mesh.dcn.{name}", f"{ways} does not divide the axis size {axes[name]}")
+    if DATA not in axes:
+        raise ConfigError("mesh.axes", f"must include the {DATA!r} axis")
+    if sum(1 for s in axes.values() if s == -1) > 1:
+        raise ConfigError("mesh.axes", "only one axis size may be -1")
+
+    if config.zero.stage not in (0, 1, 2, 3):
+        raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {config.zero.stage}")
+
+    m = config.model
+    if m.name != "gpt":
+        raise ConfigError("model.name", f"unknown model {show_value(m.name)} (known: gpt)")
+    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
+        _positive(getattr(m, field), f"model.{field}")
+    if m.mlp_ratio * m.d_model > MAX_INT32:  # the MLP's hidden width is a dimension too
+        raise ConfigError("model.mlp_ratio", f"the MLP width mlp_ratio x d_model = {m.mlp_ratio * m.d_model} is over {MAX_INT32}")
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError("model.n_heads", f"head size d_model/n_heads={m.d_model // m.n_heads} must be even (rotary)")
+    if m.vocab_size < 256:
+        raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
+    if _param_count(m) > MAX_PARAMS:
+        sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, mlp_ratio={m.mlp_ratio}, vocab_size={m.vocab_size}"
+        raise ConfigError("model", f"{sizes} make {_param_count(m):.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
+
+    o = config.optimizer
+    if o.name not in OPTIMIZERS:
+        raise ConfigError("optimizer.name", f"unknown optimizer {show_value(o.name)} (known: {', '.join(OPTIMIZERS)})")
+    _positive(o.learning_rate, "optimizer.learning_rate", math.inf)
+    _in_range(o.weight_decay, "optimizer.weight_decay", 0, math.inf, open_high=True)
+    _in_range(o.b1, "optimizer.b1", 0, 1, open_high=True)  # decay rates: 1 would never forget, above it diverges
+    _in_range(o.b2, "optimizer.b2", 0, 1, open_high=True)
+    _positive(o.eps, "optimizer.eps", math.inf)
+    _in_range(o.min_lr_ratio, "optimizer.min_lr_ratio", 0, 1)
+    _in_range(o.warmup_steps, "optimizer.warmup_steps", 0, MAX_INT32)
+    if o.schedule not in SCHEDULES:
+        raise ConfigError("optimizer.schedule", f"unknown schedule {show_value(o.schedule)} (known: {', '.join(SCHEDULES)})")
+    if o.clip_norm is not None:
+        _positive(o.clip_norm, "optimizer.clip_norm", math.inf)
+    if config.train.nonfinite not in ("skip", "halt"):
+        raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(config.train.nonfinite)}")
+    pr = config.precision
+    for field in ("param_dtype", "compute_dtype", "master_dtype", "grad_reduce_dtype"):
+        value = getattr(pr, field)
+        if value is not None and value not in DTYPE_NAMES:
+            raise ConfigError(f"precision.{field}", f"unknown dtype {show_value(value)} (known: {', '.join(DTYPE_NAMES)})")
+    if pr.master_dtype != "float32":
+        raise ConfigError("precision.master_dtype", f"must be float32, got {show_value(pr.master_dtype)}")
+    _positive(pr.loss_scale, "precision.loss_scale", MAX_FLOAT32)
+    _positive(pr.loss_scale_window, "precision.loss_scale_window")
+
+    _positive(config.train.steps, "train.steps")
+    _positive(config.train.global_batch_size, "train.global_batch_size")
+    _positive(config.train.microbatches, "train.microbatches")
+    if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:
+        check_batch_divides(config.train.global_batch_size, axes, config.train.microbatches)
+    _positive(config.run.log_every, "run.log_every")
+    if not 0 <= config.checkpoint.every <= MAX_INT32:
+        raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
+    _positive(config.checkpoint.keep, "checkpoint.keep")
+    _positive(config.runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+    _positive(config.data.max_bytes, "data.max_bytes", 2**63 - 1)
+
+    for i, rule in enumerate(config.partitioning.path_rules):
+        key = f"partitioning.path_rules[{i}]"
+        if len(rule) != 2 or not isinstance(rule[0], str) or not isinstance(rule[1], list):
+            raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {show_value(rule)}")
+        try:
+            re.compile(rule[0])
+        except (re.error, RecursionError, OverflowError) as err:
+            raise ConfigError(key, f"bad regex {show_value(rule[0])}: {clip(str(err))}") from None
+        for axis in rule[1]:
+            if axis is not None and axis not in axes:
+                raise ConfigError(key, f"names mesh axis {show_value(axis)}, which the mesh lacks")
+    for i, rule in enumerate(config.partitioning.rules or ()):
+        if len(rule) != 2 or not isinstance(rule[0], str):
+            raise ConfigError(f"partitioning.rules[{i}]", f"must be [logical_name, mesh_axis_or_null], got {show_value(rule)}")
+        targets = rule[1] if isinstance(rule[1], list) else [rule[1]]
+        for axis in targets:
+            if axis is not None and axis not in axes:
+                raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {show_value(axis)}, which the mesh lacks")

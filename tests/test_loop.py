@@ -1,0 +1,91 @@
+"""The training loop with a model of your own, hooks of your own, and TensorBoard."""
+
+import json
+
+import flax.linen as nn
+import jax.numpy as jnp
+import optax
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_checkpoint import run_config
+
+from jzero.build import setup
+from jzero.hooks import Hook
+from jzero.trainer import train
+
+
+class Bigram(nn.Module):
+    """Not jzero's GPT: next-byte logits from the current byte alone."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        init = nn.initializers.normal(0.02)
+        table = nn.Embed(256, 64, embedding_init=nn.with_logical_partitioning(init, ("vocab", "embed")))
+        return nn.Dense(256, kernel_init=nn.with_logical_partitioning(init, ("embed", "vocab")))(table(tokens))
+
+
+def bigram_parts():
+    model = Bigram()
+
+    def init_fn(key):
+        return model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
+
+    def loss_fn(params, batch):
+        logits = model.apply({"params": params}, batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    return init_fn, loss_fn
+
+
+class Recorder(Hook):
+    def __init__(self):
+        self.steps, self.records, self.ended, self.closed = [], [], None, False
+
+    def step(self, step, state):
+        self.steps.append(step)
+
+    def log(self, record):
+        self.records.append(record)
+
+    def end(self, step, state, preempted):
+        self.ended = (step, preempted)
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_second_model_trains_through_the_built_run(devices, tmp_path):
+    """A model other than the GPT, through ``setup(init_fn=..., loss_fn=...)`` and ``train(run=...)``:
+    no monkeypatching. It is planned (stage 3 shards its two tensors), checkpointed and learns."""
+    config = run_config(tmp_path, "train.steps=30", "run.log_every=5", "optimizer.learning_rate=1e-2", "checkpoint.every=10")
+    init_fn, loss_fn = bigram_parts()
+    built = setup(config, init_fn=init_fn, loss_fn=loss_fn)
+    assert [t.path for t in built.plan.tensors] == ["Dense_0/bias", "Dense_0/kernel", "Embed_0/embedding"]
+    assert all("data" in str(t.param_spec) for t in built.plan.tensors if len(t.shape) == 2)
+    recorder = Recorder()
+    result = train(config, run=built, progress=False, hooks=[recorder])
+    losses = [r["loss"] for r in result.history]
+    assert losses[-1] < losses[0] - 1.0, losses  # a bigram table learns byte statistics fast
+    assert result.saved == [10, 20, 30]
+    assert recorder.steps == list(range(1, 31)) and [r["step"] for r in recorder.records] == [5, 10, 15, 20, 25, 30]
+    assert recorder.ended == (30, None) and recorder.closed
+    with pytest.raises(TypeError, match="both init_fn and loss_fn"):
+        setup(config, init_fn=init_fn)
+
+
+def test_tensorboard_holds_what_metrics_jsonl_holds(devices, tmp_path):
+    train(run_config(tmp_path, "train.steps=6", "run.log_every=2"), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"loss", "grad_norm", "learning_rate", "tokens_per_sec", "skipped_steps"}
+    for tag in ("loss", "grad_norm", "learning_rate", "skipped_steps"):
+        logged = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert logged == [(r["step"], pytest.approx(r[tag], rel=1e-6)) for r in records], tag
+    assert [r["step"] for r in records] == [2, 4, 6]
+
+
+def test_tensorboard_can_be_turned_off(devices, tmp_path):
+    train(run_config(tmp_path, "train.steps=2", "run.tensorboard=false"), progress=False)
+    assert not (tmp_path / "tensorboard").exists() and (tmp_path / "metrics.jsonl").exists()
+
