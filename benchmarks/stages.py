@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
+    from jzero.stages import STAGES
 
     base = load_config(args.config, args.set)
     simulate_cpu_devices(base.runtime.cpu_devices)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     m, t = base.model, base.train
     data = text_batches(base.data.path, base.data.max_bytes, m.seq_len, t.global_batch_size, base.seed)
     runs = {}
-    for stage in range(4):
+    for stage in STAGES:
         cfg = load_config(args.config, [*args.set, f"zero.stage={stage}"])
         s = setup(cfg)
         state = s.init_state()
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.estimate import parse_memory
 
     budget = parse_memory(args.budget, "--budget")
-    largest = {stage: largest_model(args.config, [*args.set, f"zero.stage={stage}"], budget) for stage in range(4)}
+    largest = {stage: largest_model(args.config, [*args.set, f"zero.stage={stage}"], budget) for stage in STAGES}
     for row in rows:
         row["largest_model"] = largest[row["stage"]]
         row["largest_params_ratio"] = largest[row["stage"]]["num_params"] / largest[0]["num_params"]

@@ -137,7 +137,13 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 class RunCheckpoints:
-    """The checkpoints of one run directory: save (atomic, optionally async), list, restore."""
+    """The checkpoints of one run directory: save (atomic, optionally async), list, restore.
+
+    Args:
+      run_dir: the run's folder; checkpoints live in ``<run_dir>/checkpoints/<step>/``.
+      cfg: ``every``, ``keep`` and ``async_`` (default: every 100 steps, keep 3, async).
+      read_only: only list and read (``jzero checkpoint info|export``); the folder must exist.
+    """
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig | None = None, *, read_only: bool = False):
         cfg = cfg or CheckpointConfig()
@@ -208,11 +214,23 @@ class RunCheckpoints:
         self._pending = None
 
     def close(self) -> None:
+        """Wait for the write in flight (raising its failure), then release Orbax's threads."""
         self.wait()
         self.manager.close()
 
     def restore(self, step: int, target: TrainState) -> Restored:
-        """Read ``step`` into ``target``'s shardings (``ShapeDtypeStruct`` leaves with ``sharding``)."""
+        """Read a committed step straight into the target's shardings (any mesh, stage or devices).
+
+        Args:
+          step: a committed step (a write in flight is waited for first).
+          target: ``ShapeDtypeStruct`` leaves with ``sharding`` (:func:`jzero.step.sharded_abstract`).
+
+        Returns:
+          The :class:`Restored` state, data-iterator state and run metadata.
+
+        Raises:
+          CheckpointError: the step is not committed, or its shapes are not the target's.
+        """
         if step not in self.steps():  # waits for a write in flight
             raise CheckpointError(str(self.step_dir(step)), "is not a committed checkpoint")
         mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)

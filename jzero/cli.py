@@ -129,7 +129,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jzero.estimate import OPTIMIZERS, PRECISIONS  # no JAX: the ledger is imported when used
+    from jzero.estimate import OPTIMIZER_STATE_BYTES, PRECISIONS  # no JAX here
 
     parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--devices", type=int, required=True, help="total devices (N_d x N_m)")
     est.add_argument("--model-parallel", type=int, default=1, help="N_m (default 1)")
     est.add_argument("--precision", default="mixed", choices=PRECISIONS, help="mixed: 16-bit params and grads, fp32 master")
-    est.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    est.add_argument("--optimizer", default="adam", choices=tuple(OPTIMIZER_STATE_BYTES))
     est.add_argument("--memory-per-device", default=None, help="e.g. 80GB or 80GiB: say which stages fit")
     est.add_argument("--json", action="store_true", help="print one JSON object")
     est.set_defaults(func=cmd_estimate)

@@ -98,10 +98,19 @@ def _resolve_mesh(raw: dict[str, Any], base: Path) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or the defaults when ``path`` is None) and apply ``KEY=VALUE`` overrides.
+    """Read a run config.
 
-    A ``mesh:`` that is a string, in the file or from ``--set mesh=...``, names a mesh file relative
-    to the config file's folder (the working directory when there is no file).
+    Args:
+      path: a YAML config file (None: the defaults). A ``mesh:`` that is a string, in the file or
+        from ``--set mesh=...``, names a mesh file relative to the config file's folder (the working
+        directory when there is no file).
+      overrides: ``KEY=VALUE`` strings, dotted keys, values read as YAML scalars.
+
+    Returns:
+      The validated, frozen :class:`~jzero.schema.Config`.
+
+    Raises:
+      ConfigError: one line naming the key or file and what is wrong.
     """
     raw: dict[str, Any] = {}
     base = Path.cwd()

@@ -18,12 +18,12 @@ from jzero.stages import STAGES, paper_parts_per_device
 # Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
 # gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
 PRECISIONS = ("mixed", "fp32")
-OPTIMIZERS = ("adam", "adafactor", "sgd")
-_K = {
-    # master copy (mixed only) + the optimizer's own fp32 state per parameter
+# The optimizer's own fp32 state per parameter, bytes (the master copy comes on top in mixed precision).
+# Not config.OPTIMIZERS: these are the estimate's choices, with what each keeps.
+OPTIMIZER_STATE_BYTES = {
     "adam": 8,  # momentum and variance
-    "sgd": 4,  # momentum
     "adafactor": 0,  # no momentum; factored second moments are O(rows + cols), not O(rows x cols)
+    "sgd": 4,  # momentum
 }
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _MEMORY_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -33,11 +33,11 @@ def bytes_per_param(precision: str, optimizer: str) -> tuple[float, float, float
     """``(p, g, K)`` for a precision and optimizer."""
     if precision not in PRECISIONS:
         raise ConfigError("--precision", f"must be one of {', '.join(PRECISIONS)}, got {show_value(precision)}")
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError("--optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {show_value(optimizer)}")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ConfigError("--optimizer", f"must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, got {show_value(optimizer)}")
     if precision == "mixed":
-        return 2, 2, 4 + _K[optimizer]
-    return 4, 4, _K[optimizer]
+        return 2, 2, 4 + OPTIMIZER_STATE_BYTES[optimizer]
+    return 4, 4, OPTIMIZER_STATE_BYTES[optimizer]
 
 
 def parse_count(text: str, key: str = "--params") -> float:

@@ -10,6 +10,13 @@ export is never empty or partial, and never replaces a file.
 ``load_params`` reads parameters to start a run from (``train.init_from``): a safetensors file, a
 Flax msgpack file (``flax.serialization.to_bytes``), an Orbax params checkpoint, or a jzero
 checkpoint step folder. Names are ``/``-joined tree paths, as in ``jzero plan``.
+
+Why safetensors is written and read here rather than by the ``safetensors`` package: its writers
+take the whole dict of tensors at once, and the export exists to hold one tensor at a time; its
+reader, ``safe_open``, copies each tensor into memory when read, where a memory map here keeps
+``init_from`` lazy until each tensor is placed on its devices. The header is checked against the
+format (and the file's size) first, so a damaged file is one line naming it. The tests read the
+exports back with the safetensors package, and load files it wrote.
 """
 
 from __future__ import annotations

@@ -56,7 +56,15 @@ def group_size(groups: str) -> int | None:
 
 
 def parse_collectives(hlo_text: str) -> list[Collective]:
-    """Every collective op in compiled HLO text, with its result bytes and where it sits."""
+    """Every collective op in compiled HLO text.
+
+    Args:
+      hlo_text: ``compiled.as_text()`` of an SPMD program.
+
+    Returns:
+      One :class:`Collective` per op: its kind, result bytes per device, replica groups, the
+      computation it sits in, whether that is a loop body, and how often it runs per step.
+    """
     computations: dict[str, list[str]] = {}
     current = entry = None
     for line in hlo_text.splitlines():
@@ -190,7 +198,14 @@ def flops_per_device(compiled: Any) -> float | None:
 
 
 def live_bytes_per_device(tree: Any) -> int:
-    """The largest, over devices, of the bytes this process's shards of ``tree`` occupy on a device."""
+    """What a pytree of arrays really holds per device.
+
+    Args:
+      tree: live (sharded) arrays.
+
+    Returns:
+      The largest, over this process's devices, of the bytes their shards of ``tree`` occupy.
+    """
     per_device: collections.Counter = collections.Counter()
     for leaf in jax.tree.leaves(tree):
         for shard in leaf.addressable_shards:

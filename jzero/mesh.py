@@ -42,11 +42,21 @@ def make_mesh(
     devices: Sequence[jax.Device] | None = None,
     dcn: Mapping[str, int] | None = None,
 ) -> Mesh:
-    """Build a mesh from ordered ``{axis: size}``; a mesh smaller than the device count uses the first devices.
+    """Build a mesh of ``AxisType.Auto`` axes.
 
-    ``dcn`` says how many ways an axis spans hosts. With several processes those factors are laid
-    across processes (``create_hybrid_device_mesh``), so the other axes' collectives stay inside a
-    host; in one process every device is local and ``dcn`` only has to divide its axis.
+    Args:
+      axes: ordered ``{axis: size}`` (``replica``, ``data``, ``model``); one size may be -1, the
+        remaining devices. A mesh smaller than the device count uses the first devices.
+      devices: the devices (default: all of them).
+      dcn: how many ways each axis spans hosts. With several processes those factors are laid across
+        processes (``create_hybrid_device_mesh``), so the other axes' collectives stay inside a host;
+        in one process every device is local and ``dcn`` only has to divide its axis.
+
+    Returns:
+      The :class:`jax.sharding.Mesh`, with a ``model`` axis (size 1 when not asked for).
+
+    Raises:
+      ConfigError: the sizes do not fit the devices.
     """
     devices = list(jax.devices() if devices is None else devices)
     axes = resolve_axes(axes, len(devices))

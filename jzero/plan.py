@@ -263,13 +263,23 @@ def make_plan(
     rules: Sequence[Sequence[Any]] | None = None,
     path_rules: Sequence[Sequence[Any]] = (),
 ) -> Plan:
-    """Shardings for ``stage`` on ``mesh``.
+    """The shardings of a ZeRO stage on a mesh.
 
-    ``abstract_state`` comes from ``jax.eval_shape`` of :func:`jzero.state.create_state`; its params
-    may keep Flax ``Partitioned`` boxes (or be an NNX ``State``), whose logical names ``rules`` map
-    to mesh axes. ``path_rules`` are ``[regex, [mesh_axis_or_null per dim]]`` pairs that place
-    parameters by path (first match wins, before logical names): the way to put an unannotated
-    model's tensors on ``model``.
+    Args:
+      abstract_state: from :func:`jzero.step.abstract_state`; its params may keep Flax
+        ``Partitioned`` boxes (or be an NNX ``State``), whose logical names ``rules`` map to mesh axes.
+      mesh: a mesh with a ``data`` axis.
+      stage: the ZeRO stage, 0 to 3 (:data:`jzero.stages.STAGES`).
+      rules: ordered ``[logical_name, mesh_axis_or_null]`` pairs (default: :func:`default_rules`).
+      path_rules: ``[regex, [mesh_axis_or_null per dim]]`` pairs that place parameters by path (first
+        match wins, before logical names): the way to put an unannotated model's tensors on ``model``.
+
+    Returns:
+      The :class:`Plan`: shardings for parameters, gradients, the update, the optimizer state, the
+      batch and the whole train state, and each tensor's specs and bytes.
+
+    Raises:
+      PlanError: an unknown stage, a mesh without ``data``, or a rule that does not fit a tensor.
     """
     rule = stage_rule(stage)
     if DATA not in mesh.shape:

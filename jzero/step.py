@@ -59,15 +59,29 @@ def abstract_state(
 ) -> TrainState:
     """The train state's shapes and logical annotations, with nothing allocated.
 
-    ``init_fn(key)`` returns fp32 parameters: a linen params dict (boxed or not) or an NNX
-    ``State`` (``nnx.state(Model(rngs=nnx.Rngs(key)), nnx.Param)``).
+    Args:
+      init_fn: ``init_fn(key)`` returns fp32 parameters: a linen params dict (boxed or not) or an
+        NNX ``State`` (``nnx.state(Model(rngs=nnx.Rngs(key)), nnx.Param)``).
+      tx: the optimizer, whose state is laid out too.
+      rng: the key ``init_fn`` is called with.
+      precision: the dtype policy (a master copy joins the optimizer state when params are 16-bit).
+
+    Returns:
+      A :class:`~jzero.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.plan.make_plan`.
     """
     return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
 
 
 def sharded_abstract(abstract: TrainState, plan: Plan) -> TrainState:
-    """``abstract`` (from :func:`abstract_state`) as unboxed ``ShapeDtypeStruct`` leaves carrying the
-    plan's shardings: the target a checkpoint restores into."""
+    """The target a checkpoint restores into.
+
+    Args:
+      abstract: from :func:`abstract_state`.
+      plan: the plan whose shardings the leaves carry.
+
+    Returns:
+      ``abstract`` unboxed, as ``ShapeDtypeStruct`` leaves with ``sharding`` set.
+    """
     state = abstract.replace(params=nn.unbox(abstract.params))
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, plan.state)
 
@@ -79,7 +93,15 @@ def sharded_init(
     rng: jax.Array,
     precision: Precision = FP32,
 ) -> TrainState:
-    """Initialise straight into the plan's shardings: no device ever holds the whole state."""
+    """Initialise straight into the plan's shardings: no device ever holds the whole state.
+
+    Args:
+      init_fn, tx, rng, precision: as for :func:`abstract_state`.
+      plan: the shardings to create the state in.
+
+    Returns:
+      The :class:`~jzero.state.TrainState`, each leaf sharded as ``plan.state`` says.
+    """
 
     # No activation rules here: init's forward pass is dead code once only params are kept, and
     # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
@@ -90,8 +112,17 @@ def sharded_init(
 
 
 def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan, precision: Precision = FP32) -> TrainState:
-    """A fresh train state (new optimizer state) around given fp32 parameters, already placed
-    with the plan's parameter shardings."""
+    """A fresh train state (new optimizer state) around given parameters.
+
+    Args:
+      params: fp32 parameters, already placed with the plan's parameter shardings.
+      tx: the optimizer.
+      plan: the shardings of the state.
+      precision: the dtype policy.
+
+    Returns:
+      The :class:`~jzero.state.TrainState` at step 0.
+    """
     return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)
 
 
@@ -120,19 +151,28 @@ def make_train_step(
     microbatches: int = 1,
     donate: bool = True,
 ):
-    """``step(state, batch) -> (state, metrics)``, jitted with the plan's shardings.
+    """The compiled train step of a plan: ``step(state, batch) -> (state, metrics)``.
 
-    ``loss_fn(params, batch)`` returns the scalar mean loss over its batch; it receives the
-    parameters cast to ``precision.compute_dtype`` when that is set (gradients come back in the
-    parameters' own dtype). With ``microbatches``
-    M > 1 the global batch is split into M equal slices run one after another. At stages >= 2 each
-    slice's gradient is reduce-scattered into a buffer with the stage's (1/N_d) gradient spec; at
-    stages 0-1 each batch group accumulates its own unreduced gradient and one all-reduce follows
-    the last slice. Either way the result is the whole batch's gradient. A step whose
-    gradient is not finite applies nothing: parameters and optimizer state stay bit-identical,
-    ``skipped`` counts it and a dynamic loss scale halves. Metrics: ``loss``, ``grad_norm`` (the
-    global L2 norm of the unscaled, reduced gradient, before any clipping), ``skipped`` and, with
-    loss scaling, ``loss_scale``.
+    A step whose gradient is not finite applies nothing: parameters and optimizer state stay
+    bit-identical, ``skipped`` counts it and a dynamic loss scale halves.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch)`` returns the scalar mean loss over its batch; it receives
+        the parameters cast to ``precision.compute_dtype`` when that is set (gradients come back in
+        the parameters' own dtype).
+      tx: the optimizer.
+      plan: the shardings (:func:`jzero.plan.make_plan`).
+      precision: the dtype policy.
+      microbatches: M > 1 splits the global batch into M equal slices run one after another. Where
+        the stage partitions gradients, each slice's gradient is reduce-scattered into a buffer of
+        the stage's (1/N_d) gradient spec; otherwise each batch group accumulates its own unreduced
+        gradient and one all-reduce follows the last slice. Either way the result is the whole
+        batch's gradient.
+      donate: donate the input state's buffers to the output.
+
+    Returns:
+      The jitted step. Its metrics: ``loss``, ``grad_norm`` (the global L2 norm of the unscaled,
+      reduced gradient, before any clipping), ``skipped`` and, with loss scaling, ``loss_scale``.
     """
 
     def compute_loss(params: Any, batch: Any) -> jax.Array:

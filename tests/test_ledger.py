@@ -3,7 +3,7 @@
 import pytest
 
 from jzero.ledger import group_size, parse_collectives, summarize_collectives
-from jzero.stages import paper_bytes_per_device
+from jzero.stages import STAGES, paper_bytes_per_device
 
 HLO = """\
 HloModule jit_step, entry_computation_layout={()->()}
@@ -56,7 +56,7 @@ def test_group_size_spellings():
 def test_paper_table_row_for_7_5b_at_64():
     """The paper's Figure 1 example: Ψ = 7.5B, N_d = 64, mixed-precision Adam (K = 12)."""
     psi = 7.5e9
-    rows = [paper_bytes_per_device(psi, stage, 64) / 1e9 for stage in range(4)]
+    rows = [paper_bytes_per_device(psi, stage, 64) / 1e9 for stage in STAGES]
     assert [round(r, 1) for r in rows[:3]] == [120.0, 31.4, 16.6]
     assert round(rows[3], 2) == 1.88
     assert paper_bytes_per_device(psi, 3, 64, n_m=2) == pytest.approx(rows[3] * 1e9 / 2)
