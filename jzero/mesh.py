@@ -14,13 +14,14 @@ import jax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
+from jzero.axes import MODEL
 from jzero.errors import ConfigError
 
 
 def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
     """Replace a -1 size by the remaining devices and check the mesh divides ``device_count``."""
     axes = dict(axes)
-    axes.setdefault("model", 1)
+    axes.setdefault(MODEL, 1)
     known = math.prod(s for s in axes.values() if s != -1)
     for name, size in axes.items():
         if size == -1:

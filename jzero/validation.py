@@ -73,7 +73,7 @@ def validate(config: Config) -> None:
     _in_range(config.seed, "seed", 0, MAX_SEED)
     axes = config.mesh.axes
     if not axes:
-        raise ConfigError("mesh.axes", "must name at least the 'data' axis")
+        raise ConfigError("mesh.axes", f"must name at least the {DATA!r} axis")
     for name, size in axes.items():
         if name not in KNOWN_MESH_AXES:
             raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
