@@ -23,7 +23,6 @@ import os
 import re
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,23 +41,40 @@ ITEMS = ("state", "data", "meta")
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
-def _quiet_closed_loop_wakeups(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    """An unraisable-exception hook that drops one harmless error and passes on everything else.
+_ORBAX = f"{os.sep}orbax{os.sep}"
 
-    Orbax runs each read or write in an asyncio loop of its own and closes it as soon as one
-    TensorStore operation fails. The operations still in flight then finish on TensorStore's threads
-    and try to wake the closed loop, each raising "Event loop is closed" into ``sys.unraisablehook``:
-    thousands of tracebacks after one unreadable checkpoint, with jzero's one-line answer among them.
+
+def _code_of(tb: Any) -> list[tuple[str, str]]:
+    """``(file, function)`` of each frame of a traceback, read without ``linecache`` (which may
+    not import any more while Python shuts down)."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return frames
+
+
+def _quiet_orbax_leftovers(previous: Callable[[Any], None], is_finalizing: Callable[[], bool]) -> Callable[[Any], None]:
+    """An unraisable-exception hook that drops two kinds of Orbax leftovers and passes on the rest.
+
+    - Orbax runs each read or write in an asyncio loop of its own and closes it as soon as one
+      TensorStore operation fails. The operations still in flight then finish on TensorStore's
+      threads and try to wake the closed loop, each raising "Event loop is closed" here: thousands
+      of tracebacks after one unreadable checkpoint, with jzero's one-line answer among them.
+    - After a failed write (a full disk), the write's other coroutines are never finished; Python
+      collects them as it shuts down and reports each ("Exception ignored in <coroutine ...>"). The
+      failure itself has reached the caller once, as a :class:`CheckpointWriteError`.
+
+    Everything it uses is bound now: module globals may be gone by the time it runs at shutdown.
     """
+    code_of, orbax = _code_of, _ORBAX
 
     def hook(unraisable: Any) -> None:
-        exc = unraisable.exc_value
-        frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
-        if (
-            isinstance(exc, RuntimeError)
-            and str(exc) == "Event loop is closed"
-            and any(f.name == "call_soon_threadsafe" for f in frames)
-        ):
+        exc, frames = unraisable.exc_value, code_of(unraisable.exc_traceback)
+        woke_closed_loop = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+        if woke_closed_loop and any(name == "call_soon_threadsafe" for _, name in frames):
+            return
+        if is_finalizing() and any(orbax in file for file, _ in frames):
             return
         previous(unraisable)
 
@@ -66,19 +82,30 @@ def _quiet_closed_loop_wakeups(previous: Callable[[Any], None]) -> Callable[[Any
 
 
 class _QuietOrbaxOrphans(logging.Filter):
-    """Drops asyncio's "... exception was never retrieved" for Orbax's own tasks: when one write of
-    a checkpoint fails, its sibling tasks fail the same way and are never awaited. The failure
-    itself reaches the caller once, as a :class:`CheckpointWriteError`."""
+    """Drops asyncio's "... exception was never retrieved" for Orbax's own tasks and TensorStore's
+    futures: when one read or write of a checkpoint fails, its sibling operations fail the same way
+    and are never awaited. jzero reports the failure itself once (:func:`failure_reported`), and
+    from then on drops them all: their tracebacks do not always pass through Orbax."""
+
+    reported = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if "exception was never retrieved" not in record.getMessage():
             return True
-        tb = record.exc_info[2] if record.exc_info else None
-        return not any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in traceback.extract_tb(tb))
+        if self.reported:
+            return False
+        return not any(_ORBAX in file for file, _ in _code_of(record.exc_info[2] if record.exc_info else None))
 
 
-sys.unraisablehook = _quiet_closed_loop_wakeups(sys.unraisablehook)
-logging.getLogger("asyncio").addFilter(_QuietOrbaxOrphans())
+_ORPHANS = _QuietOrbaxOrphans()
+
+
+def failure_reported() -> None:
+    """A checkpoint read or write failed and jzero has said so: its orphaned operations are noise."""
+    _ORPHANS.reported = True
+
+sys.unraisablehook = _quiet_orbax_leftovers(sys.unraisablehook, sys.is_finalizing)
+logging.getLogger("asyncio").addFilter(_ORPHANS)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -86,6 +113,7 @@ class CheckpointWriteError(RuntimeError):
 
     def __init__(self, step: int, path: Path, cause: BaseException):
         self.step, self.path, self.cause = step, path, cause
+        failure_reported()  # this error is the failure's one report
         super().__init__(f"checkpoint: writing step {step} to {path} failed: {error_line(cause)}")
 
 
@@ -264,6 +292,7 @@ class RunCheckpoints:
             except JzeroError:
                 raise
             except Exception as err:
+                failure_reported()  # the warning below is its one report
                 reason = error_line(err)
                 skipped.append((step, reason))
                 aside = self._set_aside(step)

@@ -43,12 +43,13 @@ def _load(args: argparse.Namespace) -> Config:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError
+    from jzero.hooks import OutputWriteError
     from jzero.trainer import TrainingHalted, train
 
     config = _load(args)
     try:
         result = train(config, progress=not args.quiet, resume=not args.no_resume)
-    except (TrainingHalted, CheckpointWriteError) as err:
+    except (TrainingHalted, CheckpointWriteError, OutputWriteError) as err:
         print(f"jzero: {err}", file=sys.stderr)
         return 1
     history = result.history

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jzero.checkpoint import RunCheckpoints, array_metadata, error_line, tree_paths
+from jzero.checkpoint import RunCheckpoints, array_metadata, error_line, failure_reported, tree_paths
 from jzero.errors import CheckpointError, ConfigError, clip, show_value
 from jzero.schema import EXPORT_DTYPES
 
@@ -211,6 +211,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
     state_dir = step_dir / "state"
 
     def unreadable(err: Exception) -> CheckpointError:
+        failure_reported()
         return CheckpointError(str(step_dir), f"is unreadable ({error_line(err)})")
 
     try:

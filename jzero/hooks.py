@@ -8,17 +8,43 @@ TensorBoard, the checkpoint cadence and preemption. A Python caller adds its own
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from jzero.checkpoint import RunCheckpoints
 from jzero.preemption import Preemption
 from jzero.progress import TrainProgress
 from jzero.state import TrainState
 
-__all__ = ["CheckpointHook", "Hook", "JsonlHook", "PreemptionHook", "ProgressHook", "TensorBoardHook"]
+__all__ = [
+    "CheckpointHook",
+    "Hook",
+    "JsonlHook",
+    "OutputWriteError",
+    "PreemptionHook",
+    "ProgressHook",
+    "TensorBoardHook",
+    "writing",
+]
+
+
+class OutputWriteError(RuntimeError):
+    """Writing one of the run's outputs failed (a full disk, permissions): one line naming it."""
+
+    def __init__(self, path: str | Path, cause: OSError):
+        super().__init__(f"writing {path} failed: {cause.strerror or cause}")
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """An ``OSError`` inside becomes an :class:`OutputWriteError` naming ``path``."""
+    try:
+        yield
+    except OSError as err:
+        raise OutputWriteError(path, err) from err
 
 
 class Hook:
@@ -63,33 +89,53 @@ class ProgressHook(Hook):
 class JsonlHook(Hook):
     """One JSON object per logged step, appended to ``metrics.jsonl`` and flushed at once."""
 
-    def __init__(self, file: IO[str]):
-        self.file = file
+    def __init__(self, path: Path):
+        self.path = path
+        with writing(path):
+            self.file = open(path, "a")
 
     def log(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        with writing(self.path):
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        with writing(self.path):
+            self.file.close()
 
 
 class TensorBoardHook(Hook):
-    """Each logged record's numbers as TensorBoard scalars under ``logdir`` (``tensorboardX``)."""
+    """Each logged record's numbers as TensorBoard scalars under ``logdir`` (``tensorboardX``). A
+    failed write raises :class:`OutputWriteError`, like every other output of the run."""
 
     def __init__(self, logdir: str | Path):
         from tensorboardX import SummaryWriter  # only runs that log to TensorBoard import it
 
-        self.writer = SummaryWriter(str(logdir))
+        self.logdir = logdir
+        with self._writing():
+            self.writer = SummaryWriter(str(logdir))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        try:
+            with writing(self.logdir):
+                yield
+        except OutputWriteError:
+            # tensorboardX flushes again at exit and would print the same failure as a traceback.
+            for file_writer in (getattr(self, "writer", None) and self.writer.all_writers or {}).values():
+                file_writer.event_writer._closed = True
+            raise
 
     def log(self, record: dict[str, Any]) -> None:
-        for name, value in record.items():
-            if name != "step":
-                self.writer.add_scalar(name, value, record["step"])
-        self.writer.flush()
+        with self._writing():
+            for name, value in record.items():
+                if name != "step":
+                    self.writer.add_scalar(name, value, record["step"])
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        with self._writing():
+            self.writer.close()
 
 
 class CheckpointHook(Hook):

@@ -28,7 +28,7 @@ from jzero.config import dump_config
 from jzero.data import TextBatches, text_batches
 from jzero.errors import ConfigError
 from jzero.export import load_params, match_params
-from jzero.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook
+from jzero.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
 from jzero.mesh import mesh_shape
 from jzero.preemption import Preemption
 from jzero.progress import TrainProgress
@@ -87,8 +87,9 @@ def trim_metrics(path: Path, last_step: int) -> int:
     if len(kept) == len(lines):
         return 0
     tmp = path.with_name(f".{path.name}.trim-{os.getpid()}")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    with writing(path):
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
     return len(lines) - len(kept)
 
 
@@ -227,7 +228,8 @@ def train(
     create_run_dir(run_dir)
     checkpoints = checkpoints or RunCheckpoints(run_dir, config.checkpoint)
     if not existing:
-        (run_dir / "config.yaml").write_text(dump_config(config))
+        with writing(run_dir / "config.yaml"):
+            (run_dir / "config.yaml").write_text(dump_config(config))
     dropped = trim_metrics(run_dir / "metrics.jsonl", start)
     if dropped:
         notes.append(f"dropped {dropped} metrics.jsonl records past step {start}, which this run logs again")
@@ -243,7 +245,8 @@ def train(
             checkpoints.close()
             return result
         if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
-            (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))  # the resumed run's own config
+            with writing(run_dir / f"config.step-{start}.yaml"):  # the resumed run's own config
+                (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))
         t0 = time.perf_counter()
         compiled = s.make_step().lower(state, data.device_batch(start, s.plan.batch)).compile()
         bar.note(
@@ -252,12 +255,13 @@ def train(
         )
         report = startup_ledger(s, compiled, state)
         name = "ledger.json" if not (run_dir / "ledger.json").exists() else f"ledger.step-{start}.json"
-        (run_dir / name).write_text(json.dumps(report, indent=1))
+        with writing(run_dir / name):
+            (run_dir / name).write_text(json.dumps(report, indent=1))
         bar.note(format_ledger_summary(report) + f"\n  written to {run_dir / name}")
         bar.advance(start)
 
         saver = CheckpointHook(checkpoints, start, steps, data.state, meta, bar.announce)
-        own: list[Hook] = [ProgressHook(bar), JsonlHook(open(run_dir / "metrics.jsonl", "a"))]
+        own: list[Hook] = [ProgressHook(bar), JsonlHook(run_dir / "metrics.jsonl")]
         if config.run.tensorboard:
             own.append(TensorBoardHook(run_dir / "tensorboard"))
         all_hooks = [*own, saver, PreemptionHook(preemption), *hooks]
@@ -284,7 +288,7 @@ def train(
         except KeyboardInterrupt:  # a second SIGINT: abort now, leave any write uncommitted
             raise
         except BaseException:
-            _close(all_hooks)
+            _close(all_hooks, quietly=True)  # the error that stopped the run is the one to report
             raise
         _close(all_hooks)
         result.saved = saver.saved
@@ -296,6 +300,13 @@ def _log(hooks: Sequence[Hook], record: dict[str, Any]) -> None:
         hook.log(record)
 
 
-def _close(hooks: Sequence[Hook]) -> None:
+def _close(hooks: Sequence[Hook], quietly: bool = False) -> None:
+    """Close every hook; the first failure is raised after all are closed, unless ``quietly``."""
+    first: Exception | None = None
     for hook in hooks:
-        hook.close()
+        try:
+            hook.close()
+        except Exception as err:
+            first = first or err
+    if first is not None and not quietly:
+        raise first

@@ -202,15 +202,21 @@ def small_disk(path: Path, size: str):
         subprocess.run(["umount", "-l", str(path)])
 
 
-def test_a_full_disk_during_a_checkpoint_is_one_line(devices, tmp_path):
-    """The run dir on a 300 KiB tmpfs: config, ledger and metrics fit, the first checkpoint does not."""
-    with small_disk(tmp_path / "disk", "300k") as disk:
-        done = jzero_cli("train", "--quiet", *cli_args(disk / "run", "train.steps=4"))
+@pytest.mark.parametrize("size", ["300k", "8k"])
+def test_a_full_disk_is_one_line(devices, tmp_path, size):
+    """The run dir on a small tmpfs. 300 KiB: config, ledger and metrics fit, the first checkpoint
+    does not. 8 KiB: the config fits, the start-up ledger does not."""
+    with small_disk(tmp_path / "disk", size) as disk:
+        run = disk / "run"
+        done = jzero_cli("train", "--quiet", *cli_args(run, "train.steps=4"))
         err = stderr_lines(done.stderr)
         assert done.returncode == 1 and len(err) == 1, done.stderr[-3000:]
-        assert err[0].startswith(f"jzero: checkpoint: writing step 2 to {(disk / 'run' / CHECKPOINTS / '2').absolute()} failed")
-        assert "RESOURCE_EXHAUSTED" in err[0] or "No space left" in err[0]
-        assert not [r for r in describe(disk / "run") if r["committed"]]
+        if size == "300k":
+            assert err[0].startswith(f"jzero: checkpoint: writing step 2 to {(run / CHECKPOINTS / '2').absolute()} failed")
+            assert "RESOURCE_EXHAUSTED" in err[0] or "No space left" in err[0]
+        else:
+            assert err[0] == f"jzero: writing {run / 'ledger.json'} failed: No space left on device"
+        assert not (run / CHECKPOINTS).exists() or not [r for r in describe(run) if r["committed"]]
 
 
 def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):
