@@ -7,6 +7,7 @@ the checkpoint cadence and preemption.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -208,6 +209,7 @@ def train(
       ConfigError: the run is refused; nothing has been written then.
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
       CheckpointWriteError: a checkpoint write failed.
+      OutputWriteError: another output (ledger, metrics, TensorBoard, config) could not be written.
     """
     s = run if run is not None else setup(config)
     if data is None:
@@ -236,39 +238,40 @@ def train(
     meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
     steps = config.train.steps
 
-    with TrainProgress(steps, enabled=progress) as bar, Preemption() as preemption:
-        for line in notes:
-            bar.announce(line)
-        result = RunResult([], start, start, [])
-        if start >= steps:
-            bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
-            checkpoints.close()
-            return result
-        if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
-            with writing(run_dir / f"config.step-{start}.yaml"):  # the resumed run's own config
-                (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))
-        t0 = time.perf_counter()
-        compiled = s.make_step().lower(state, data.device_batch(start, s.plan.batch)).compile()
-        bar.note(
-            f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  "
-            f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
-        )
-        report = startup_ledger(s, compiled, state)
-        name = "ledger.json" if not (run_dir / "ledger.json").exists() else f"ledger.step-{start}.json"
-        with writing(run_dir / name):
-            (run_dir / name).write_text(json.dumps(report, indent=1))
-        bar.note(format_ledger_summary(report) + f"\n  written to {run_dir / name}")
-        bar.advance(start)
+    all_hooks: list[Hook] = []
+    try:
+        with TrainProgress(steps, enabled=progress) as bar, Preemption() as preemption:
+            for line in notes:
+                bar.announce(line)
+            result = RunResult([], start, start, [])
+            if start >= steps:
+                bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
+                checkpoints.close()
+                return result
+            if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
+                with writing(run_dir / f"config.step-{start}.yaml"):  # the resumed run's own config
+                    (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))
+            t0 = time.perf_counter()
+            compiled = s.make_step().lower(state, data.device_batch(start, s.plan.batch)).compile()
+            bar.note(
+                f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  "
+                f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
+            )
+            report = startup_ledger(s, compiled, state)
+            name = "ledger.json" if not (run_dir / "ledger.json").exists() else f"ledger.step-{start}.json"
+            with writing(run_dir / name):
+                (run_dir / name).write_text(json.dumps(report, indent=1))
+            bar.note(format_ledger_summary(report) + f"\n  written to {run_dir / name}")
+            bar.advance(start)
 
-        saver = CheckpointHook(checkpoints, start, steps, data.state, meta, bar.announce)
-        own: list[Hook] = [ProgressHook(bar), JsonlHook(run_dir / "metrics.jsonl")]
-        if config.run.tensorboard:
-            own.append(TensorBoardHook(run_dir / "tensorboard"))
-        all_hooks = [*own, saver, PreemptionHook(preemption), *hooks]
-        tokens = config.train.global_batch_size * config.model.seq_len
-        schedule = build_schedule(config.optimizer, steps)
-        log = MetricsLog(tokens, start, int(state.skipped), config.train.nonfinite == "halt", schedule)
-        try:
+            saver = CheckpointHook(checkpoints, start, steps, data.state, meta, bar.announce)
+            all_hooks = [saver, ProgressHook(bar), JsonlHook(run_dir / "metrics.jsonl")]
+            if config.run.tensorboard:
+                all_hooks.append(TensorBoardHook(run_dir / "tensorboard"))
+            all_hooks += [PreemptionHook(preemption), *hooks]
+            tokens = config.train.global_batch_size * config.model.seq_len
+            schedule = build_schedule(config.optimizer, steps)
+            log = MetricsLog(tokens, start, int(state.skipped), config.train.nonfinite == "halt", schedule)
             for step, batch in data.iterate(s.plan.batch, start):
                 if step >= steps or any(h.stop_requested() for h in all_hooks):
                     break
@@ -285,13 +288,17 @@ def train(
             result.preempted = preemption.signal
             for hook in all_hooks:
                 hook.end(result.final_step, state, result.preempted)
-        except KeyboardInterrupt:  # a second SIGINT: abort now, leave any write uncommitted
-            raise
-        except BaseException:
-            _close(all_hooks, quietly=True)  # the error that stopped the run is the one to report
-            raise
-        _close(all_hooks)
-        result.saved = saver.saved
+    except KeyboardInterrupt:  # a second SIGINT: abort now, leave any write uncommitted
+        raise
+    except BaseException:
+        # The error that stopped the run is the one to report; the checkpoints close either way.
+        _close(all_hooks, quietly=True)
+        if not all_hooks:
+            with contextlib.suppress(Exception):
+                checkpoints.close()
+        raise
+    _close(all_hooks)
+    result.saved = saver.saved
     return result
 
 
