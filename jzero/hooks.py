@@ -52,7 +52,8 @@ class Hook:
 
     The loop calls, in order: :meth:`step` after each step, :meth:`log` at each logged step,
     :meth:`stop_requested` before each step, :meth:`end` once after the last step (also when the
-    run stops early), and :meth:`close` always, even after an error.
+    run stops early), and :meth:`close` on every exit, errors included, except an abort by a second
+    Ctrl-C (which leaves a checkpoint write in flight uncommitted rather than wait for it).
     """
 
     def step(self, step: int, state: TrainState) -> None:
