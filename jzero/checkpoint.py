@@ -104,6 +104,7 @@ def failure_reported() -> None:
     """A checkpoint read or write failed and jzero has said so: its orphaned operations are noise."""
     _ORPHANS.reported = True
 
+
 sys.unraisablehook = _quiet_orbax_leftovers(sys.unraisablehook, sys.is_finalizing)
 logging.getLogger("asyncio").addFilter(_ORPHANS)
 

@@ -197,6 +197,12 @@ def reference(data):
     return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
+def snapshot(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too) with its bytes: what "nothing was changed" is
+    checked against."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def train_sharded(s, batches, steps=STEPS):
     """Sharded init and ``steps`` compiled steps of a :class:`jzero.build.Setup`; returns the final state."""
     state = s.init_state()

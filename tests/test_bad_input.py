@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, snapshot
 
 import jzero.export
 from jzero.checkpoint import CHECKPOINTS
@@ -39,11 +39,6 @@ def one_line_error(capsys, argv: list[str], fragment: str) -> str:
     assert lines[0].startswith("jzero: error: ") and fragment in lines[0], lines[0]
     assert "Traceback" not in out + err
     return lines[0]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (hidden ones too) with its bytes."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def jzero_env() -> dict[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import snapshot, tiny_config
 from test_checkpoint import cli_args, host, jzero_process, run_config
 
 from jzero.build import setup
@@ -22,11 +22,6 @@ from jzero.cli import main
 from jzero.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` with its bytes: what "nothing was changed" is checked against."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def stderr_lines(text: str) -> list[str]:

@@ -89,4 +89,3 @@ def test_tensorboard_holds_what_metrics_jsonl_holds(devices, tmp_path):
 def test_tensorboard_can_be_turned_off(devices, tmp_path):
     train(run_config(tmp_path, "train.steps=2", "run.tensorboard=false"), progress=False)
     assert not (tmp_path / "tensorboard").exists() and (tmp_path / "metrics.jsonl").exists()
-
