@@ -46,6 +46,8 @@ _WHERE = {
     "sharded_abstract": "jzero.step",
     "sharded_init": "jzero.step",
     "state_from_params": "jzero.step",
+    "target_devices": "jzero.targets",
+    "parse_target": "jzero.targets",
 }
 __all__ = [
     "STAGES",
@@ -72,6 +74,8 @@ __all__ = [
     "sharded_abstract",
     "sharded_init",
     "state_from_params",
+    "target_devices",
+    "parse_target",
 ]
 
 if TYPE_CHECKING:
@@ -86,6 +90,7 @@ if TYPE_CHECKING:
     from jzero.stages import STAGES, StageRule, paper_bytes_per_device
     from jzero.state import TrainState
     from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
+    from jzero.targets import parse_target, target_devices
 
 
 def __getattr__(name: str) -> Any:

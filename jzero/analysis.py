@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
-
 from jzero import ledger
 from jzero.axes import BATCH_AXES, batch_ways, model_ways
 from jzero.build import Setup
@@ -22,6 +20,7 @@ from jzero.state import TrainState
 
 __all__ = [
     "communication",
+    "device_description",
     "lowering_notes",
     "one_group_reference",
     "paper_table",
@@ -32,7 +31,7 @@ __all__ = [
 ]
 
 
-def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text: str) -> list[str]:
+def lowering_notes(stage: int, collectives: dict[str, dict[str, Any]], hlo_text: str, backend: str = "cpu") -> list[str]:
     """Say what the HLO shows about the gradient reduction, and nothing more."""
     notes = []
     if stage_rule(stage).grads:  # the stage reduce-scatters its gradients
@@ -40,10 +39,21 @@ def lowering_notes(stage: int, collectives: dict[str, dict[str, int]], hlo_text:
             notes.append("gradients are reduced with reduce-scatter")
         elif "all-reduce" in collectives and "dynamic-slice" in hlo_text:
             notes.append(
-                f"{jax.default_backend()} backend: no reduce-scatter op in the HLO; gradients are all-reduced "
+                f"{backend} backend: no reduce-scatter op in the HLO; gradients are all-reduced "
                 "and each device keeps its slice (dynamic-slice)"
             )
     return notes
+
+
+def device_description(mesh: Any) -> dict[str, Any]:
+    """What the program was compiled for, from the mesh's own devices (a GPU target's are
+    compile-only, on a host whose default backend is the CPU)."""
+    devices = list(mesh.devices.flat)
+    return {
+        "backend": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "hosts": len({d.process_index for d in devices}),
+    }
 
 
 def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
@@ -57,8 +67,10 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
     collectives = ledger.summarize_collectives(ops)
     plan = s.plan
     mem = ledger.compiled_memory(compiled)
+    device = device_description(s.mesh)
     return {
         "devices": int(s.mesh.size),
+        **device,
         "mesh": mesh_shape(s.mesh),
         "stage": plan.stage,
         "num_params": plan.num_params,
@@ -66,11 +78,25 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
         "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
         "flops_per_device": ledger.flops_per_device(compiled),
-        "collectives": {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in collectives.items()},
+        "collectives": {
+            k: {key: v[key] for key in ("count", "bytes", "dtypes", "async", "overlapped")} for k, v in collectives.items()
+        },
         "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
         "collective_groups": {k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in collectives},
-        "backend": jax.default_backend(),
-        "notes": lowering_notes(plan.stage, collectives, hlo),
+        "async_collectives": [
+            {
+                "name": o.name,
+                "kind": o.kind,
+                "dtype": o.dtype,
+                "bytes": o.bytes,
+                "computation": o.computation,
+                "executions": o.executions,
+                "overlapped": o.overlapped,
+            }
+            for o in ops
+            if o.is_async
+        ],
+        "notes": lowering_notes(plan.stage, collectives, hlo, device["backend"]),
         "tensors": [
             {
                 "path": t.path,
@@ -102,7 +128,7 @@ def one_group_reference(s: Setup) -> dict[str, float | None]:
       ``{"flops", "temp"}`` per device of that program.
     """
     axes = {name: (1 if name in BATCH_AXES else size) for name, size in mesh_shape(s.mesh).items()}
-    mesh = make_mesh(axes, jax.devices()[: math.prod(axes.values())])
+    mesh = make_mesh(axes, list(s.mesh.devices.flat)[: math.prod(axes.values())])
     _, compiled = s.replan(stage=0, mesh=mesh).compile_step()
     return {"flops": ledger.flops_per_device(compiled), "temp": ledger.compiled_memory(compiled)["temp"]}
 
@@ -155,6 +181,7 @@ def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any
     total = sum(measured.values())
     return {
         "bytes_per_step": measured,
+        "by_dtype": ledger.communication_by_dtype(ops),
         "total": total,
         "paper": paper,
         "paper_model": f"{plan.rule.communication_units}Ψ",

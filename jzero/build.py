@@ -23,6 +23,7 @@ from jzero.precision import Precision
 from jzero.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init
+from jzero.targets import compiler_options
 from jzero.validation import check_batch_divides
 
 __all__ = ["Setup", "build_model", "build_optimizer", "build_precision", "build_schedule", "setup"]
@@ -118,7 +119,11 @@ class Setup:
         """Lower and compile the train step from shapes alone; returns ``(step, compiled)``."""
         batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
         step = self.make_step()
-        return step, step.lower(self.abstract_state(), batch).compile()
+        return step, self.compile(step.lower(self.abstract_state(), batch))
+
+    def compile(self, lowered):
+        """Compile a lowered program for this mesh's devices (GPUs get :data:`jzero.targets.GPU_COMPILER_OPTIONS`)."""
+        return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat)))
 
     def init_state(self) -> TrainState:
         """A fresh train state, initialised straight into the plan's shardings."""

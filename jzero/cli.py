@@ -21,7 +21,7 @@ from types import FrameType
 from typing import NoReturn
 
 from jzero.config import load_config
-from jzero.errors import JzeroError
+from jzero.errors import ConfigError, JzeroError
 from jzero.schema import EXPORT_DTYPES, Config
 
 
@@ -32,12 +32,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(args: argparse.Namespace) -> Config:
+    import jax
+
     from jzero.mesh import simulate_cpu_devices
+    from jzero.targets import start_backends
 
     config = load_config(args.config, args.set)
     # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
-    # there is no accelerator.
-    simulate_cpu_devices(config.runtime.cpu_devices)
+    # there is no accelerator, and the CPU alone when compiling for a GPU target (its devices are
+    # compile-only; a local GPU is not needed, and without one the CUDA plugin would fail its check).
+    if getattr(args, "target", None):
+        if jax.config.jax_platforms != "cpu":
+            jax.config.update("jax_platforms", "cpu")
+    else:
+        simulate_cpu_devices(config.runtime.cpu_devices)
+    start_backends()
     return config
 
 
@@ -103,10 +112,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from jzero.estimate import parse_memory
     from jzero.report import format_all_stages, format_plan
     from jzero.stages import STAGES
+    from jzero.targets import check_target_fits_mesh, parse_target, target_devices
 
-    config = _load(args)
+    target = parse_target(args.target, args.hosts, args.gpus_per_host) if args.target else None
+    if target is None and (args.hosts or args.gpus_per_host):
+        raise ConfigError("--hosts" if args.hosts else "--gpus-per-host", "only with --target")
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
-    built = setup(config)  # the mesh, model and abstract state once; each stage is a new plan of them
+    config = _load(args)
+    devices = None
+    if target is not None:
+        devices = target_devices(target)
+        check_target_fits_mesh(target, config.mesh.axes)
+        memory = target.memory_bytes if memory is None else memory
+    built = setup(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
     reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
     stages = STAGES if args.all_stages else [config.zero.stage]
     reports = {}
@@ -149,7 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.add_argument("--all-stages", action="store_true", help="plan stages 0-3 and compare them")
-    plan.add_argument("--memory-per-device", default=None, help="e.g. 80GB: does the compiled step's peak fit?")
+    plan.add_argument(
+        "--memory-per-device",
+        default=None,
+        help="e.g. 80GB: does the compiled step's peak fit? (default with --target: the GPU's)",
+    )
+    plan.add_argument(
+        "--target", default=None, help="compile for GPUs from this host: h100x8, h100x64, a100x16 (gpu-target extra)"
+    )
+    plan.add_argument("--hosts", type=int, default=None, help="with --target: hosts (default: the count over 8 GPUs per host)")
+    plan.add_argument("--gpus-per-host", type=int, default=None, help="with --target: GPUs per host (default 8)")
     plan.set_defaults(func=cmd_plan)
 
     est = sub.add_parser("estimate", help="per-device model-state memory at stages 0-3, from the paper's formulas")
@@ -187,7 +214,9 @@ def _exit_interrupted() -> NoReturn:
             stream.flush()
         except Exception:  # a flush re-entered from the signal handler; the line below still goes out
             pass
-    os.write(2, b"jzero: interrupted\n")
+    from jzero import targets  # already imported whenever fd 2 can be diverted
+
+    os.write(targets.stderr_fd or 2, b"jzero: interrupted\n")
     os._exit(130)
 
 
@@ -227,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
+        if args.command != "estimate":  # the one command that needs no JAX
+            from jzero.targets import import_jax
+
+            import_jax()
         return args.func(args)
     except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it
         print(f"jzero: error: {err}", file=sys.stderr)

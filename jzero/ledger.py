@@ -16,30 +16,77 @@ _DTYPE_BYTES = {
     "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
     "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
 }  # fmt: skip
-_SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
-_OP = re.compile(r"=\s*(?P<shape>.*?)\s(?P<op>" + "|".join(COLLECTIVES) + r")(?P<start>-start)?\(")
+_ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?:\{[^}]*\})?")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
+_OPCODE = re.compile(r"\s*(?P<op>[\w\-]+)\(")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
-_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)\}?")
-_WHILE_BODY = re.compile(r"\swhile\(.*body=%?([\w.\-]+)")
+_CALLEE_LIST = r"\{?\s*(%?[\w.\-]+(?:\s*,\s*%[\w.\-]+)*)\s*\}?"
+_CALLS = re.compile(r"\b(calls|to_apply|body|condition|branch_computations|true_computation|false_computation)=" + _CALLEE_LIST)
+_TRIP_COUNT = re.compile(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)')
 _GROUPS = re.compile(
     r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids=[^{]*?)?\s*\{[^}]*\}"
     r"|\{\{[^ ]*\}\}|\{\}|\[[\d,]*\]<=\[[\d,]*\](?:T\([\d,]*\))?)"
 )
+# Instructions that do no work on the device: between an async collective's start and done they
+# leave it exposed; anything else there (a fusion, a GEMM custom-call, a loop) overlaps it.
+_NO_COMPUTE = {
+    "get-tuple-element", "tuple", "bitcast", "parameter", "constant", "after-all", "partition-id",
+    "replica-id", "add-dependency", "opt-barrier", "copy-start", "copy-done",
+}  # fmt: skip
+
+
+def _parse_type(text: str) -> tuple[Any, str]:
+    """One HLO type at the start of ``text`` -> (a list for a tuple, else ``(dtype, dims)``; the rest)."""
+    text = text.lstrip()
+    if text.startswith("("):
+        items, rest = [], text[1:]
+        while not rest.lstrip().startswith(")"):
+            item, rest = _parse_type(rest)
+            items.append(item)
+            rest = rest.lstrip().removeprefix(",")
+        return items, rest.lstrip()[1:]
+    match = _ARRAY.match(text)
+    if not match:
+        raise ValueError(f"not an HLO type: {text[:40]!r}")
+    dims = tuple(int(d.lstrip("<=")) for d in match.group("dims").split(",") if d)
+    return (match.group("dtype"), dims), text[match.end() :]
+
+
+def _leaves(node: Any) -> list[tuple[str, tuple[int, ...]]]:
+    return [leaf for item in node for leaf in _leaves(item)] if isinstance(node, list) else [node]
+
+
+def _array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
+    return int(math.prod(dims) * _DTYPE_BYTES.get(dtype, 0))
 
 
 def _shape_bytes(text: str) -> int:
-    return int(sum(math.prod(int(d) for d in dims.split(",") if d) * _DTYPE_BYTES[dt] for dt, dims in _SHAPE.findall(text)))
+    """Bytes of every array in an HLO type, tuples included."""
+    node, _ = _parse_type(text)
+    return sum(_array_bytes(*leaf) for leaf in _leaves(node))
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
+    """One collective op of a compiled program, as one device sees it."""
+
     kind: str
-    bytes: int  # size of the op's result, per device
+    bytes: int  # size of the op's results, per device (all of them, for a combined op)
     replica_groups: str
     group_size: int | None  # devices in each replica group, when the HLO says
     computation: str
     in_loop: bool  # inside a while loop body (e.g. the scan over layers)
-    executions: int = 1  # times it runs per step: the product of the enclosing loops' trip counts
+    executions: int = 1  # times it runs per step (loops' trip counts; 0 in a conditional branch not counted)
+    dtypes: tuple[tuple[str, int], ...] = ()  # (element type, result bytes) of each type in its results
+    name: str = ""
+    is_async: bool = False  # a -start/-done pair
+    overlapped: bool | None = None  # async: compute is scheduled between its start and done (None: not async)
+
+    @property
+    def dtype(self) -> str:
+        """The results' element type (types joined by ``+`` for a combined op of several)."""
+        return "+".join(d for d, _ in self.dtypes)
 
 
 def group_size(groups: str) -> int | None:
@@ -55,17 +102,58 @@ def group_size(groups: str) -> int | None:
     return None
 
 
+@dataclasses.dataclass
+class _Instruction:
+    name: str
+    op: str
+    type: Any
+    line: str
+
+
+def _instruction(line: str) -> _Instruction | None:
+    match = _INSTRUCTION.match(line)
+    if not match:
+        return None
+    rest = _COMMENT.sub("", match.group("rest"))
+    try:
+        type_, rest = _parse_type(rest)
+    except ValueError:
+        return None
+    op = _OPCODE.match(rest)
+    return _Instruction(match.group("name"), op.group("op"), type_, line) if op else None
+
+
+def _results(ins: _Instruction, kind: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The result arrays of a collective. An async all-reduce's type is its result; the other
+    async starts return ``(operands, results, ...)``, where each part is a tuple when the op
+    combines several tensors."""
+    if ins.op.endswith("-start") and kind != "all-reduce" and isinstance(ins.type, list) and len(ins.type) >= 2:
+        return _leaves(ins.type[1])
+    return _leaves(ins.type)
+
+
+def _callees(line: str) -> list[tuple[str, str]]:
+    """``(attribute, computation)`` for each computation an instruction calls."""
+    return [(m.group(1), c.strip().lstrip("%")) for m in _CALLS.finditer(line) for c in m.group(2).split(",")]
+
+
 def parse_collectives(hlo_text: str) -> list[Collective]:
     """Every collective op in compiled HLO text.
 
+    Async ops (``-start``/``-done``) count once, by their real results, and say whether compute is
+    scheduled between start and done. Ops in a conditional's branches count as one branch runs: the
+    one that moves the most bytes.
+
     Args:
-      hlo_text: ``compiled.as_text()`` of an SPMD program.
+      hlo_text: ``compiled.as_text()`` of an SPMD program (a scheduled module lists each
+        computation's instructions in execution order).
 
     Returns:
-      One :class:`Collective` per op: its kind, result bytes per device, replica groups, the
-      computation it sits in, whether that is a loop body, and how often it runs per step.
+      One :class:`Collective` per op: its kind, result bytes and element types per device, replica
+      groups, the computation it sits in, whether that is a loop body, how often it runs per step,
+      and for async ops whether compute overlaps them.
     """
-    computations: dict[str, list[str]] = {}
+    computations: dict[str, list[_Instruction]] = {}
     current = entry = None
     for line in hlo_text.splitlines():
         match = _COMPUTATION.match(line)
@@ -73,106 +161,171 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
             current = match.group("name")
             computations[current] = []
             entry = current if line.startswith("ENTRY") else entry
-        elif current is not None:
-            computations[current].append(line)
+        elif current is not None and (ins := _instruction(line)):
+            computations[current].append(ins)
 
-    callees = {
-        name: {c.strip().lstrip("%") for m in _CALLS.finditer("\n".join(lines)) for c in m.group(1).split(",")}
-        for name, lines in computations.items()
-    }
-    in_loop: set[str] = set()
-    frontier = [m.group(1) for lines in computations.values() for line in lines if (m := _WHILE_BODY.search(line))]
-    while frontier:
-        name = frontier.pop()
-        if name not in in_loop:
-            in_loop.add(name)
-            frontier.extend(callees.get(name, ()))
-
-    executions = _executions(computations, entry)
-    found = []
-    for name, lines in computations.items():
-        for line in lines:
-            match = _OP.search(line)
-            if not match:
+    found: dict[str, list[Collective]] = {}
+    for name, instructions in computations.items():
+        for i, ins in enumerate(instructions):
+            kind = ins.op.removesuffix("-start")
+            if kind not in COLLECTIVES:
                 continue
-            shape = match.group("shape")
-            if match.group("start") and shape.startswith("("):
-                # Async start ops return (operands..., result): count the result only.
-                shape = _SHAPE.findall(shape)[-1]
-                shape = f"{shape[0]}[{shape[1]}]"
-            groups = _GROUPS.search(line)
-            found.append(
+            results = _results(ins, kind)
+            by_dtype: dict[str, int] = {}
+            for dtype, dims in results:
+                by_dtype[dtype] = by_dtype.get(dtype, 0) + _array_bytes(dtype, dims)
+            groups = _GROUPS.search(ins.line)
+            is_async = ins.op.endswith("-start")
+            found.setdefault(name, []).append(
                 Collective(
-                    kind=match.group("op"),
-                    bytes=_shape_bytes(shape),
+                    kind=kind,
+                    bytes=sum(by_dtype.values()),
                     replica_groups=groups.group(1) if groups else "",
                     group_size=group_size(groups.group(1)) if groups else None,
                     computation=name,
-                    in_loop=name in in_loop,
-                    executions=executions.get(name, 1),
+                    in_loop=False,
+                    dtypes=tuple(by_dtype.items()),
+                    name=ins.name,
+                    is_async=is_async,
+                    overlapped=_overlapped(instructions, i) if is_async else None,
                 )
             )
-    return found
+
+    calls = {name: [(ins, _callees(ins.line)) for ins in instructions] for name, instructions in computations.items()}
+    executions = _executions(calls, found, entry)
+    in_loop = _in_loop(calls)
+    return [
+        dataclasses.replace(op, in_loop=name in in_loop, executions=executions.get(name, 1))
+        for name in computations
+        for op in found.get(name, ())
+    ]
 
 
-_TRIP_COUNT = re.compile(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)')
+def _overlapped(instructions: list[_Instruction], start: int) -> bool | None:
+    """Whether an instruction that does work lies between the async op at ``start`` and its done
+    (None when the done is not in the same computation)."""
+    ref = re.compile(r"[(,\s]%?" + re.escape(instructions[start].name) + r"[),\s]")
+    compute = False
+    for ins in instructions[start + 1 :]:
+        if ins.op.endswith("-done") and ref.search(ins.line.split("=", 1)[1]):
+            return compute
+        compute = compute or not (ins.op in _NO_COMPUTE or ins.op.endswith(("-start", "-done")))
+    return None
 
 
-def _executions(computations: dict[str, list[str]], entry: str | None) -> dict[str, int]:
-    """How many times each computation runs per call of the entry: a while body runs its loop's
-    known trip count times per run of its caller; anything else once per call."""
-    calls: dict[str, list[tuple[str, int]]] = {}
-    for name, lines in computations.items():
-        for line in lines:
-            body = _WHILE_BODY.search(line)
-            trip = _TRIP_COUNT.search(line)
-            for m in _CALLS.finditer(line):
-                for callee in (c.strip().lstrip("%") for c in m.group(1).split(",")):
-                    factor = int(trip.group(1)) if body and trip and callee == body.group(1) else 1
-                    calls.setdefault(name, []).append((callee, factor))
-    counts: dict[str, int] = {}
-    order: list[str] = []  # callers before callees (the call graph is acyclic)
+def _in_loop(calls: dict[str, list]) -> set[str]:
+    """Computations reached from a while loop's body."""
+    inside: set[str] = set()
+    frontier = [c for sites in calls.values() for _, callees in sites for attr, c in callees if attr == "body"]
+    while frontier:
+        name = frontier.pop()
+        if name not in inside:
+            inside.add(name)
+            frontier.extend(c for _, callees in calls.get(name, ()) for _, c in callees)
+    return inside
+
+
+_BRANCHES = ("branch_computations", "true_computation", "false_computation")
+
+
+def _executions(calls: dict[str, list], found: dict[str, list[Collective]], entry: str | None) -> dict[str, int]:
+    """How many times each computation runs per call of the entry.
+
+    A while body runs its loop's known trip count times per run of its caller; of a conditional's
+    branches only the one whose collectives move the most bytes counts (once); anything else runs
+    once per call. Computations the entry does not reach are left out.
+    """
+    if entry is None:
+        return {}
+    edges: dict[str, list[tuple[str, int]]] = {}  # caller -> (callee, times per caller run)
+    cost: dict[str, float] = {}
+
+    def weigh(name: str) -> float:  # paper bytes of one run of ``name``, with what it calls
+        if name not in cost:
+            cost[name] = 0.0  # the call graph is acyclic; this only guards against a malformed module
+            own = sum(_paper_bytes(op) for op in found.get(name, ()))
+            out = []
+            for ins, callees in calls.get(name, ()):
+                branches = [c for attr, c in callees if attr in _BRANCHES]
+                if branches:
+                    out.append((max(branches, key=weigh), 1))
+                trip = _TRIP_COUNT.search(ins.line)
+                for attr, callee in callees:
+                    if attr not in _BRANCHES:
+                        out.append((callee, int(trip.group(1)) if attr == "body" and trip else 1))
+            edges[name] = out
+            cost[name] = own + sum(weigh(c) * k for c, k in out)
+        return cost[name]
+
+    weigh(entry)
+    order: list[str] = []  # callers before callees
     seen: set[str] = set()
 
     def visit(name: str) -> None:
-        if name in seen:
-            return
-        seen.add(name)
-        for callee, _ in calls.get(name, ()):
-            visit(callee)
-        order.append(name)
+        if name not in seen:
+            seen.add(name)
+            for callee, _ in edges.get(name, ()):
+                visit(callee)
+            order.append(name)
 
-    if entry is None:
-        return {}
     visit(entry)
+    counts = dict.fromkeys(seen, 0)
     counts[entry] = 1
     for name in reversed(order):
-        for callee, factor in calls.get(name, ()):
-            counts[callee] = counts.get(callee, 0) + counts.get(name, 0) * factor
+        for callee, factor in edges.get(name, ()):
+            counts[callee] += counts[name] * factor
+    # A branch not taken is reached only through its conditional: it runs 0 times, not "unknown".
+    for sites in calls.values():
+        for _, callees in sites:
+            for attr, callee in callees:
+                if attr in _BRANCHES:
+                    counts.setdefault(callee, 0)
     return counts
+
+
+def _paper_bytes(op: Collective) -> int:
+    """Bytes one run of ``op`` sends per device, in the paper's accounting: an all-gather or a
+    reduce-scatter moves the whole tensor once, an all-reduce twice (a reduce-scatter, then an
+    all-gather)."""
+    whole = op.bytes * (op.group_size or 1) if op.kind == "reduce-scatter" else op.bytes
+    return whole * (2 if op.kind == "all-reduce" else 1)
 
 
 def communication_bytes(ops: list[Collective]) -> dict[str, int]:
     """Bytes each device sends per step, by op kind, in the paper's accounting: an all-gather or a
     reduce-scatter moves the whole tensor once, an all-reduce twice (a reduce-scatter then an
-    all-gather). Loop bodies count once per iteration."""
+    all-gather). Loop bodies count once per iteration, a conditional's branches as one runs."""
     out: dict[str, int] = {}
     for op in ops:
-        whole = op.bytes * (op.group_size or 1) if op.kind == "reduce-scatter" else op.bytes
-        factor = 2 if op.kind == "all-reduce" else 1
-        out[op.kind] = out.get(op.kind, 0) + whole * factor * op.executions
+        out[op.kind] = out.get(op.kind, 0) + _paper_bytes(op) * op.executions
     return out
 
 
-def summarize_collectives(ops: list[Collective]) -> dict[str, dict[str, int]]:
-    """Op kind -> {count, bytes, in_loop}: ``count`` ops in the program text (a loop body's ops
-    count once, however many times the loop runs)."""
+def communication_by_dtype(ops: list[Collective]) -> dict[str, dict[str, int]]:
+    """:func:`communication_bytes` split by element type: op kind -> {dtype: bytes per step}."""
     out: dict[str, dict[str, int]] = {}
     for op in ops:
-        entry = out.setdefault(op.kind, {"count": 0, "bytes": 0, "in_loop": 0})
+        per_kind = out.setdefault(op.kind, {})
+        for dtype, nbytes in op.dtypes:
+            share = _paper_bytes(op) * nbytes // op.bytes if op.bytes else 0
+            per_kind[dtype] = per_kind.get(dtype, 0) + share * op.executions
+    return out
+
+
+def summarize_collectives(ops: list[Collective]) -> dict[str, dict[str, Any]]:
+    """Op kind -> {count, bytes, in_loop, dtypes, async, overlapped}: ``count`` ops in the program
+    text (a loop body's ops count once, however many times the loop runs), their result bytes,
+    how many sit in a loop, their element types, how many are async and how many of those have
+    compute scheduled between start and done."""
+    out: dict[str, dict[str, Any]] = {}
+    for op in ops:
+        entry = out.setdefault(op.kind, {"count": 0, "bytes": 0, "in_loop": 0, "dtypes": [], "async": 0, "overlapped": 0})
         entry["count"] += 1
         entry["bytes"] += op.bytes
         entry["in_loop"] += int(op.in_loop)
+        entry["dtypes"] = sorted({*entry["dtypes"], *(d for d, _ in op.dtypes)})
+        entry["async"] += int(op.is_async)
+        entry["overlapped"] += int(bool(op.overlapped))
     return out
 
 

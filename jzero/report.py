@@ -30,11 +30,24 @@ def _tensor_list(title: str, tensors: list[dict[str, Any]], remark: str = "") ->
     ]
 
 
+def devices_text(report: dict[str, Any]) -> str:
+    """``8 cpu devices``, or ``64 NVIDIA H100 80GB HBM3 (gpu) devices on 8 hosts`` for a target."""
+    kind = report.get("device_kind") or report["backend"]
+    label = kind if kind == report["backend"] else f"{kind} ({report['backend']})"
+    hosts = report.get("hosts", 1)
+    return f"{report['devices']} {label} devices" + (f" on {hosts} hosts" if hosts > 1 else "")
+
+
+def flops_text(report: dict[str, Any]) -> str:
+    """XLA's FLOPs per device, or "not available" (a GPU target's compile has no cost analysis)."""
+    flops = report.get("flops_per_device")
+    return "not available" if flops is None else f"{flops:.3g}"
+
+
 def format_plan(report: dict[str, Any]) -> str:
     mesh = mesh_text(report["mesh"])
     lines = [
-        f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({report['devices']} {report['backend']} devices), "
-        f"{report['num_params']:,} parameters",
+        f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({devices_text(report)}), {report['num_params']:,} parameters",
         "",
         f"{'tensor':<32} {'shape':<16} {'params':<24} {'grads':<24} {'optimizer':<24} {'param bytes/dev':>15}",
     ]
@@ -53,7 +66,7 @@ def format_plan(report: dict[str, Any]) -> str:
         "",
         f"compiled step, per device: arguments {human_bytes(c['argument'])}, outputs {human_bytes(c['output'])}, "
         f"temporaries {human_bytes(c['temp'])}, peak {human_bytes(c['peak'])} (arguments + temporaries + unaliased outputs)"
-        + (f"; {report['flops_per_device']:.3g} FLOPs (XLA's cost analysis)" if report.get("flops_per_device") else ""),
+        + f"; FLOPs {flops_text(report)} (XLA's cost analysis)",
         "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
     ]
     if not report["collectives"]:
@@ -62,7 +75,12 @@ def format_plan(report: dict[str, Any]) -> str:
         inside = report["collectives_in_loop"].get(kind, 0)
         groups = "/".join(map(str, report["collective_groups"].get(kind, [])))
         groups = f"  groups of {groups} devices" if groups else ""
-        lines.append(f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops)  {human_bytes(v['bytes']):>12}{groups}")
+        dtypes = "+".join(v.get("dtypes", [])) or "?"
+        overlap = f", {v['overlapped']} of {v['async']} async overlap compute" if v.get("async") else ""
+        lines.append(
+            f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops{overlap})  {dtypes:<8} "
+            f"{human_bytes(v['bytes']):>12}{groups}"
+        )
     lines += _communication_lines(report)
     lines += _scaling_lines(report)
     t = report["paper_table"]
@@ -94,8 +112,7 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
     live = report.get("live_bytes_per_device", {})
     c = report["compiled"]
     lines = [
-        f"ledger: ZeRO stage {report['stage']} on {mesh} ({report['devices']} {report['backend']} devices), "
-        f"{report['num_params']:,} parameters",
+        f"ledger: ZeRO stage {report['stage']} on {mesh} ({devices_text(report)}), {report['num_params']:,} parameters",
         f"  model states per device: {human_bytes(got['total'])} planned, paper formula {human_bytes(ideal['total'])} "
         f"(ratio {got['total'] / ideal['total']:.3f})",
     ]
@@ -104,12 +121,14 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
             f"  live now: params {human_bytes(live['params'])}, optimizer {human_bytes(live['optimizer'])}"
             f" (+ gradients {human_bytes(got['grads'])} inside the step)"
         )
-    flops = f", {report['flops_per_device']:.3g} FLOPs" if report.get("flops_per_device") else ""
     lines.append(
         f"  compiled step: arguments {human_bytes(c['argument'])}, temporaries {human_bytes(c['temp'])}, "
-        f"peak {human_bytes(c['peak'])}{flops} per device"
+        f"peak {human_bytes(c['peak'])}, FLOPs {flops_text(report)} per device"
     )
-    traffic = ", ".join(f"{k} {v['count']} ops {human_bytes(v['bytes'])}" for k, v in sorted(report["collectives"].items()))
+    traffic = ", ".join(
+        f"{k} {v['count']} ops {'+'.join(v.get('dtypes', []))} {human_bytes(v['bytes'])}"
+        for k, v in sorted(report["collectives"].items())
+    )
     lines.append(f"  collectives: {traffic or 'none'}")
     return "\n".join(lines)
 
@@ -131,11 +150,10 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
     verdicts = first.get("fits") is not None
     header = (
         f"{'stage':<6} {'model states':>13} {'formula':>12} {'ratio':>6} {'vs 0':>5} {'temporaries':>12} {'vs 0':>5} "
-        f"{'peak':>12} {'FLOPs':>9} {'all-gather':>11} {'all-reduce':>11} {'comm/paper':>10}" + ("  fits" if verdicts else "")
+        f"{'peak':>12} {'FLOPs':>13} {'all-gather':>11} {'all-reduce':>11} {'comm/paper':>10}" + ("  fits" if verdicts else "")
     )
     lines = [
-        f"jzero plan --all-stages: mesh {mesh} ({first['devices']} {first['backend']} devices), "
-        f"{first['num_params']:,} parameters",
+        f"jzero plan --all-stages: mesh {mesh} ({devices_text(first)}), {first['num_params']:,} parameters",
         "",
         header,
     ]
@@ -143,11 +161,11 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
         got, ideal = r["per_device_bytes"]["total"], r["ideal_per_device_bytes"]["total"]
         temp = r["compiled"]["temp"]
         comm = {k: human_bytes(r["collectives"].get(k, {}).get("bytes", 0)) for k in ("all-gather", "all-reduce")}
-        flops = f"{r['flops_per_device']:.3g}" if r.get("flops_per_device") else "?"
+        flops = flops_text(r)
         row = (
             f"{stage:<6} {human_bytes(got):>13} {human_bytes(ideal):>12} {got / ideal:>6.3f} "
             f"{got / base['per_device_bytes']['total']:>5.2f} {human_bytes(temp):>12} {temp / base['compiled']['temp']:>5.2f} "
-            f"{human_bytes(r['compiled']['peak']):>12} {flops:>9} {comm['all-gather']:>11} {comm['all-reduce']:>11} "
+            f"{human_bytes(r['compiled']['peak']):>12} {flops:>13} {comm['all-gather']:>11} {comm['all-reduce']:>11} "
             f"{r['communication']['ratio']:>10.2f}"
         )
         lines.append(row + (("  yes" if r["fits"] else "  no") if verdicts else ""))
@@ -156,7 +174,7 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
         "model states: per device, against the paper's formula; all-gather/all-reduce: HLO result bytes, a loop body "
         "once; comm/paper: bytes sent per step (loops times their trip counts) over the paper's 2Ψ or 3Ψ",
     ]
-    if all("scaling" in r for r in reports.values()):
+    if all(r.get("scaling", {}).get("flops_ratio_to_predicted") is not None for r in reports.values()):
         ratios = ", ".join(f"{r['scaling']['flops_ratio_to_predicted']:.2f}" for r in reports.values())
         lines.append(f"FLOPs per device over one batch group's / {first['scaling']['batch_groups']}, stages 0-3: {ratios}")
         lines += [f"FLAG stage {stage}: {flag}" for stage, r in reports.items() for flag in r["scaling"]["flags"]]
@@ -169,7 +187,11 @@ def _communication_lines(report: dict[str, Any]) -> list[str]:
     comm = report.get("communication")
     if not comm:
         return []
-    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(comm["bytes_per_step"].items()))
+    by_dtype = comm.get("by_dtype", {})
+    parts = ", ".join(
+        f"{k} {human_bytes(v)}" + (f" ({'+'.join(sorted(by_dtype[k]))})" if by_dtype.get(k) else "")
+        for k, v in sorted(comm["bytes_per_step"].items())
+    )
     return [
         f"communication per device per step: {human_bytes(comm['total'])} ({parts or 'none'}; an all-reduce counts "
         f"twice, loops times their trip counts), the paper's {comm['paper_model']} = {human_bytes(comm['paper'])}: "

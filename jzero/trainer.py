@@ -252,7 +252,7 @@ def train(
                 with writing(run_dir / f"config.step-{start}.yaml"):  # the resumed run's own config
                     (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))
             t0 = time.perf_counter()
-            compiled = s.make_step().lower(state, data.device_batch(start, s.plan.batch)).compile()
+            compiled = s.compile(s.make_step().lower(state, data.device_batch(start, s.plan.batch)))
             bar.note(
                 f"mesh {mesh_shape(s.mesh)}  stage {s.plan.stage}  params {s.plan.num_params:,}  "
                 f"compile {time.perf_counter() - t0:.1f}s  from step {start}"

@@ -72,7 +72,11 @@ def test_plan_json_contract(capsys):
     assert report["flops_per_device"] > 0
     assert all(v > 0 for v in report["compiled"].values())
     assert report["collectives"]["all-gather"]["count"] > 0
-    assert all(set(v) == {"count", "bytes"} for v in report["collectives"].values())
+    assert all(set(v) == {"count", "bytes", "dtypes", "async", "overlapped"} for v in report["collectives"].values())
+    assert report["backend"] == "cpu" and report["device_kind"] == "cpu" and report["hosts"] == 1
+    # The CPU program's collectives are synchronous, in f32 (this config's dtype).
+    assert all(v["async"] == v["overlapped"] == 0 and v["dtypes"] == ["f32"] for v in report["collectives"].values())
+    assert set(report["communication"]["by_dtype"]) == set(report["communication"]["bytes_per_step"])
     # The paper-style table: fp32 Adam is 4 + 4 + K=8 bytes per parameter, split per stage.
     table = report["paper_table"]
     assert (table["k"], table["param_bytes"], table["n_d"]) == (8.0, 4.0, 8)

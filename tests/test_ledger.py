@@ -42,8 +42,15 @@ def test_parse_collectives_kinds_bytes_groups_and_loops():
         ("reduce-scatter", 32, 8, False),
     ]
     summary = summarize_collectives(ops)
-    assert summary["all-gather"] == {"count": 2, "bytes": 64 * 64 * 4 + 256, "in_loop": 1}
-    assert summary["all-reduce"]["count"] == 2
+    assert summary["all-gather"] == {
+        "count": 2,
+        "bytes": 64 * 64 * 4 + 256,
+        "in_loop": 1,
+        "dtypes": ["f32"],
+        "async": 1,
+        "overlapped": 0,  # nothing is scheduled between all-gather-start.3 and its done
+    }
+    assert summary["all-reduce"]["count"] == 2 and summary["all-reduce"]["dtypes"] == ["bf16", "f32"]
 
 
 def test_group_size_spellings():
@@ -164,3 +171,106 @@ def test_communication_against_the_papers_volume(devices):
             # Measured 1.61Ψ here (1.92Ψ on gpt-tiny): XLA reuses some forward gathers in the
             # backward pass, so the band is "most parameters twice, never more than twice".
             assert 1.5 * psi * 4 <= comm["bytes_per_step"]["all-gather"] <= 2.02 * psi * 4
+
+
+# What XLA's GPU pipeline emits (compiled for an H100 target): async collectives whose type is
+# ((operands...), (results...)) when several tensors are combined, with /*index=N*/ comments; a
+# conditional whose two branches each hold a parameter all-gather; a start and done with compute
+# (a fusion, a GEMM) between them, and one with nothing between.
+GPU_HLO = """\
+HloModule jit_step, is_scheduled=true, entry_computation_layout={()->()}
+
+%body.2 (p: (s32[], bf16[16,128])) -> (s32[], bf16[16,128]) {
+  %all-gather-start = ((bf16[16]{0}, bf16[16,128]{1,0}, bf16[64,128]{1,0}, /*index=3*/bf16[16]{0}), (bf16[128]{0}, bf16[128,128]{1,0}, bf16[512,128]{1,0}, /*index=3*/bf16[128]{0})) all-gather-start(%a, %b, %c, %d), channel_id=1, replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, dimensions={0}, use_global_device_ids=true
+  %fusion.3 = bf16[4,128]{1,0} fusion(%x), kind=kLoop, calls=%fused_computation.3
+  %all-gather-done = (bf16[128]{0}, bf16[128,128]{1,0}, bf16[512,128]{1,0}, /*index=3*/bf16[128]{0}) all-gather-done(%all-gather-start)
+  %reduce-scatter-start = ((bf16[128,128]{1,0}, f32[128]{0}), (bf16[16,128]{1,0}, f32[16]{0})) reduce-scatter-start(%g, %h), channel_id=2, replica_groups=[1,8]<=[8], dimensions={0}, to_apply=%add
+  %get-tuple-element.1 = bf16[128]{0} get-tuple-element(%all-gather-done), index=0
+  %reduce-scatter-done = (bf16[16,128]{1,0}, f32[16]{0}) reduce-scatter-done(%reduce-scatter-start)
+  %all-reduce-start = bf16[256]{0} all-reduce-start(%w), channel_id=3, replica_groups=[1,8]<=[8], to_apply=%add
+  %cublas-gemm.1 = (bf16[4,128]{1,0}, s8[1024]{0}) custom-call(%x, %y), custom_call_target="__cublas$gemm"
+  %all-reduce-done = bf16[256]{0} all-reduce-done(%all-reduce-start)
+}
+
+%skip.4 (p: (bf16[16,128])) -> (bf16[16,128]) {
+  %all-gather-start.1 = (bf16[16,128]{1,0}, bf16[128,128]{1,0}) all-gather-start(%p0), channel_id=4, replica_groups=[1,8]<=[8], dimensions={0}
+  %all-gather-done.1 = bf16[128,128]{1,0} all-gather-done(%all-gather-start.1)
+}
+
+%apply.5 (p: (bf16[16,128])) -> (bf16[16,128]) {
+  %all-gather-start.2 = (bf16[16,128]{1,0}, bf16[128,128]{1,0}) all-gather-start(%p1), channel_id=5, replica_groups=[1,8]<=[8], dimensions={0}
+  %fusion.9 = bf16[16,128]{1,0} fusion(%p1), kind=kLoop, calls=%fused_computation.9
+  %all-gather-done.2 = bf16[128,128]{1,0} all-gather-done(%all-gather-start.2)
+  %all-reduce.6 = f32[] all-reduce(%n), replica_groups=[1,8]<=[8], to_apply=%add
+}
+
+%cond.2 (p: (s32[], bf16[16,128])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main.9 (a: bf16[16,128]) -> bf16[16,128] {
+  %while.2 = (s32[], bf16[16,128]) while(%t), condition=%cond.2, body=%body.2, backend_config={"known_trip_count":{"n":"12"}}
+  %conditional.7 = (bf16[16,128]) conditional(%finite, %s, %s), branch_computations={%skip.4, %apply.5}
+}
+"""
+
+
+def _bytes_from_text(text: str) -> int:
+    """Bytes of every array named in an HLO type, summed independently of the ledger's parser."""
+    import re
+
+    sizes = {"bf16": 2, "f32": 4, "s8": 1}
+    total = 0
+    for dtype, dims in re.findall(r"\b(bf16|f32|s8)\[([\d,]*)\]", text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * sizes[dtype]
+    return total
+
+
+def test_async_tuple_collectives_count_their_results_by_dtype():
+    """A combined all-gather-start counts all four results (the old parser read only the last)."""
+    from jzero.ledger import communication_by_dtype, communication_bytes
+
+    ops = {o.name: o for o in parse_collectives(GPU_HLO)}
+    line = next(line for line in GPU_HLO.splitlines() if "%all-gather-start = " in line)
+    results = line.split(" all-gather-start(")[0].split("), (")[1]  # the second part of ((ins), (outs))
+    gather = ops["all-gather-start"]
+    assert gather.kind == "all-gather" and gather.is_async and gather.in_loop and gather.executions == 12
+    assert gather.bytes == _bytes_from_text(results) == (128 + 128 * 128 + 512 * 128 + 128) * 2
+    assert gather.dtype == "bf16" and gather.group_size == 8
+
+    scatter = ops["reduce-scatter-start"]
+    assert scatter.bytes == 16 * 128 * 2 + 16 * 4 and scatter.dtypes == (("bf16", 16 * 128 * 2), ("f32", 16 * 4))
+    assert ops["all-reduce-start"].bytes == 512 and ops["all-reduce-start"].dtype == "bf16"
+
+    comm = communication_bytes(list(ops.values()))
+    # The reduce-scatter moves its whole operand: result x group; an all-reduce counts twice.
+    assert comm["reduce-scatter"] == 12 * 8 * (16 * 128 * 2 + 16 * 4)
+    assert comm["all-reduce"] == 12 * 2 * 512 + 2 * 4
+    by_dtype = communication_by_dtype(list(ops.values()))
+    assert by_dtype["reduce-scatter"] == {"bf16": 12 * 8 * 16 * 128 * 2, "f32": 12 * 8 * 16 * 4}
+    assert sum(by_dtype["all-gather"].values()) == comm["all-gather"]
+
+
+def test_a_conditional_counts_one_branch():
+    """Both branches of the step's finite-gradient cond gather the same parameter: one runs."""
+    from jzero.ledger import communication_bytes
+
+    ops = {o.name: o for o in parse_collectives(GPU_HLO)}
+    skip, apply = ops["all-gather-start.1"], ops["all-gather-start.2"]
+    assert {skip.executions, apply.executions} == {0, 1}
+    # apply.5 moves more (the gather plus an all-reduce): it is the branch counted.
+    assert apply.executions == 1 and ops["all-reduce.6"].executions == 1 and skip.executions == 0
+    loop = 12 * _bytes_from_text("bf16[128]{0}, bf16[128,128]{1,0}, bf16[512,128]{1,0}, bf16[128]{0}")
+    assert communication_bytes(list(ops.values()))["all-gather"] == loop + 128 * 128 * 2
+
+
+def test_overlap_is_compute_between_start_and_done():
+    ops = {o.name: o for o in parse_collectives(GPU_HLO)}
+    assert ops["all-gather-start"].overlapped is True  # a fusion runs under it
+    assert ops["reduce-scatter-start"].overlapped is False  # only a get-tuple-element between
+    assert ops["all-reduce-start"].overlapped is True  # a cuBLAS GEMM between
+    assert ops["all-gather-start.1"].overlapped is False and ops["all-gather-start.2"].overlapped is True
+    assert ops["all-reduce.6"].overlapped is None  # synchronous: nothing to overlap

@@ -1,0 +1,242 @@
+"""GPU targets: compile jzero's step for NVIDIA GPUs on a host that has none (deviceless AOT).
+
+``h100x8`` names a GPU kind and a count. :func:`target_devices` returns compile-only devices for it,
+from JAX's CUDA plugin and a ``GpuTargetConfig`` in ``jzero/gpu_targets/``; a mesh over them lowers
+and compiles with XLA's real GPU pipeline, so the HLO, its collectives and ``memory_analysis()`` are
+the GPU program's. Nothing runs: compile-only devices hold no memory.
+
+It needs the plugin (``pip install 'jzero[gpu-target]'``, about 1.1 GB less the NVIDIA wheels, which
+it does not need), and JAX's platforms must leave out ``cuda`` on a host without a GPU: otherwise
+the plugin's CUDA check fails when JAX starts and no ``cuda`` topology is registered. The command
+line sets ``JAX_PLATFORMS=cpu`` itself for ``--target``; from Python, set it before JAX starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jzero.errors import ConfigError
+
+__all__ = [
+    "GPU_COMPILER_OPTIONS",
+    "GPUS",
+    "Gpu",
+    "Target",
+    "compiler_options",
+    "parse_target",
+    "start_backends",
+    "target_devices",
+]
+
+INSTALL = "pip install 'jzero[gpu-target]'"
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One GPU kind: its target config file and its nominal memory (the fits verdict's default)."""
+
+    config_file: str
+    memory_bytes: int
+
+
+GPUS: dict[str, Gpu] = {
+    "a100": Gpu("a100.txtpb", 80 * 10**9),
+    "h100": Gpu("h100.txtpb", 80 * 10**9),
+    "h200": Gpu("h200.txtpb", 141 * 10**9),
+}
+GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
+
+# XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them.
+# - The latency-hiding scheduler orders each async collective's start early and its done late, so
+#   the all-gathers and reduce-scatters of stage 2 and 3 run under compute.
+# - Combining thresholds: XLA merges collectives up to this many bytes into one op (fewer, larger
+#   NCCL calls). 256 MiB lets a layer's all-gather be one op even at 7B scale, and never merges
+#   across the layer loop, whose body is one iteration's.
+GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
+    "xla_gpu_enable_latency_hiding_scheduler": True,
+    "xla_gpu_all_gather_combine_threshold_bytes": 256 * 2**20,
+    "xla_gpu_reduce_scatter_combine_threshold_bytes": 256 * 2**20,
+    "xla_gpu_all_reduce_combine_threshold_bytes": 256 * 2**20,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """``hosts`` x ``gpus_per_host`` GPUs of one kind."""
+
+    gpu: str
+    hosts: int
+    gpus_per_host: int
+
+    @property
+    def count(self) -> int:
+        return self.hosts * self.gpus_per_host
+
+    @property
+    def name(self) -> str:
+        return f"{self.gpu}x{self.count}"
+
+    @property
+    def memory_bytes(self) -> int:
+        return GPUS[self.gpu].memory_bytes
+
+
+_SPEC = re.compile(r"(?P<gpu>[a-z][a-z0-9]*?)(?:x(?P<count>\d+))?")
+
+
+def parse_target(spec: str, hosts: int | None = None, gpus_per_host: int | None = None) -> Target:
+    """``h100x8``, ``h100x64`` or ``h100`` (with ``hosts``/``gpus_per_host``) -> a :class:`Target`.
+
+    A count up to 8 is one host; a larger count is hosts of 8 GPUs unless ``gpus_per_host`` says
+    otherwise.
+
+    Raises:
+      ConfigError: an unknown GPU, a count of 0, or a count that hosts x GPUs per host do not make.
+    """
+    match = _SPEC.fullmatch(spec.strip().lower())
+    known = ", ".join(GPUS)
+    if not match or match.group("gpu") not in GPUS:
+        raise ConfigError("--target", f"unknown GPU target {spec!r}: give a GPU and a count, e.g. h100x8 (GPUs: {known})")
+    for flag, value in (("--hosts", hosts), ("--gpus-per-host", gpus_per_host)):
+        if value is not None and value < 1:
+            raise ConfigError(flag, f"must be at least 1, got {value}")
+    count = int(match.group("count")) if match.group("count") else None
+    if count is not None and count < 1:
+        raise ConfigError("--target", f"{spec!r} has no GPUs")
+    if count is None:
+        hosts, per_host = hosts or 1, gpus_per_host or GPUS_PER_HOST
+    elif gpus_per_host is not None:
+        per_host = gpus_per_host
+        if count % per_host:
+            raise ConfigError("--gpus-per-host", f"{per_host} does not divide the {count} GPUs of {spec}")
+        hosts = hosts or count // per_host
+    elif hosts is not None:
+        if count % hosts:
+            raise ConfigError("--hosts", f"{hosts} hosts do not divide the {count} GPUs of {spec}")
+        per_host = count // hosts
+    elif count <= GPUS_PER_HOST:
+        hosts, per_host = 1, count
+    elif count % GPUS_PER_HOST:
+        raise ConfigError("--target", f"{count} GPUs are not whole hosts of {GPUS_PER_HOST}: give --gpus-per-host")
+    else:
+        hosts, per_host = count // GPUS_PER_HOST, GPUS_PER_HOST
+    if count is not None and hosts * per_host != count:
+        raise ConfigError("--hosts", f"{hosts} hosts x {per_host} GPUs is not the {count} GPUs of {spec}")
+    return Target(match.group("gpu"), hosts, per_host)
+
+
+def compiler_options(devices: Sequence[Any]) -> dict[str, str | bool | int] | None:
+    """:data:`GPU_COMPILER_OPTIONS` for a program on GPUs (real or a target's), else None."""
+    return dict(GPU_COMPILER_OPTIONS) if devices and devices[0].platform in ("gpu", "cuda") else None
+
+
+def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
+    """The mesh must use every GPU of the target: a plan for 64 GPUs that uses 8 would mislead.
+
+    Raises:
+      ConfigError: the mesh's axes (a -1 filled in) do not multiply to the target's count.
+    """
+    from jzero.mesh import resolve_axes
+
+    sizes = resolve_axes(axes, target.count)
+    used = math.prod(sizes.values())
+    if used != target.count:
+        shape = " x ".join(f"{k}={v}" for k, v in sizes.items())
+        raise ConfigError("--target", f"{target.name} has {target.count} GPUs but mesh.axes {shape} uses {used}")
+
+
+def gpu_compiler_available() -> bool:
+    """Whether JAX's CUDA plugin (the ``gpu-target`` extra) is installed."""
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+
+
+# What the CUDA plugin's native code prints on stderr whenever JAX starts on a host without a GPU.
+_NO_GPU_NOTICES = ("cudart_stub.cc", "All log messages before absl::InitializeLog() is called")
+stderr_fd: int | None = None  # the real stderr while :func:`start_backends` diverts fd 2
+
+
+@contextlib.contextmanager
+def _dropping_no_gpu_notices() -> Iterator[None]:
+    """Divert fd 2 (native code writes there directly) and pass on every line but the notices."""
+    global stderr_fd
+    sys.stderr.flush()
+    stderr_fd = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            stderr_fd = None
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
+                if not any(notice in line for notice in _NO_GPU_NOTICES):
+                    sys.stderr.write(line)
+
+
+def import_jax() -> None:
+    """Import JAX. With the ``gpu-target`` extra on a host without a GPU, the CUDA plugin's native
+    code prints notices that there is no GPU when JAX is imported and when its backends start; the
+    command line drops exactly those lines (see :func:`start_backends`)."""
+    if not gpu_compiler_available():
+        import jax  # noqa: F401
+
+        return
+    with _dropping_no_gpu_notices():
+        import jax  # noqa: F401
+
+
+def start_backends() -> None:
+    """Start JAX's backends now, dropping the CUDA plugin's no-GPU notices (:func:`import_jax`)."""
+    import jax
+
+    if not gpu_compiler_available():
+        jax.devices()
+        return
+    with _dropping_no_gpu_notices():
+        jax.devices()
+
+
+def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host: int | None = None) -> list:
+    """Compile-only devices of a GPU target, for :func:`jzero.mesh.make_mesh` or ``jzero.setup(devices=)``.
+
+    Args:
+      target: ``"h100x8"`` and the like, or a :class:`Target`.
+      hosts: hosts, for a target given without a count or to split a count other than by 8.
+      gpus_per_host: GPUs per host.
+
+    Returns:
+      ``hosts x gpus_per_host`` devices in process (host) order; their ``device_kind`` is the GPU's
+      name. Compiling for them needs no GPU.
+
+    Raises:
+      ConfigError: an unknown target, the plugin not installed, or JAX started with a platform list
+        that let the plugin fail its CUDA check.
+    """
+    if not isinstance(target, Target):
+        target = parse_target(target, hosts, gpus_per_host)
+    if not gpu_compiler_available():
+        raise ConfigError("--target", f"compiling for a GPU needs JAX's CUDA compiler plugin: {INSTALL}")
+    from jax.experimental import topologies
+
+    config = (Path(__file__).parent / "gpu_targets" / GPUS[target.gpu].config_file).read_text()
+    try:
+        topology = topologies.get_topology_desc(
+            target.gpu, "cuda", target_config=config, topology=f"1x{target.hosts}x{target.gpus_per_host}"
+        )
+    except NotImplementedError:
+        raise ConfigError(
+            "--target", "JAX registered no CUDA topology: set JAX_PLATFORMS=cpu before JAX starts on a host without a GPU"
+        ) from None
+    return list(topology.devices)

@@ -1,0 +1,148 @@
+"""Compiling for an NVIDIA GPU target on this CPU host (deviceless AOT): what the GPU program shows.
+
+These need the ``gpu-target`` extra (JAX's CUDA plugin, no GPU): the README's test command and CI
+install it. Each compile for an 8-GPU target takes seconds; nothing is allocated.
+"""
+
+import json
+
+import pytest
+from conftest import TINY, tiny_config
+
+from jzero import ledger
+from jzero.build import setup
+from jzero.cli import main
+from jzero.config import load_config
+from jzero.errors import ConfigError
+from jzero.targets import GPU_COMPILER_OPTIONS, Target, gpu_compiler_available, parse_target, target_devices
+
+BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
+
+
+@pytest.fixture(scope="module")
+def h100x8():
+    if not gpu_compiler_available():
+        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
+    return target_devices("h100x8")
+
+
+def _compiled(config, devices):
+    s = setup(config, devices)
+    _, compiled = s.compile_step()
+    return s, compiled
+
+
+def test_target_names_parse_to_hosts_and_gpus():
+    assert parse_target("h100x8") == Target("h100", 1, 8)
+    assert parse_target("H100x4") == Target("h100", 1, 4)
+    assert parse_target("h100x64") == Target("h100", 8, 8)
+    assert parse_target("a100x16", gpus_per_host=4) == Target("a100", 4, 4)
+    assert parse_target("h200", hosts=2) == Target("h200", 2, 8)
+    assert parse_target("h100x64").name == "h100x64" and parse_target("h200x8").memory_bytes == 141 * 10**9
+    for bad, flag in [
+        (("x100x8",), "--target"),
+        (("h100x0",), "--target"),
+        (("h100x12",), "--target"),  # not whole hosts of 8
+        (("h100x16", 3), "--hosts"),
+        (("h100x16", None, 3), "--gpus-per-host"),
+        (("h100x8", 0), "--hosts"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            parse_target(*bad)
+        assert err.value.key == flag, (bad, str(err.value))
+
+
+def test_target_devices_are_the_gpus(h100x8):
+    assert len(h100x8) == 8 and {d.device_kind for d in h100x8} == {"NVIDIA H100 80GB HBM3"}
+    assert {d.platform for d in h100x8} == {"gpu"}
+    hosts = target_devices("h100x16")
+    assert sorted({d.process_index for d in hosts}) == [0, 1]
+
+
+def test_reduce_scatter_at_stages_2_and_3_and_none_at_0(h100x8):
+    """The GPU pipeline reduce-scatters the gradients (the CPU's lowers to all-reduce + slice)."""
+    for stage, wanted in [(0, False), (2, True), (3, True)]:
+        _, compiled = _compiled(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
+        kinds = {op.kind for op in ledger.parse_collectives(compiled.as_text())}
+        assert ("reduce-scatter" in kinds) is wanted, (stage, kinds)
+
+
+def test_bf16_parameters_are_gathered_in_bf16(h100x8):
+    for stage in (2, 3):
+        _, compiled = _compiled(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
+        gathers = [op for op in ledger.parse_collectives(compiled.as_text()) if op.kind == "all-gather"]
+        assert gathers and {op.dtype for op in gathers} == {"bf16"}, [(op.name, op.dtype) for op in gathers]
+
+
+@pytest.mark.parametrize(
+    "config, stage",
+    [("configs/gpt-tiny.yaml", 2), ("configs/gpt-tiny.yaml", 3), ("configs/gpt2-small.yaml", 3)],
+)
+def test_communication_at_the_papers_volume(h100x8, config, stage):
+    """Bytes sent per device per step, from the GPU program, over the paper's 2Ψ or 3Ψ (bf16)."""
+    from jzero.analysis import plan_report
+
+    s, compiled = _compiled(load_config(config, [f"zero.stage={stage}", "mesh.axes.data=8", *BF16]), h100x8)
+    report = plan_report(s, compiled)
+    assert 0.95 <= report["communication"]["ratio"] <= 1.05, report["communication"]
+    assert report["backend"] == "gpu" and report["device_kind"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_async_ops_report_overlap_and_the_options_apply(h100x8):
+    """Stage 3's layer all-gathers are async, and compute is scheduled under them."""
+    s, compiled = _compiled(tiny_config("zero.stage=3", *BF16), h100x8)
+    ops = ledger.parse_collectives(compiled.as_text())
+    gathers = [op for op in ops if op.kind == "all-gather" and op.in_loop]
+    assert gathers and all(op.is_async and op.overlapped for op in gathers)
+    assert GPU_COMPILER_OPTIONS["xla_gpu_enable_latency_hiding_scheduler"] is True
+
+
+def test_plan_cli_for_a_target(capsys, h100x8):
+    assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", "--json", *(a for kv in TINY for a in ("--set", kv))]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "gpu" and report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["devices"] == 8
+    assert report["flops_per_device"] is None  # a deviceless compile has no cost analysis: never 0
+    assert report["memory_per_device"] == 80e9 and report["fits"] is True
+    assert report["collectives"]["reduce-scatter"]["dtypes"]
+    assert all(isinstance(op["overlapped"], bool | None) for op in report["async_collectives"])
+    assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", *(a for kv in TINY for a in ("--set", kv))]) == 0
+    text = capsys.readouterr().out
+    assert "8 NVIDIA H100 80GB HBM3 (gpu) devices" in text and "FLOPs not available" in text
+
+
+def _one_line_error(capsys, argv, key):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"jzero: error: {key}: "), err
+    return err
+
+
+def test_bad_targets_are_one_line(capsys, monkeypatch, h100x8):
+    plan = ["plan", "configs/gpt-tiny.yaml"]
+    assert "unknown GPU target 'b999x8'" in _one_line_error(capsys, [*plan, "--target", "b999x8"], "--target")
+    err = _one_line_error(capsys, [*plan, "--target", "h100x16"], "--target")
+    assert "h100x16 has 16 GPUs but mesh.axes data=8 x model=1 uses 8" in err
+    assert "only with --target" in _one_line_error(capsys, [*plan, "--hosts", "2"], "--hosts")
+    import jzero.targets
+
+    monkeypatch.setattr(jzero.targets, "gpu_compiler_available", lambda: False)
+    err = _one_line_error(capsys, [*plan, "--target", "h100x8"], "--target")
+    assert "pip install 'jzero[gpu-target]'" in err
+
+
+def test_the_7b_config_on_64_h100s():
+    """LLaMA-7B's shape at stage 3 on 8 hosts of 8 H100s: the paper's 3Ψ, and it fits 80 GB."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    argv = [sys.executable, "-m", "jzero.cli", "plan", "configs/gpt-7b.yaml", "--target", "h100x64", "--json"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["devices"] == 64 and report["hosts"] == 8 and report["num_params"] == 6_706_176_000
+    assert 0.95 <= report["communication"]["ratio"] <= 1.05
+    assert report["fits"] is True and report["memory_per_device"] == 80e9
+    assert {op["dtype"] for op in report["async_collectives"] if op["kind"] == "all-gather"} == {"bf16"}
