@@ -4,7 +4,9 @@ The step is one ``jax.jit`` function whose in/out shardings come from a :class:`
 Inside it, sharding constraints tell XLA where each tensor must be; XLA inserts the collectives:
 
 1. gradients are constrained to the stage's gradient spec (all-reduce at stages 0-1,
-   reduce-scatter at stages 2-3);
+   reduce-scatter at stages 2-3). At stage 1 the all-reduce runs once, after the layer loop, so
+   GPU XLA fuses it with the update's slice into a reduce-scatter: the paper's 2Ψ with the gather,
+   where an all-reduce inside the loop made it 3Ψ;
 2. gradients and parameters are constrained to the update spec, so at stages >= 1 the optimizer
    runs on the device's 1/N_d slice (at stage 1 this slices the all-reduced gradient locally);
 3. the new parameters are constrained to their at-rest spec: all-gathered at stages 1-2, left
@@ -189,10 +191,10 @@ def make_train_step(
             (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
             return loss, _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
 
+        if not plan.rule.grads and (microbatches > 1 or plan.rule.optimizer):
+            return local_accumulation(params, batch, scale)
         if microbatches == 1:
             return one(batch)
-        if not plan.rule.grads:
-            return local_accumulation(params, batch, scale)
         # Slice m holds rows m, m + M, m + 2M, ...: each device keeps its own rows in every slice.
         slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
 
@@ -208,7 +210,9 @@ def make_train_step(
 
     def local_accumulation(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
         """Stages 0-1: each batch group (the devices of one ``data`` x ``replica`` coordinate)
-        accumulates its own unreduced gradient over the microbatches; one all-reduce follows.
+        accumulates its own unreduced gradient over the microbatches; one all-reduce follows. Stage 1
+        comes here at M = 1 too: with the all-reduce outside the layer loop and the update's slice
+        right after it, GPU XLA makes the pair one reduce-scatter.
 
         ``vmap`` over the groups, with the group dimension on the batch's mesh axes, is how GSPMD
         is told the per-group gradients are separate tensors rather than one to be reduced.
@@ -237,8 +241,13 @@ def make_train_step(
 
         zeros = jax.tree.map(lambda p: jnp.zeros((groups, *p.shape), precision.master_dtype), params)
         acc, losses = jax.lax.scan(body, _constrain(zeros, on_groups), jax.tree.map(split, batch))
-        # The sum over groups is the one reduction; it runs in grad_reduce_dtype.
-        grads = jax.tree.map(lambda a: (a / (groups * microbatches)).astype(precision.grad_reduce_dtype).sum(0), acc)
+
+        def reduce(a, p):  # the sum over groups is the one reduction; it runs in grad_reduce_dtype
+            a = (a / (groups * microbatches)).astype(precision.grad_reduce_dtype or p.dtype)
+            # lax.reduce, not .sum(): jnp sums 16-bit floats in f32, which would send twice the bytes.
+            return jax.lax.reduce(a, jnp.zeros((), a.dtype), jax.lax.add, (0,))
+
+        grads = jax.tree.map(reduce, acc, params)
         return losses.mean(), _constrain(grads, plan.grads)
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, STEPS, reference_run, tiny_config
+from conftest import LR, STEPS, reference_run, reference_with_floor, tiny_config, train_sharded
 
 from jzero import ledger
 from jzero.analysis import lowering_notes
@@ -120,3 +120,22 @@ def test_sharded_init_never_holds_the_whole_state(devices):
     whole += sum(t.nbytes for t in s.plan.tensors)
     assert mem["output"] == pytest.approx(whole / N_D, rel=0.02)
     assert mem["output"] + mem["temp"] < whole / 2
+
+
+# Tied embeddings (GPT-2 style): the lookup and the output layer share one table, gathered by a
+# custom_vjp whose gradient is left free, so the two gradient contributions are summed and reduced
+# once; the output layer is rematerialised. The sum must still be the one-device gradient.
+TIED = "model.tie_embeddings=true"
+
+
+@pytest.fixture(scope="module")
+def tied_reference(data):
+    s = setup(tiny_config(LR, TIED, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_tied_embeddings_match_the_reference(stage, data, tied_reference):
+    s = setup(tiny_config(f"zero.stage={stage}", LR, TIED, "mesh.axes.data=8"))
+    state = train_sharded(s, data.device_batch)
+    tied_reference.check(params=state.params, opt_state=state.opt_state)

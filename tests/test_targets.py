@@ -98,14 +98,15 @@ def test_async_ops_report_overlap_and_the_options_apply(h100x8):
 
 
 def test_plan_cli_for_a_target(capsys, h100x8):
-    assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", "--json", *(a for kv in TINY for a in ("--set", kv))]) == 0
+    sets = [a for kv in TINY for a in ("--set", kv)]
+    assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", "--json", *sets]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"] == "gpu" and report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["devices"] == 8
     assert report["flops_per_device"] is None  # a deviceless compile has no cost analysis: never 0
     assert report["memory_per_device"] == 80e9 and report["fits"] is True
     assert report["collectives"]["reduce-scatter"]["dtypes"]
     assert all(isinstance(op["overlapped"], bool | None) for op in report["async_collectives"])
-    assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", *(a for kv in TINY for a in ("--set", kv))]) == 0
+    assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", *sets]) == 0
     text = capsys.readouterr().out
     assert "8 NVIDIA H100 80GB HBM3 (gpu) devices" in text and "FLOPs not available" in text
 

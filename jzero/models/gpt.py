@@ -36,6 +36,24 @@ def rotary(x: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
+@jax.custom_vjp
+def gathered(table: jax.Array) -> jax.Array:
+    """``table`` whole on every device, as its logical constraint says; unlike the constraint's own
+    transpose, the backward leaves the cotangent unconstrained."""
+    return nn.with_logical_constraint(table, ("vocab", "embed"))
+
+
+def _gathered_fwd(table):
+    return gathered(table), None
+
+
+def _gathered_bwd(_, ct):
+    return (ct,)
+
+
+gathered.defvjp(_gathered_fwd, _gathered_bwd)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention then an MLP."""
 
@@ -78,11 +96,15 @@ class Block(nn.Module):
         h = norm("ln_attn")(x)
         # No key bias: softmax is shift-invariant, so its gradient is exactly zero (pure rounding
         # noise, which Adam would amplify into real updates).
+        # Constrained before the split into heads too: the bias gradient is then summed in the
+        # [batch, length, d_model] layout, which reduce-scatters; summed as [heads, head_dim] (XLA
+        # folds the reshape otherwise) it has to be all-reduced whenever heads don't divide by N_d.
         q, k, v = (
             nn.with_logical_constraint(
-                dense(self.d_model, "embed", "heads", dense_init, n, use_bias=n != "key")(h).reshape(
-                    batch, length, self.n_heads, head_dim
-                ),
+                nn.with_logical_constraint(
+                    dense(self.d_model, "embed", "heads", dense_init, n, use_bias=n != "key")(h),
+                    ("batch", "length", "heads"),
+                ).reshape(batch, length, self.n_heads, head_dim),
                 heads,
             )
             for n in ("query", "key", "value")
@@ -140,6 +162,14 @@ class GPT(nn.Module):
         )
         x, _ = stack(self.d_model, self.n_heads, self.mlp_ratio, self.n_layers, self.dtype, name="blocks")(x, None)
         x = nn.with_logical_constraint(x, BATCH_ACT)
+        # Rematerialised like the blocks: the backward gathers the head's weights again instead of
+        # holding them whole from the forward (ZeRO-3 frees a gathered parameter after its use).
+        head = nn.remat(GPT._head) if self.remat else GPT._head
+        logits = head(self, x, embed.embedding)
+        return logits.astype(jnp.float32)
+
+    def _head(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
+        """The final LayerNorm and the output layer: the tied embedding or its own ``lm_head``."""
         x = nn.LayerNorm(
             dtype=self.dtype,
             scale_init=_init(nn.initializers.ones, "embed"),
@@ -147,16 +177,17 @@ class GPT(nn.Module):
             name="ln_f",
         )(x)
         if self.tie_embeddings:
-            logits = jnp.einsum("ble,ve->blv", x, table.astype(self.dtype))
-        else:
-            logits = nn.Dense(
-                self.vocab_size,
-                use_bias=False,
-                dtype=self.dtype,
-                kernel_init=_init(nn.initializers.normal(0.02), "embed", "vocab"),
-                name="lm_head",
-            )(x)
-        return logits.astype(jnp.float32)
+            # The same gather as the lookup's, but the head's gradient is left unconstrained:
+            # constrained whole, GSPMD all-reduces it (2x the bytes) rather than adding it to the
+            # lookup's and reduce-scattering the sum once into the gradient's spec.
+            return jnp.einsum("ble,ve->blv", x, gathered(embedding).astype(self.dtype))
+        return nn.Dense(
+            self.vocab_size,
+            use_bias=False,
+            dtype=self.dtype,
+            kernel_init=_init(nn.initializers.normal(0.02), "embed", "vocab"),
+            name="lm_head",
+        )(x)
 
 
 def lm_loss(model: GPT, params, batch: jax.Array) -> jax.Array:
