@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
     from jzero.schema import CheckpointConfig
+    from jzero.targets import import_jax
 
     config = load_config(args.config, args.set)
+    import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
     simulate_cpu_devices(config.runtime.cpu_devices)
 
     import jax

@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
     from jzero.stages import STAGES
+    from jzero.targets import import_jax
 
     base = load_config(args.config, args.set)
+    import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
     simulate_cpu_devices(base.runtime.cpu_devices)
 
     import jax

@@ -32,19 +32,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(args: argparse.Namespace) -> Config:
-    import jax
-
     from jzero.mesh import simulate_cpu_devices
     from jzero.targets import start_backends
 
     config = load_config(args.config, args.set)
     # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
-    # there is no accelerator, and the CPU alone when compiling for a GPU target (its devices are
-    # compile-only; a local GPU is not needed, and without one the CUDA plugin would fail its check).
-    if getattr(args, "target", None):
-        if jax.config.jax_platforms != "cpu":
-            jax.config.update("jax_platforms", "cpu")
-    else:
+    # there is no accelerator. A GPU target's devices are compile-only and need none.
+    if not getattr(args, "target", None):
         simulate_cpu_devices(config.runtime.cpu_devices)
     start_backends()
     return config
@@ -257,9 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         if args.command != "estimate":  # the one command that needs no JAX
-            from jzero.targets import import_jax
+            from jzero.targets import import_jax, start_backends
 
-            import_jax()
+            import_jax(target=bool(getattr(args, "target", None)))
+            if args.command == "checkpoint":  # train and plan start them in _load, after sizing the CPU
+                start_backends()
         return args.func(args)
     except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it
         print(f"jzero: error: {err}", file=sys.stderr)

@@ -14,6 +14,7 @@ line sets ``JAX_PLATFORMS=cpu`` itself for ``--target``; from Python, set it bef
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import importlib.util
 import math
@@ -185,16 +186,44 @@ def _dropping_no_gpu_notices() -> Iterator[None]:
                     sys.stderr.write(line)
 
 
-def import_jax() -> None:
-    """Import JAX. With the ``gpu-target`` extra on a host without a GPU, the CUDA plugin's native
-    code prints notices that there is no GPU when JAX is imported and when its backends start; the
-    command line drops exactly those lines (see :func:`start_backends`)."""
-    if not gpu_compiler_available():
-        import jax  # noqa: F401
+def cuda_driver_present() -> bool:
+    """Whether this host has NVIDIA's driver library, without which no GPU can be used."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
-        return
-    with _dropping_no_gpu_notices():
-        import jax  # noqa: F401
+
+def platforms_for(target: bool) -> str | None:
+    """The ``jax_platforms`` the command line sets before JAX starts, or None to leave JAX's own.
+
+    ``cpu`` when compiling for a target (its devices are compile-only), and when the CUDA plugin is
+    installed on a host without a driver and ``JAX_PLATFORMS`` is unset: JAX would try the plugin,
+    log its failed CUDA check with a traceback, and use the CPU anyway.
+    """
+    if target:
+        return "cpu"
+    if gpu_compiler_available() and not os.environ.get("JAX_PLATFORMS") and not cuda_driver_present():
+        return "cpu"
+    return None
+
+
+def import_jax(target: bool = False) -> None:
+    """Import JAX and set its platforms (:func:`platforms_for`) before its backends start.
+
+    With the ``gpu-target`` extra on a host without a GPU, the CUDA plugin's native code prints
+    notices that there is no GPU when JAX is imported and when its backends start; the command line
+    drops exactly those lines (see :func:`start_backends`).
+    """
+    if gpu_compiler_available():
+        with _dropping_no_gpu_notices():
+            import jax
+    else:
+        import jax
+    platforms = platforms_for(target)
+    if platforms and jax.config.jax_platforms != platforms:
+        jax.config.update("jax_platforms", platforms)
 
 
 def start_backends() -> None:

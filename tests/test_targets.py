@@ -147,3 +147,21 @@ def test_the_7b_config_on_64_h100s():
     assert 0.95 <= report["communication"]["ratio"] <= 1.05
     assert report["fits"] is True and report["memory_per_device"] == 80e9
     assert {op["dtype"] for op in report["async_collectives"] if op["kind"] == "all-gather"} == {"bf16"}
+
+
+def test_a_cpu_host_with_the_extra_prints_no_cuda_noise():
+    """With the extra installed and JAX_PLATFORMS unset, JAX would log the CUDA plugin's failed check
+    (a traceback) and its native code prints no-GPU notices; the command line shows neither."""
+    import os
+    import subprocess
+    import sys
+
+    from jzero.targets import cuda_driver_present
+
+    if cuda_driver_present():
+        pytest.skip("this host has a CUDA driver: the case is a host without one")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    argv = [sys.executable, "-m", "jzero.cli", "plan", "configs/gpt-tiny.yaml", "--json"]
+    proc = subprocess.run([*argv, *(a for kv in TINY for a in ("--set", kv))], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["backend"] == "cpu"
