@@ -55,11 +55,12 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
     from jzero.schema import CheckpointConfig
-    from jzero.targets import import_jax
+    from jzero.targets import import_jax, start_backends
 
     config = load_config(args.config, args.set)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
     simulate_cpu_devices(config.runtime.cpu_devices)
+    start_backends()
 
     import jax
 

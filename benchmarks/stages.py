@@ -41,11 +41,12 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
     from jzero.stages import STAGES
-    from jzero.targets import import_jax
+    from jzero.targets import import_jax, start_backends
 
     base = load_config(args.config, args.set)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
     simulate_cpu_devices(base.runtime.cpu_devices)
+    start_backends()
 
     import jax
 

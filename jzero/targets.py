@@ -5,8 +5,8 @@ from JAX's CUDA plugin and a ``GpuTargetConfig`` in ``jzero/gpu_targets/``; a me
 and compiles with XLA's real GPU pipeline, so the HLO, its collectives and ``memory_analysis()`` are
 the GPU program's. Nothing runs: compile-only devices hold no memory.
 
-It needs the plugin (``pip install 'jzero[gpu-target]'``, about 1.1 GB less the NVIDIA wheels, which
-it does not need), and JAX's platforms must leave out ``cuda`` on a host without a GPU: otherwise
+It needs the plugin (``pip install 'jzero[gpu-target]'``: 478 MB installed; the NVIDIA wheels are
+not needed), and JAX's platforms must leave out ``cuda`` on a host without a GPU: otherwise
 the plugin's CUDA check fails when JAX starts and no ``cuda`` topology is registered. The command
 line sets ``JAX_PLATFORMS=cpu`` itself for ``--target``; from Python, set it before JAX starts.
 """
@@ -33,7 +33,10 @@ __all__ = [
     "GPUS",
     "Gpu",
     "Target",
+    "check_target_fits_mesh",
     "compiler_options",
+    "gpu_compiler_available",
+    "import_jax",
     "parse_target",
     "start_backends",
     "target_devices",
@@ -57,12 +60,13 @@ GPUS: dict[str, Gpu] = {
 }
 GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
 
-# XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them.
-# - The latency-hiding scheduler orders each async collective's start early and its done late, so
-#   the all-gathers and reduce-scatters of stage 2 and 3 run under compute.
-# - Combining thresholds: XLA merges collectives up to this many bytes into one op (fewer, larger
-#   NCCL calls). 256 MiB lets a layer's all-gather be one op even at 7B scale, and never merges
-#   across the layer loop, whose body is one iteration's.
+# XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What they
+# change is measured by benchmarks/gpu_options.py (the README quotes it for the 7B on h100x64).
+# - The latency-hiding scheduler puts compute between each async collective's start and done. XLA
+#   0.10.2 already did (the 7B program was byte-identical with it off); set so that a change of
+#   XLA's default cannot serialize the gathers and reduce-scatters.
+# - Combining thresholds: XLA merges collectives up to this many bytes into one op, for fewer and
+#   larger NCCL calls: the 7B's all-gathers went from 19 ops to 9, with the same temporaries.
 GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
     "xla_gpu_all_gather_combine_threshold_bytes": 256 * 2**20,
@@ -163,7 +167,7 @@ def gpu_compiler_available() -> bool:
 
 # What the CUDA plugin's native code prints on stderr whenever JAX starts on a host without a GPU.
 _NO_GPU_NOTICES = ("cudart_stub.cc", "All log messages before absl::InitializeLog() is called")
-stderr_fd: int | None = None  # the real stderr while :func:`start_backends` diverts fd 2
+stderr_fd: int | None = None  # the real stderr while fd 2 is diverted (for the Ctrl-C line)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,10 @@ FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_lev
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from jzero.targets import import_jax  # noqa: E402
+
+import_jax()  # the CUDA plugin (the gpu-target extra) prints no-GPU notices on import; dropped
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
