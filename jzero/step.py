@@ -257,9 +257,11 @@ def make_train_step(
             grads = cast(grads, precision.master_dtype)  # the update runs in master precision
             if scale is not None:
                 grads = jax.tree.map(lambda g: g / scale, grads)
+            # The norm of the update's slices: at stage 1, a norm of the whole reduced gradient would
+            # need it whole on every device, and the reduction would stay an all-reduce.
+            grads = _constrain(grads, plan.update)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(grad_norm)
-            grads = _constrain(grads, plan.update)
             params = _constrain(state.params, plan.update)
             # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
             # donated buffers straight back instead of holding a second copy of the state.)

@@ -203,8 +203,9 @@ MESHES = {
 def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_step_reference, mesh):
     """Stage 1, 4 microbatches: no gradient collective runs per microbatch. Inside the scan only
     the model axis's tensor-parallel all-reduces remain (groups of 2 on dp4-mp2); the batch groups'
-    gradients meet in one all-reduce after it, over all of them. The step equals one-device optax's
-    within 10x the reordering floor, with and without microbatches."""
+    gradients meet after it, each reduced once over all of them (the CPU backend emits one
+    all-reduce per tensor, as the gradient norm is taken over the update's slices). The step equals
+    one-device optax's within 10x the reordering floor, with and without microbatches."""
     for m in (1, 4):
         s = setup(tiny_config("zero.stage=1", LR, f"train.microbatches={m}", *BATCH_32, *MESHES[mesh]))
         state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
@@ -213,8 +214,10 @@ def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_st
     n_m = s.plan.mesh.shape.get("model", 1)
     assert all(o.group_size == n_m for o in ops if o.in_loop), [o for o in ops if o.in_loop]
     reduce = [o for o in ops if o.kind == "all-reduce" and o.group_size == 8 // n_m]
-    assert len(reduce) == 1 and not reduce[0].in_loop, reduce
-    assert reduce[0].bytes >= 4 * s.plan.num_params / n_m  # every gradient, in one op
+    assert reduce and not any(o.in_loop or o.executions != 1 for o in reduce), reduce
+    grads = 4 * s.plan.num_params / n_m
+    # Every gradient once (plus a few scalars: the loss and the norm's partial sums), never twice.
+    assert grads <= sum(o.bytes for o in reduce) <= grads + 1024, (sum(o.bytes for o in reduce), grads)
 
 
 def test_microbatch_buffer_is_sharded_from_stage_2(devices):

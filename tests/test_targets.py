@@ -165,3 +165,17 @@ def test_a_cpu_host_with_the_extra_prints_no_cuda_noise():
     proc = subprocess.run([*argv, *(a for kv in TINY for a in ("--set", kv))], env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
     assert json.loads(proc.stdout)["backend"] == "cpu"
+
+
+def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
+    """--all-stages and --memory-per-device work as without a target; the budget overrides the GPU's."""
+    sets = [a for kv in TINY for a in ("--set", kv)]
+    argv = ["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", "--all-stages", "--json", "--memory-per-device", "200KiB"]
+    assert main([*argv, *sets]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert sorted(stages) == ["0", "1", "2", "3"]
+    for stage, report in stages.items():
+        assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["memory_per_device"] == 200 * 1024
+        assert report["fits"] is (report["compiled"]["peak"] <= 200 * 1024)
+        assert ("reduce-scatter" in report["collectives"]) is (stage != "0")
+    assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
