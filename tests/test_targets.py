@@ -179,3 +179,22 @@ def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
         assert report["fits"] is (report["compiled"]["peak"] <= 200 * 1024)
         assert ("reduce-scatter" in report["collectives"]) is (stage != "0")
     assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
+
+
+def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
+    """``Setup.compile`` passes GPU_COMPILER_OPTIONS for GPU devices and nothing for the CPU: with the
+    combining thresholds at 0, the same step compiles to many more (uncombined) all-gathers."""
+    import jzero.targets
+    from jzero.targets import compiler_options
+
+    assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
+    s = setup(tiny_config("zero.stage=3", *BF16), h100x8)
+
+    def gathers():
+        ops = ledger.parse_collectives(s.compile_step()[1].as_text())
+        return sum(op.kind == "all-gather" for op in ops)
+
+    combined = gathers()
+    no_combining = {k: (0 if k.endswith("threshold_bytes") else v) for k, v in GPU_COMPILER_OPTIONS.items()}
+    monkeypatch.setattr(jzero.targets, "GPU_COMPILER_OPTIONS", no_combining)
+    assert gathers() > 2 * combined, combined
