@@ -172,8 +172,12 @@ stderr_fd: int | None = None  # the real stderr while fd 2 is diverted (for the 
 
 @contextlib.contextmanager
 def _dropping_no_gpu_notices() -> Iterator[None]:
-    """Divert fd 2 (native code writes there directly) and pass on every line but the notices."""
+    """Divert fd 2 (native code writes there directly) and pass on every line but the notices;
+    without the plugin there are none, and nothing is diverted."""
     global stderr_fd
+    if not gpu_compiler_available():
+        yield
+        return
     sys.stderr.flush()
     stderr_fd = os.dup(2)
     with tempfile.TemporaryFile() as caught:
@@ -220,10 +224,7 @@ def import_jax(target: bool = False) -> None:
     notices that there is no GPU when JAX is imported and when its backends start; the command line
     drops exactly those lines (see :func:`start_backends`).
     """
-    if gpu_compiler_available():
-        with _dropping_no_gpu_notices():
-            import jax
-    else:
+    with _dropping_no_gpu_notices():
         import jax
     platforms = platforms_for(target)
     if platforms and jax.config.jax_platforms != platforms:
@@ -234,9 +235,6 @@ def start_backends() -> None:
     """Start JAX's backends now, dropping the CUDA plugin's no-GPU notices (:func:`import_jax`)."""
     import jax
 
-    if not gpu_compiler_available():
-        jax.devices()
-        return
     with _dropping_no_gpu_notices():
         jax.devices()
 
