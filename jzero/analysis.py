@@ -10,6 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from jzero import ledger
 from jzero.axes import BATCH_AXES, batch_ways, model_ways
 from jzero.build import Setup
@@ -169,7 +173,29 @@ def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]
     params = ledger.live_bytes_per_device(state.params)
     optimizer = ledger.live_bytes_per_device(state.opt_state)
     report["live_bytes_per_device"] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
+    report["processes"] = process_figures(s, state, report["per_device_bytes"]["total"])
     return report
+
+
+def process_figures(s: Setup, state: TrainState, planned_per_device: int) -> dict[str, Any]:
+    """The job's processes and what their devices hold: the planned model states of one process's
+    devices and of all of them, and the live parameters and optimizer state each process holds
+    (measured in every process and gathered, a collective when there are several)."""
+    devices = list(s.mesh.devices.flat)
+    local = sum(1 for d in devices if d.process_index == jax.process_index())
+    live = ledger.live_bytes_per_process(state.params) + ledger.live_bytes_per_process(state.opt_state)
+    if jax.process_count() > 1:
+        # JAX runs in 32 bits: each count travels as two int32 digits base 2**30.
+        pairs = np.asarray(multihost_utils.process_allgather(np.array(divmod(live, 2**30), np.int32)))
+        gathered = [int(high) * 2**30 + int(low) for high, low in pairs.reshape(-1, 2)]
+    else:
+        gathered = [live]
+    return {
+        "count": jax.process_count(),
+        "devices_per_process": local,
+        "planned_model_state_bytes": {"per_process": planned_per_device * local, "global": planned_per_device * len(devices)},
+        "live_bytes": {"per_process": gathered, "global": sum(gathered)},
+    }
 
 
 def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any]) -> dict[str, Any]:

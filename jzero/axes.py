@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-__all__ = ["BATCH_AXES", "DATA", "KNOWN_MESH_AXES", "LAYERS", "MODEL", "REPLICA", "batch_ways", "model_ways"]
+from jzero.errors import ConfigError
+
+__all__ = ["BATCH_AXES", "DATA", "KNOWN_MESH_AXES", "LAYERS", "MODEL", "REPLICA", "batch_ways", "model_ways", "resolve_axes"]
 
 REPLICA = "replica"  # hierarchical partitioning: whole model-state copies per replica group
 DATA = "data"  # ZeRO's partitioning and the batch
@@ -26,3 +28,23 @@ def batch_ways(shape: Mapping[str, int]) -> int:
 def model_ways(shape: Mapping[str, int]) -> int:
     """N_m: the product of the axes that are not batch axes (model parallelism divides everything)."""
     return math.prod(int(s) for a, s in shape.items() if a not in BATCH_AXES)
+
+
+def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
+    """Replace a -1 size by the remaining devices and check the mesh divides ``device_count``."""
+    axes = dict(axes)
+    axes.setdefault(MODEL, 1)
+    known = math.prod(s for s in axes.values() if s != -1)
+    for name, size in axes.items():
+        if size == -1:
+            if device_count % known:
+                raise ConfigError(
+                    f"mesh.axes.{name}",
+                    f"-1 cannot fill {device_count} devices: the other axes multiply to {known}",
+                )
+            axes[name] = device_count // known
+    total = math.prod(axes.values())
+    if total > device_count or device_count % total:
+        shape = " x ".join(f"{k}={v}" for k, v in axes.items())
+        raise ConfigError("mesh.axes", f"{shape} = {total} devices does not divide the {device_count} available")
+    return axes

@@ -1,4 +1,4 @@
-"""The ``jzero`` command line: ``train``, ``plan``, ``estimate`` and ``checkpoint info|export``.
+"""The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch`` and ``checkpoint info|export``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
@@ -32,16 +32,48 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(args: argparse.Namespace) -> Config:
+    """The config, with JAX started for it: simulated CPU devices and the multi-process job first."""
+    from jzero.distributed import initialize
     from jzero.mesh import simulate_cpu_devices
     from jzero.targets import start_backends
 
     config = load_config(args.config, args.set)
     # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
-    # there is no accelerator. A GPU target's devices are compile-only and need none.
+    # there is no accelerator, and jax.distributed. A GPU target's devices are compile-only.
     if not getattr(args, "target", None):
         simulate_cpu_devices(config.runtime.cpu_devices)
+        initialize(config.runtime)
     start_backends()
     return config
+
+
+@contextlib.contextmanager
+def _watched(config: Config) -> Iterator[None]:
+    """Run a command as one process of a multi-process job: a lost peer ends this process with a
+    line naming it (:class:`~jzero.distributed.Watchdog`), and at the end the processes leave in order."""
+    import jax
+
+    from jzero.distributed import Watchdog, finish
+
+    if jax.process_count() == 1:
+        yield
+        return
+    watchdog = Watchdog().__enter__()
+    try:
+        yield
+    except JzeroError:  # every process refuses the same input: they leave together, each with its line
+        watchdog.stop()
+        with contextlib.suppress(Exception):
+            finish(min(config.runtime.shutdown_timeout_s, 10))
+        raise
+    watchdog.stop()
+    finish(config.runtime.shutdown_timeout_s)
+
+
+def _primary() -> bool:
+    import jax
+
+    return jax.process_index() == 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -51,10 +83,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = _load(args)
     try:
-        result = train(config, progress=not args.quiet, resume=not args.no_resume)
+        with _watched(config):
+            result = train(config, progress=not args.quiet, resume=not args.no_resume)
     except (TrainingHalted, CheckpointWriteError, OutputWriteError) as err:
         print(f"jzero: {err}", file=sys.stderr)
         return 1
+    if not _primary():  # process 0 speaks for the job
+        return 0
     history = result.history
     span = f"steps {result.start_step} -> {result.final_step}"
     loss = f": loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}" if history else ""
@@ -118,12 +153,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         devices = target_devices(target)
         check_target_fits_mesh(target, config.mesh.axes)
         memory = target.memory_bytes if memory is None else memory
-    built = setup(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
-    reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
-    stages = STAGES if args.all_stages else [config.zero.stage]
-    reports = {}
-    for stage in stages:
-        reports[str(stage)] = with_scaling(with_verdict(plan_report(built.replan(stage)), memory), reference)
+    with _watched(config):
+        built = setup(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
+        reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
+        stages = STAGES if args.all_stages else [config.zero.stage]
+        reports = {}
+        for stage in stages:
+            reports[str(stage)] = with_scaling(with_verdict(plan_report(built.replan(stage)), memory), reference)
+    if not _primary():
+        return 0
     if args.all_stages:
         print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))
     else:
@@ -139,6 +177,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     result = estimate(parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory)
     print(json.dumps(result) if args.json else format_estimate(result))
     return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from jzero.launch import launch, parse_spec
+
+    spec = parse_spec(args.words, args.n, args.devices_per_process)
+    return launch(spec, args.max_restarts, args.shrink_on_failure)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--memory-per-device", default=None, help="e.g. 80GB or 80GiB: say which stages fit")
     est.add_argument("--json", action="store_true", help="print one JSON object")
     est.set_defaults(func=cmd_estimate)
+
+    run = sub.add_parser(
+        "launch",
+        help="run a jzero command as N processes of one jax.distributed job on this machine",
+        usage="jzero launch -n N [--devices-per-process K] [--max-restarts R] [--shrink-on-failure] -- train CONFIG [--set ...]",
+    )
+    run.add_argument("-n", type=int, required=True, help="processes to start")
+    run.add_argument("--devices-per-process", type=int, default=1, help="simulated CPU devices each (default 1)")
+    run.add_argument("--max-restarts", type=int, default=0, help="start the job again after a failure, up to R times")
+    run.add_argument(
+        "--shrink-on-failure", action="store_true", help="restart on the largest smaller count the mesh and batch allow"
+    )
+    run.add_argument("words", nargs=argparse.REMAINDER, help="-- then a jzero command line: train or plan")
+    run.set_defaults(func=cmd_launch)
 
     ckpt = sub.add_parser("checkpoint", help="inspect and export a run's checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -250,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
-        if args.command != "estimate":  # the one command that needs no JAX
+        if args.command not in ("estimate", "launch"):  # the commands that need no JAX
             from jzero.targets import import_jax, start_backends
 
             import_jax(target=bool(getattr(args, "target", None)))

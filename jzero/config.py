@@ -143,8 +143,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             return None
         inner = [o for o in options if o is not type(None)]
         if len(inner) > 1:  # e.g. str | list[str]: pick by the value's own shape
-            by_kind = [o for o in inner if (typing.get_origin(o) is list) == isinstance(value, list)]
-            inner = by_kind or inner
+            inner = [o for o in inner if _kind(o) == _kind(value)] or inner
         return _coerce(value, inner[0], key)
     if dataclasses.is_dataclass(hint):
         if value is None:
@@ -175,6 +174,18 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         (item_hint,) = typing.get_args(hint)
         return [_coerce(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
     raise TypeError(f"unsupported config type {hint!r} at {key}")
+
+
+def _kind(hint_or_value: Any) -> str:
+    """What shape a type hint takes, or a value has: list, mapping, bool or scalar."""
+    x = hint_or_value
+    if x is list or typing.get_origin(x) is list or isinstance(x, list):
+        return "list"
+    if x is dict or typing.get_origin(x) is dict or dataclasses.is_dataclass(x) or isinstance(x, dict):
+        return "mapping"
+    if x is bool or isinstance(x, bool):
+        return "bool"
+    return "scalar"
 
 
 def _integer(value: Any, key: str) -> int:
@@ -239,11 +250,14 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 def _with_defaults(config: Config) -> Config:
     """Defaults that depend on other values, resolved once where the config is built: a mesh
-    without a ``model`` axis gets one of size 1."""
+    without a ``model`` axis gets one of size 1, and ``runtime.distributed: off`` (which YAML reads
+    as false) is spelled ``off``."""
     axes = config.mesh.axes
-    if MODEL in axes:
-        return config
-    return dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, axes={**axes, MODEL: 1}))
+    if MODEL not in axes:
+        config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, axes={**axes, MODEL: 1}))
+    if config.runtime.distributed is False:
+        config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, distributed="off"))
+    return config
 
 
 def dump_config(config: Config) -> str:

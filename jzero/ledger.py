@@ -364,3 +364,8 @@ def live_bytes_per_device(tree: Any) -> int:
         for shard in leaf.addressable_shards:
             per_device[shard.device.id] += shard.data.nbytes
     return max(per_device.values()) if per_device else 0
+
+
+def live_bytes_per_process(tree: Any) -> int:
+    """The bytes this process's devices hold of a pytree of live (sharded) arrays."""
+    return sum(shard.data.nbytes for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards)

@@ -14,28 +14,8 @@ import jax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from jzero.axes import MODEL
+from jzero.axes import resolve_axes
 from jzero.errors import ConfigError
-
-
-def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
-    """Replace a -1 size by the remaining devices and check the mesh divides ``device_count``."""
-    axes = dict(axes)
-    axes.setdefault(MODEL, 1)
-    known = math.prod(s for s in axes.values() if s != -1)
-    for name, size in axes.items():
-        if size == -1:
-            if device_count % known:
-                raise ConfigError(
-                    f"mesh.axes.{name}",
-                    f"-1 cannot fill {device_count} devices: the other axes multiply to {known}",
-                )
-            axes[name] = device_count // known
-    total = math.prod(axes.values())
-    if total > device_count or device_count % total:
-        shape = " x ".join(f"{k}={v}" for k, v in axes.items())
-        raise ConfigError("mesh.axes", f"{shape} = {total} devices does not divide the {device_count} available")
-    return axes
 
 
 def make_mesh(

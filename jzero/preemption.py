@@ -19,10 +19,16 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preemption:
-    """A context manager that installs the handlers (main thread only) and restores the old ones."""
+    """A context manager that installs the handlers (main thread only) and restores the old ones.
+
+    ``signal`` is what this process received; ``agreed`` is what :meth:`requested` found across
+    all processes, the same on each: the signal's name, and with several processes the first one
+    that received it.
+    """
 
     def __init__(self) -> None:
         self.signal: str | None = None
+        self.agreed: str | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Preemption:
@@ -46,8 +52,17 @@ class Preemption:
         print(message, file=sys.stderr, flush=True)
 
     def requested(self) -> bool:
-        """Whether any process was asked to stop (a collective when there are several)."""
-        local = self.signal is not None
+        """Whether any process was asked to stop (a collective when there are several: every
+        process must call it at the same step boundary)."""
+        if self.agreed is not None:
+            return True
         if jax.process_count() == 1:
-            return local
-        return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
+            self.agreed = self.signal
+            return self.agreed is not None
+        local = signal.Signals[self.signal].value if self.signal else 0
+        received = np.asarray(multihost_utils.process_allgather(np.int32(local))).ravel()
+        senders = np.flatnonzero(received)
+        if senders.size:
+            first = int(senders[0])
+            self.agreed = f"{signal.Signals(int(received[first])).name} to process {first}"
+        return self.agreed is not None

@@ -9,8 +9,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class TrainProgress:
-    def __init__(self, total_steps: int, enabled: bool = True):
-        self.enabled = enabled
+    """The bar (``enabled``); ``silent`` also drops the announcements, as on every process but 0."""
+
+    def __init__(self, total_steps: int, enabled: bool = True, silent: bool = False):
+        self.enabled = enabled and not silent
+        self.silent = silent
         self.console = Console(stderr=True)
         self._progress = Progress(
             TextColumn("step"),
@@ -20,7 +23,7 @@ class TrainProgress:
             TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(),
             console=self.console,
-            disable=not enabled,
+            disable=not self.enabled,
         )
         self._task = self._progress.add_task("train", total=total_steps, loss="-", tps="-")
 
@@ -37,7 +40,8 @@ class TrainProgress:
 
     def announce(self, text: str) -> None:
         """Printed even when the bar is off: what the run resumed from, and warnings."""
-        self._progress.console.print(text, highlight=False, soft_wrap=True)
+        if not self.silent:
+            self._progress.console.print(text, highlight=False, soft_wrap=True)
 
     def advance(self, step: int) -> None:
         self._progress.update(self._task, completed=step)

@@ -130,6 +130,14 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
         for k, v in sorted(report["collectives"].items())
     )
     lines.append(f"  collectives: {traffic or 'none'}")
+    processes = report.get("processes", {})
+    if processes.get("count", 1) > 1:
+        planned, live = processes["planned_model_state_bytes"], processes["live_bytes"]
+        lines.append(
+            f"  processes: {processes['count']} x {processes['devices_per_process']} devices; model states "
+            f"{human_bytes(planned['per_process'])} per process planned, {human_bytes(planned['global'])} in all; "
+            f"live {' + '.join(human_bytes(b) for b in live['per_process'])} = {human_bytes(live['global'])}"
+        )
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from jzero.axes import DATA, MODEL
 
 __all__ = [
     "CheckpointConfig",
+    "ClusterConfig",
     "Config",
     "DataConfig",
     "MeshConfig",
@@ -111,8 +112,26 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """An explicit multi-process job: where process 0 serves JAX's coordinator, how many processes
+    there are and which one this is."""
+
+    coordinator: str = ""  # HOST:PORT
+    num_processes: int = 1
+    process_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    cpu_devices: int = 8
+    """How this process runs: simulated CPU devices and the multi-process runtime (``jax.distributed``)."""
+
+    cpu_devices: int = 8  # simulated CPU devices per process, when there is no accelerator
+    # auto: jzero launch's variables or JAX's cluster detection (SLURM, Open MPI, Kubernetes...),
+    # else one process. off: one process. A mapping: an explicit ClusterConfig.
+    distributed: str | bool | ClusterConfig = "auto"
+    initialization_timeout_s: int = 300  # how long every process waits for all to connect
+    heartbeat_timeout_s: int = 60  # a process silent this long is lost: the others exit, naming it
+    shutdown_timeout_s: int = 300  # how long the processes wait for each other at the end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,3 +187,5 @@ MAX_FLOAT32 = 3.4028234663852886e38  # the loss scale is a float32
 # Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
 # 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
 MAX_CPU_DEVICES = 4096
+DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: any longer is a typo

@@ -151,7 +151,7 @@ def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
     Raises:
       ConfigError: the mesh's axes (a -1 filled in) do not multiply to the target's count.
     """
-    from jzero.mesh import resolve_axes
+    from jzero.axes import resolve_axes
 
     sizes = resolve_axes(axes, target.count)
     used = math.prod(sizes.values())

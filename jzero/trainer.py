@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from jzero.analysis import startup_ledger
@@ -215,24 +216,30 @@ def train(
     if data is None:
         m, t = config.model, config.train
         data = text_batches(config.data.path, config.data.max_bytes, m.seq_len, t.global_batch_size, config.seed)
-    # Everything that can refuse the run does so here, before anything is written or drawn.
+    # Everything that can refuse the run does so here, before anything is written or drawn. With
+    # several processes, process 0 writes the run's own files (each process writes its checkpoint
+    # shards), once every process has looked at run.dir as it was.
+    primary = jax.process_index() == 0
     run_dir, existing = check_run_dir(config.run.dir, resume)
+    has_checkpoints = (run_dir / CHECKPOINTS).is_dir()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("jzero: run.dir checked")
     notes: list[str] = []
-    checkpoints = RunCheckpoints(run_dir, config.checkpoint) if (run_dir / CHECKPOINTS).is_dir() else None
+    checkpoints = RunCheckpoints(run_dir, config.checkpoint) if has_checkpoints else None
     try:
         state, start = initial_state(s, checkpoints, data, notes.append)
     except BaseException:
-        for line in notes:  # checkpoints set aside on the way
+        for line in notes if primary else ():  # checkpoints set aside on the way
             print(line, file=sys.stderr)
         if checkpoints is not None:
             checkpoints.close()
         raise
     create_run_dir(run_dir)
     checkpoints = checkpoints or RunCheckpoints(run_dir, config.checkpoint)
-    if not existing:
+    if not existing and primary:
         with writing(run_dir / "config.yaml"):
             (run_dir / "config.yaml").write_text(dump_config(config))
-    dropped = trim_metrics(run_dir / "metrics.jsonl", start)
+    dropped = trim_metrics(run_dir / "metrics.jsonl", start) if primary else 0
     if dropped:
         notes.append(f"dropped {dropped} metrics.jsonl records past step {start}, which this run logs again")
     meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
@@ -240,7 +247,7 @@ def train(
 
     all_hooks: list[Hook] = []
     try:
-        with TrainProgress(steps, enabled=progress) as bar, Preemption() as preemption:
+        with TrainProgress(steps, enabled=progress, silent=not primary) as bar, Preemption() as preemption:
             for line in notes:
                 bar.announce(line)
             result = RunResult([], start, start, [])
@@ -248,7 +255,7 @@ def train(
                 bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
                 checkpoints.close()
                 return result
-            if existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
+            if primary and existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
                 with writing(run_dir / f"config.step-{start}.yaml"):  # the resumed run's own config
                     (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))
             t0 = time.perf_counter()
@@ -259,21 +266,25 @@ def train(
             )
             report = startup_ledger(s, compiled, state)
             name = "ledger.json" if not (run_dir / "ledger.json").exists() else f"ledger.step-{start}.json"
-            with writing(run_dir / name):
-                (run_dir / name).write_text(json.dumps(report, indent=1))
+            if primary:
+                with writing(run_dir / name):
+                    (run_dir / name).write_text(json.dumps(report, indent=1))
             bar.note(format_ledger_summary(report) + f"\n  written to {run_dir / name}")
             bar.advance(start)
 
             saver = CheckpointHook(checkpoints, start, steps, data.state, meta, bar.announce)
-            all_hooks = [saver, ProgressHook(bar), JsonlHook(run_dir / "metrics.jsonl")]
-            if config.run.tensorboard:
-                all_hooks.append(TensorBoardHook(run_dir / "tensorboard"))
+            all_hooks = [saver, ProgressHook(bar)]
+            if primary:
+                all_hooks.append(JsonlHook(run_dir / "metrics.jsonl"))
+                if config.run.tensorboard:
+                    all_hooks.append(TensorBoardHook(run_dir / "tensorboard"))
             all_hooks += [PreemptionHook(preemption), *hooks]
             tokens = config.train.global_batch_size * config.model.seq_len
             schedule = build_schedule(config.optimizer, steps)
             log = MetricsLog(tokens, start, int(state.skipped), config.train.nonfinite == "halt", schedule)
             for step, batch in data.iterate(s.plan.batch, start):
-                if step >= steps or any(h.stop_requested() for h in all_hooks):
+                # Every hook is asked (no short cut): with several processes a request is a collective.
+                if step >= steps or any([h.stop_requested() for h in all_hooks]):
                     break
                 state, metrics = compiled(state, batch)
                 log.add(metrics)
@@ -285,7 +296,7 @@ def train(
             if log.pending:  # stopped early: the steps since the last record get one too
                 _log(all_hooks, log.record(result.final_step))
             result.history = log.history
-            result.preempted = preemption.signal
+            result.preempted = preemption.agreed
             for hook in all_hooks:
                 hook.end(result.final_step, state, result.preempted)
     except KeyboardInterrupt:  # a second SIGINT: abort now, leave any write uncommitted

@@ -10,19 +10,23 @@ import re
 from jzero.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 from jzero.errors import ConfigError, clip, show_value
 from jzero.schema import (
+    DISTRIBUTED_MODES,
     DTYPE_NAMES,
     MAX_CPU_DEVICES,
     MAX_FLOAT32,
     MAX_INT32,
     MAX_PARAMS,
     MAX_SEED,
+    MAX_TIMEOUT_S,
     OPTIMIZERS,
     SCHEDULES,
+    ClusterConfig,
     Config,
     ModelConfig,
+    RuntimeConfig,
 )
 
-__all__ = ["check_batch_divides", "validate"]
+__all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 
 
 def _in_range(value: float, key: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
@@ -62,6 +66,40 @@ def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatch
             "train.microbatches",
             f"{microbatches} microbatches of the {global_batch_size}-row batch do not split evenly over {ways} devices",
         )
+
+
+def check_coordinator(address: str, key: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> ``(host, port)``; anything else is refused naming ``key``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(key, f"must be HOST:PORT with a port in 1-65535, got {show_value(address)}")
+    return host.strip("[]"), int(port)
+
+
+def _validate_runtime(runtime: RuntimeConfig) -> None:
+    _positive(runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+    for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
+        _positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
+    cluster = runtime.distributed
+    if isinstance(cluster, (str, bool)):
+        if cluster not in DISTRIBUTED_MODES:
+            raise ConfigError(
+                "runtime.distributed",
+                f"must be auto, off or {{coordinator: HOST:PORT, num_processes: N, process_id: I}}, got {show_value(cluster)}",
+            )
+        return
+    validate_cluster(cluster)
+
+
+def validate_cluster(cluster: ClusterConfig, keys: tuple[str, str, str] | None = None) -> None:
+    """An explicit job's coordinator, process count and index; ``keys`` name them in errors
+    (default: ``runtime.distributed.*``)."""
+    where, count, index = keys or tuple(f"runtime.distributed.{f}" for f in ("coordinator", "num_processes", "process_id"))
+    check_coordinator(cluster.coordinator, where)
+    _positive(cluster.num_processes, count)
+    if not 0 <= cluster.process_id < cluster.num_processes:
+        last = cluster.num_processes - 1
+        raise ConfigError(index, f"must be in [0, {last}] (num_processes={cluster.num_processes}), got {cluster.process_id}")
 
 
 def validate(config: Config) -> None:
@@ -145,7 +183,7 @@ def validate(config: Config) -> None:
     if not 0 <= config.checkpoint.every <= MAX_INT32:
         raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
     _positive(config.checkpoint.keep, "checkpoint.keep")
-    _positive(config.runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+    _validate_runtime(config.runtime)
     _positive(config.data.max_bytes, "data.max_bytes", 2**63 - 1)
 
     for i, rule in enumerate(config.partitioning.path_rules):

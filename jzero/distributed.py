@@ -1,0 +1,251 @@
+"""One process per host under ``jax.distributed``, JAX's own multi-controller runtime.
+
+:func:`initialize` runs before anything starts JAX's backends. It finds the cluster
+(:func:`find_cluster`: ``runtime.distributed``, ``jzero launch``'s variables, or JAX's own detection
+of SLURM, Open MPI, Kubernetes...), checks that the coordinator answers, and calls
+``jax.distributed.initialize`` with the config's timeouts. XLA's collectives then span the processes:
+NCCL on GPUs, gloo on CPUs.
+
+A dead peer must not leave the others hanging in a collective. JAX's coordinator notices a process
+that stops sending heartbeats; :class:`Watchdog` asks it which processes are alive and, when one is
+lost, ends this process at once with a line naming it (exit status :data:`LOST_PEER_STATUS`). The
+runtime runs in JAX's recoverable mode, so that this line, not a native crash, is how a survivor
+ends; the price is that the processes must leave in order (:func:`finish`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from jzero.errors import ConfigError
+from jzero.schema import ClusterConfig, RuntimeConfig
+from jzero.validation import check_coordinator, validate_cluster
+
+__all__ = [
+    "ENV_COORDINATOR",
+    "ENV_NUM_PROCESSES",
+    "ENV_PROCESS_ID",
+    "LOST_PEER_STATUS",
+    "Cluster",
+    "Watchdog",
+    "find_cluster",
+    "finish",
+    "initialize",
+    "is_primary",
+]
+
+# What `jzero launch` sets for each process it starts; `runtime.distributed: auto` reads them first.
+ENV_COORDINATOR = "JZERO_COORDINATOR"
+ENV_NUM_PROCESSES = "JZERO_NUM_PROCESSES"
+ENV_PROCESS_ID = "JZERO_PROCESS_ID"
+LOST_PEER_STATUS = 3  # a peer process was lost; this one ended without finishing the run
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A multi-process job as this process sees it."""
+
+    coordinator: str  # HOST:PORT, served by process 0
+    num_processes: int
+    process_id: int
+    local_device_ids: tuple[int, ...] | None = None  # e.g. SLURM's one GPU per task
+    source: str = "runtime.distributed"  # where it was found, for messages
+
+
+def _from_launch_env() -> Cluster | None:
+    names = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+    if not any(n in os.environ for n in names):
+        return None
+    missing = [n for n in names if n not in os.environ]
+    if missing:
+        raise ConfigError(missing[0], f"is unset while {', '.join(n for n in names if n in os.environ)} is set")
+    try:
+        count, index = int(os.environ[ENV_NUM_PROCESSES]), int(os.environ[ENV_PROCESS_ID])
+    except ValueError:
+        raise ConfigError(ENV_NUM_PROCESSES, f"and {ENV_PROCESS_ID} must be integers") from None
+    validate_cluster(ClusterConfig(os.environ[ENV_COORDINATOR], count, index), keys=names)
+    return Cluster(os.environ[ENV_COORDINATOR], count, index, source="jzero launch")
+
+
+def _from_jax_detection(timeout_s: int) -> Cluster | None:
+    """JAX's own cluster detection (SLURM, Open MPI, Kubernetes, Cloud TPU, ...), or None."""
+    from jax._src import clusters  # the detection jax.distributed.initialize() runs itself
+
+    address, count, index, local = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        os.environ.get("JAX_COORDINATOR_ADDRESS"), None, None, None, None, timeout_s
+    )
+    if address is None or count is None or index is None:
+        return None
+    env = next((e.__name__ for e in clusters.ClusterEnv._cluster_types if e.is_env_present()), "the environment")
+    return Cluster(address, int(count), int(index), tuple(local) if local else None, source=env)
+
+
+def find_cluster(runtime: RuntimeConfig) -> Cluster | None:
+    """The multi-process job this process belongs to, or None to run as one process.
+
+    ``runtime.distributed`` decides: ``off`` is one process; a mapping is that job; ``auto`` takes
+    ``jzero launch``'s variables, else JAX's cluster detection, else one process. A job of one
+    process is one process.
+    """
+    mode = runtime.distributed
+    if mode == "off":
+        return None
+    if isinstance(mode, ClusterConfig):
+        cluster = Cluster(mode.coordinator, mode.num_processes, mode.process_id)
+    else:
+        cluster = _from_launch_env() or _from_jax_detection(runtime.initialization_timeout_s)
+    return cluster if cluster is not None and cluster.num_processes > 1 else None
+
+
+def wait_for_coordinator(cluster: Cluster, timeout_s: float, key: str = "runtime.distributed.coordinator") -> None:
+    """Process 0 checks that it can serve the coordinator's port; the others that it answers within
+    ``timeout_s``. JAX would abort the process (a native crash) instead of raising."""
+    host, port = check_coordinator(cluster.coordinator, key)
+    if cluster.process_id == 0:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError as err:
+                raise ConfigError(key, f"process 0 cannot serve port {port}: {err.strerror or err}") from None
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, timeout_s)):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    key,
+                    f"{cluster.coordinator} ({cluster.source}) did not answer within "
+                    f"runtime.initialization_timeout_s={timeout_s:g}s: {err.strerror or err}",
+                ) from None
+            time.sleep(0.2)
+
+
+def initialize(runtime: RuntimeConfig) -> Cluster | None:
+    """Join the multi-process job :func:`find_cluster` finds, before JAX's backends start.
+
+    On CPUs the collectives use gloo. Returns the cluster, or None for one process.
+
+    Raises:
+      ConfigError: the cluster's settings are wrong, or its coordinator does not answer in time.
+    """
+    import jax
+
+    cluster = find_cluster(runtime)
+    if cluster is None or jax.distributed.is_initialized():
+        return cluster
+    wait_for_coordinator(cluster, runtime.initialization_timeout_s)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_enable_recoverability", True)  # survivors end through the Watchdog
+    jax.distributed.initialize(
+        cluster.coordinator,
+        num_processes=cluster.num_processes,
+        process_id=cluster.process_id,
+        local_device_ids=list(cluster.local_device_ids) if cluster.local_device_ids else None,
+        initialization_timeout=runtime.initialization_timeout_s,
+        heartbeat_timeout_seconds=runtime.heartbeat_timeout_s,
+        shutdown_timeout_seconds=runtime.shutdown_timeout_s,
+    )
+    return cluster
+
+
+def is_primary() -> bool:
+    """Whether this is process 0, the one that writes the run's outputs and prints."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _client():  # JAX's own client of its coordination service
+    from jax._src.distributed import global_state
+
+    return global_state.client
+
+
+class Watchdog:
+    """Ends this process when a peer is lost, instead of leaving it in a collective that never ends.
+
+    Every ``interval_s`` it asks JAX's coordinator which processes are alive (the coordinator
+    declares one lost after ``runtime.heartbeat_timeout_s`` without a heartbeat). A lost peer ends
+    this process at once with one line naming it, exit status :data:`LOST_PEER_STATUS`: nothing
+    half-written is committed (Orbax renames a checkpoint only when it is complete). A lost process
+    0 takes the coordinator with it; JAX itself then ends the others, naming "the leader task".
+    """
+
+    def __init__(self, interval_s: float = 1.0):
+        import jax
+
+        self.processes = list(range(jax.process_count()))
+        self.me = jax.process_index()
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jzero-watchdog", daemon=True)
+
+    def __enter__(self) -> Watchdog:
+        if len(self.processes) > 1:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop watching (before the processes leave on purpose)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def lost(self) -> list[int]:
+        """The processes JAX's coordinator no longer counts as alive."""
+        alive = _client().get_live_nodes(self.processes)
+        return [p for p in self.processes if p not in alive]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                lost = self.lost()
+            except Exception as err:  # the coordinator itself is gone
+                _exit_lost(f"the coordinator (process 0) stopped answering: {str(err).splitlines()[0][:160]}")
+            if lost and not self._stop.is_set():
+                names = ", ".join(map(str, lost))
+                _exit_lost(f"lost process {names} (no heartbeat for runtime.heartbeat_timeout_s); "
+                           f"process {self.me} stops without finishing the run")  # fmt: skip
+
+
+def _exit_lost(message: str) -> None:
+    from jzero import targets  # where stderr really is while fd 2 is diverted
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os.write(targets.stderr_fd or 2, f"jzero: {message}\n".encode())
+    os._exit(LOST_PEER_STATUS)
+
+
+def finish(timeout_s: float, processes: Sequence[int] | None = None) -> None:
+    """Leave the job in order: all meet at a barrier, the others disconnect, process 0 (which serves
+    the coordinator) last. In recoverable mode nothing else orders them, and a process whose
+    coordinator vanished before it disconnected would crash."""
+    import jax
+
+    if not jax.distributed.is_initialized():
+        return
+    client = _client()
+    everyone = list(range(jax.process_count())) if processes is None else list(processes)
+    client.wait_at_barrier("jzero-finish", int(timeout_s * 1000))
+    if jax.process_index() == 0:
+        deadline = time.monotonic() + timeout_s
+        while len(client.get_live_nodes(everyone)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    jax.distributed.shutdown()

@@ -1,0 +1,299 @@
+"""``jzero launch``: one jzero command as N processes of one ``jax.distributed`` job on this machine.
+
+Each process gets K simulated CPU devices (``runtime.cpu_devices``) and the job's coordinator in its
+environment (:data:`jzero.distributed.ENV_COORDINATOR` and the others), which
+``runtime.distributed: auto`` reads; the collectives use gloo. Output lines are prefixed with the
+process index, and the exit status is the worst of the processes'. With ``--max-restarts`` a failed
+job is started again, on the same count or (``--shrink-on-failure``) the largest smaller one the mesh
+and the batch allow; ``jzero train`` resumes from the newest committed checkpoint, resharded.
+
+No JAX here: the launcher only starts, watches and restarts processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import BinaryIO
+
+from jzero.axes import resolve_axes
+from jzero.config import load_config
+from jzero.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from jzero.errors import ConfigError
+from jzero.schema import MAX_CPU_DEVICES, Config
+from jzero.validation import check_batch_divides
+
+__all__ = ["LaunchSpec", "fit_problem", "launch", "newest_committed_step", "shrunk_count"]
+
+LAUNCHABLE = ("train", "plan")
+BAD_INPUT = 2
+INTERRUPTED = 130
+GRACE_S = 30  # beyond runtime.heartbeat_timeout_s, before the launcher kills a survivor itself
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """What to start: ``words`` (a jzero command line) as ``processes`` x ``devices_per_process``."""
+
+    words: tuple[str, ...]
+    processes: int
+    devices_per_process: int
+    config: Config  # the command's config, as each process will read it
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "jzero.cli", *self.words, "--set", f"runtime.cpu_devices={self.devices_per_process}"]
+
+
+def _mesh_text(axes: dict[str, int]) -> str:
+    return " x ".join(f"{k}={v}" for k, v in axes.items())
+
+
+def fit_problem(config: Config, processes: int, devices_per_process: int) -> str | None:
+    """Why ``processes`` x ``devices_per_process`` devices cannot run ``config``'s mesh and batch,
+    or None: the mesh must use every device (each process holds part of it), ``mesh.dcn`` must
+    span the processes, and the global batch must split over the batch axes."""
+    total = processes * devices_per_process
+    launched = f"{processes} processes x {devices_per_process} devices = {total}"
+    try:
+        axes = resolve_axes(config.mesh.axes, total)
+    except ConfigError as err:
+        return f"{err} ({launched} launched)"
+    used = math.prod(axes.values())
+    if used != total:
+        return f"mesh.axes: {_mesh_text(axes)} uses {used} of the {launched} devices launched; every process needs its part"
+    ways = math.prod(config.mesh.dcn.values())
+    if config.mesh.dcn and ways != processes:
+        return f"mesh.dcn: the dcn sizes multiply to {ways}, not the {processes} processes launched"
+    try:
+        check_batch_divides(config.train.global_batch_size, axes, config.train.microbatches)
+    except ConfigError as err:
+        return f"{err} ({launched} launched)"
+    return None
+
+
+def shrunk_count(config: Config, processes: int, devices_per_process: int) -> int | None:
+    """The largest count below ``processes`` that :func:`fit_problem` accepts, or None."""
+    return next((n for n in range(processes - 1, 0, -1) if fit_problem(config, n, devices_per_process) is None), None)
+
+
+def newest_committed_step(run_dir: Path) -> int | None:
+    """The newest checkpoint Orbax committed (a folder named by its step alone), or None."""
+    folder = run_dir / "checkpoints"
+    steps = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.is_dir() else []
+    return max(steps, default=None)
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    """The step of the last whole record in ``metrics.jsonl``, or None."""
+    path = run_dir / "metrics.jsonl"
+    steps = []
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                steps.append(int(json.loads(line)["step"]))
+    return max(steps, default=None)
+
+
+def parse_spec(words: Sequence[str], processes: int, devices_per_process: int) -> LaunchSpec:
+    """Check a launch before anything starts; every refusal is one :class:`ConfigError`."""
+    from jzero.cli import build_parser
+
+    if processes < 1:
+        raise ConfigError("-n", f"must be at least 1 process, got {processes}")
+    if not 1 <= devices_per_process <= MAX_CPU_DEVICES:
+        raise ConfigError("--devices-per-process", f"must be in [1, {MAX_CPU_DEVICES}], got {devices_per_process}")
+    words = tuple(words[1:] if words and words[0] == "--" else words)
+    if not words or words[0] not in LAUNCHABLE:
+        got = repr(words[0]) if words else "nothing"
+        raise ConfigError("launch", f"runs a jzero command after --: {' or '.join(LAUNCHABLE)}, got {got}")
+    args = build_parser().parse_args(list(words))  # a bad flag exits 2 with its one line
+    if getattr(args, "target", None):
+        raise ConfigError("--target", "compiles for GPUs from one process; run jzero plan --target without launch")
+    config = load_config(args.config, [*args.set, f"runtime.cpu_devices={devices_per_process}"])
+    if config.runtime.distributed == "off":
+        raise ConfigError("runtime.distributed", "is off; jzero launch needs auto")
+    problem = fit_problem(config, processes, devices_per_process)
+    if problem:
+        key, _, detail = problem.partition(": ")
+        raise ConfigError(key, detail)
+    return LaunchSpec(words, processes, devices_per_process, config)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_launcher() -> None:
+    """In each child, before exec: Linux kills it if the launcher itself dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _status(returncode: int) -> int:
+    """A shell's exit status: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with status {returncode}"
+
+
+def _say(text: str) -> None:
+    print(f"jzero launch: {text}", file=sys.stderr, flush=True)
+
+
+class Job:
+    """N processes of one command, their output prefixed, watched until all have exited."""
+
+    def __init__(self, spec: LaunchSpec, processes: int):
+        self.port = _free_port()
+        self.processes = processes
+        self.children: list[subprocess.Popen] = []
+        self.pumps: list[threading.Thread] = []
+        base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+        for i in range(processes):
+            env = base | {
+                ENV_COORDINATOR: f"localhost:{self.port}",
+                ENV_NUM_PROCESSES: str(processes),
+                ENV_PROCESS_ID: str(i),
+                "PYTHONUNBUFFERED": "1",
+            }
+            child = subprocess.Popen(
+                spec.command(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the launcher, which passes it on once
+                preexec_fn=_die_with_launcher,
+            )
+            self.children.append(child)
+            for stream, out in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
+                pump = threading.Thread(target=_pump, args=(stream, out, f"[{i}] ".encode()), daemon=True)
+                pump.start()
+                self.pumps.append(pump)
+
+    def signal_all(self, signum: int) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signum)
+
+    def wait(self, bound_s: float) -> list[int]:
+        """Wait for every process. Once one has failed, the others have ``bound_s`` to end on their
+        own (they notice the loss through JAX's heartbeats) before the launcher kills them."""
+        failed_at: float | None = None
+        reported: set[int] = set()
+        while [c.poll() for c in self.children].count(None):
+            for i, child in enumerate(self.children):
+                if child.returncode not in (None, 0) and i not in reported:
+                    reported.add(i)
+                    _say(f"process {i} (pid {child.pid}) {_describe(child.returncode)}")
+                    failed_at = failed_at or time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > bound_s:
+                for i, child in enumerate(self.children):
+                    if child.poll() is None:
+                        _say(f"process {i} (pid {child.pid}) did not end within {bound_s:g}s of the failure; killing it")
+                        child.kill()
+                failed_at = math.inf
+            time.sleep(0.1)
+        for pump in self.pumps:
+            pump.join()
+        for i, child in enumerate(self.children):
+            if child.returncode != 0 and i not in reported:
+                _say(f"process {i} (pid {child.pid}) {_describe(child.returncode)}")
+        return [c.returncode for c in self.children]
+
+
+def _pump(stream: BinaryIO, out: object, prefix: bytes) -> None:
+    target = out.buffer  # type: ignore[attr-defined]
+    for line in iter(stream.readline, b""):
+        target.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+        target.flush()
+    stream.close()
+
+
+@contextlib.contextmanager
+def _forwarding(job_of: list[Job | None], interrupted: list[bool]) -> Iterator[None]:
+    """SIGTERM and SIGINT to the launcher go to every process of the current job (which save and
+    stop, as one process would); the launcher then restarts nothing."""
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        interrupted[0] = True
+        _say(f"{signal.Signals(signum).name}: passing it on to every process")
+        if job_of[0] is not None:
+            job_of[0].signal_all(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def launch(spec: LaunchSpec, max_restarts: int = 0, shrink_on_failure: bool = False) -> int:
+    """Run ``spec`` and, after a failure, restart it up to ``max_restarts`` times.
+
+    Returns:
+      The worst exit status of the last attempt's processes (128 + N for a signal N).
+    """
+    if max_restarts < 0:
+        raise ConfigError("--max-restarts", f"must be >= 0, got {max_restarts}")
+    processes, restarts = spec.processes, 0
+    run_dir = Path(spec.config.run.dir)
+    bound = spec.config.runtime.heartbeat_timeout_s + GRACE_S
+    current: list[Job | None] = [None]
+    interrupted = [False]
+    with _forwarding(current, interrupted):
+        while True:
+            job = current[0] = Job(spec, processes)
+            pids = " ".join(str(c.pid) for c in job.children)
+            _say(f"{processes} processes x {spec.devices_per_process} CPU devices, coordinator localhost:{job.port}; pids {pids}")
+            codes = job.wait(bound)
+            worst = max(_status(c) for c in codes)
+            if worst == 0 or interrupted[0] or worst in (BAD_INPUT, INTERRUPTED) or restarts >= max_restarts:
+                return worst
+            restarts += 1
+            before = processes
+            if shrink_on_failure:
+                smaller = shrunk_count(spec.config, processes, spec.devices_per_process)
+                if smaller is None:
+                    _say(f"no count below {processes} processes fits the mesh and the batch; not restarting")
+                    return worst
+                processes = smaller
+            _say(_restart_line(spec, run_dir, restarts, max_restarts, before, processes))
+
+
+def _restart_line(spec: LaunchSpec, run_dir: Path, restart: int, of: int, before: int, after: int) -> str:
+    k = spec.devices_per_process
+    old, new = (_mesh_text(resolve_axes(spec.config.mesh.axes, n * k)) for n in (before, after))
+    layout = f"{after} processes x {k} devices, mesh {new}"
+    if after != before:
+        layout += f" (was {before} x {k}, mesh {old})"
+    step, logged = newest_committed_step(run_dir), last_logged_step(run_dir)
+    if spec.words[0] != "train":
+        return f"restart {restart} of {of}: {layout}"
+    if step is None:
+        return f"restart {restart} of {of}: {layout}; no committed checkpoint in {run_dir}, starting from step 0"
+    redo = ""
+    if logged is not None and logged > step:
+        redo = f"; the failed attempt had logged step {logged}, so {logged - step} steps are computed again"
+    return f"restart {restart} of {of}: {layout}; resuming from step {step}, the newest committed checkpoint{redo}"
