@@ -182,7 +182,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from jzero.launch import launch, parse_spec
 
-    spec = parse_spec(args.words, args.n, args.devices_per_process)
+    spec = parse_spec(args.words, args.n, args.devices_per_process, args.max_restarts)
     return launch(spec, args.max_restarts, args.shrink_on_failure)
 
 

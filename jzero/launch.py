@@ -36,7 +36,16 @@ from jzero.errors import ConfigError
 from jzero.schema import MAX_CPU_DEVICES, Config
 from jzero.validation import check_batch_divides
 
-__all__ = ["LaunchSpec", "fit_problem", "launch", "newest_committed_step", "shrunk_count"]
+__all__ = [
+    "LaunchSpec",
+    "fit_problem",
+    "free_port",
+    "launch",
+    "newest_committed_step",
+    "parse_spec",
+    "process_env",
+    "shrunk_count",
+]
 
 LAUNCHABLE = ("train", "plan")
 BAD_INPUT = 2
@@ -107,10 +116,12 @@ def last_logged_step(run_dir: Path) -> int | None:
     return max(steps, default=None)
 
 
-def parse_spec(words: Sequence[str], processes: int, devices_per_process: int) -> LaunchSpec:
+def parse_spec(words: Sequence[str], processes: int, devices_per_process: int, max_restarts: int = 0) -> LaunchSpec:
     """Check a launch before anything starts; every refusal is one :class:`ConfigError`."""
     from jzero.cli import build_parser
 
+    if max_restarts < 0:
+        raise ConfigError("--max-restarts", f"must be >= 0, got {max_restarts}")
     if processes < 1:
         raise ConfigError("-n", f"must be at least 1 process, got {processes}")
     if not 1 <= devices_per_process <= MAX_CPU_DEVICES:
@@ -132,7 +143,24 @@ def parse_spec(words: Sequence[str], processes: int, devices_per_process: int) -
     return LaunchSpec(words, processes, devices_per_process, config)
 
 
-def _free_port() -> int:
+def process_env(coordinator: str, processes: int, index: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of process ``index`` of a job on this machine: the job's variables, which
+    ``runtime.distributed: auto`` reads, on the CPU platform. A device count forced through
+    ``XLA_FLAGS`` is dropped: each process takes ``runtime.cpu_devices``."""
+    env = dict(os.environ if base is None else base)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env | {
+        "JAX_PLATFORMS": "cpu",
+        ENV_COORDINATOR: coordinator,
+        ENV_NUM_PROCESSES: str(processes),
+        ENV_PROCESS_ID: str(index),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def free_port() -> int:
+    """A localhost port that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
@@ -163,18 +191,12 @@ class Job:
     """N processes of one command, their output prefixed, watched until all have exited."""
 
     def __init__(self, spec: LaunchSpec, processes: int):
-        self.port = _free_port()
+        self.port = free_port()
         self.processes = processes
         self.children: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
-        base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
         for i in range(processes):
-            env = base | {
-                ENV_COORDINATOR: f"localhost:{self.port}",
-                ENV_NUM_PROCESSES: str(processes),
-                ENV_PROCESS_ID: str(i),
-                "PYTHONUNBUFFERED": "1",
-            }
+            env = process_env(f"localhost:{self.port}", processes, i)
             child = subprocess.Popen(
                 spec.command(),
                 env=env,
@@ -255,8 +277,6 @@ def launch(spec: LaunchSpec, max_restarts: int = 0, shrink_on_failure: bool = Fa
     Returns:
       The worst exit status of the last attempt's processes (128 + N for a signal N).
     """
-    if max_restarts < 0:
-        raise ConfigError("--max-restarts", f"must be >= 0, got {max_restarts}")
     processes, restarts = spec.processes, 0
     run_dir = Path(spec.config.run.dir)
     bound = spec.config.runtime.heartbeat_timeout_s + GRACE_S

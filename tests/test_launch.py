@@ -1,0 +1,292 @@
+"""Multi-process jobs on localhost: ``jzero launch``, checkpoints across process counts, a dead peer,
+preemption, elastic restart, and the bad inputs of all that. Every process is a real ``jax.distributed``
+process with gloo collectives."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY, reference_with_floor, tiny_config
+
+from jzero.build import setup
+from jzero.checkpoint import RunCheckpoints
+from jzero.data import text_batches
+from jzero.launch import fit_problem, free_port, process_env, shrunk_count
+from jzero.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPER = ROOT / "tests" / "helpers" / "state_digest.py"
+TINY_GPT = str(ROOT / "configs" / "gpt-tiny.yaml")
+HEARTBEAT_S = 15  # the dead-peer bound these runs set; the issue asks for an exit within 60 s
+STEPS = 6
+
+
+def _train_words(run_dir: Path, *overrides: str) -> list[str]:
+    """``jzero train`` on the defaults plus the tests' tiny model (an empty config file)."""
+    empty = run_dir.parent / "empty.yaml"
+    empty.write_text("{}\n")
+    sets = [*TINY, f"run.dir={run_dir}", "run.log_every=1", "run.tensorboard=false", f"train.steps={STEPS}"]
+    sets += [f"runtime.heartbeat_timeout_s={HEARTBEAT_S}", *overrides]
+    return ["train", str(empty), "--quiet", *[w for s in sets for w in ("--set", s)]]
+
+
+def _launch_cmd(n, k, words, *flags):
+    return [sys.executable, "-m", "jzero.cli", "launch", "-n", str(n), "--devices-per-process", str(k), *flags, "--", *words]
+
+
+def _env():
+    return {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+
+
+def _launch(n, k, words, *flags, timeout=240):
+    return subprocess.run(_launch_cmd(n, k, words, *flags), capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _reference(steps, *overrides):
+    """One device's optax run over the same batches, with its reordering floor."""
+    s = setup(tiny_config("mesh.axes.data=1", *overrides), devices=jax.devices()[:1])
+    data = text_batches(None, s.config.data.max_bytes, s.config.model.seq_len, s.config.train.global_batch_size, 0)
+    return s, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), steps)
+
+
+def _final_params(s, run_dir, step):
+    restored = RunCheckpoints(run_dir).restore(step, s.abstract_state())
+    return restored.state.params
+
+
+@pytest.mark.parametrize("mesh", ["dp8", "dp4-mp2"])
+def test_two_processes_train_like_one(tmp_path, devices, mesh):
+    """2 processes x 4 devices at stages 1 and 3 give one device's parameters, within the
+    tolerance of the single-process equivalence tests; process 0 alone writes the run's files."""
+    s, reference = _reference(STEPS)
+    axes = "mesh.axes={data: 8}" if mesh == "dp8" else "mesh.axes={data: 4, model: 2}"
+    for stage in (1, 3):
+        run = tmp_path / f"stage{stage}"
+        done = _launch(2, 4, _train_words(run, axes, f"zero.stage={stage}"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        reference.check(params=_final_params(s, run, STEPS))
+        # Process 0 speaks for the job: one result line, and the ledger's per-process figures.
+        (result,) = [line for line in done.stdout.splitlines() if "trained steps" in line]
+        assert result.startswith(f"[0] trained steps 0 -> {STEPS}: loss ")
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+        ledger = json.loads((run / "ledger.json").read_text())
+        processes = ledger["processes"]
+        assert processes["count"] == 2 and processes["devices_per_process"] == 4
+        planned = ledger["per_device_bytes"]["total"]
+        assert processes["planned_model_state_bytes"] == {"per_process": 4 * planned, "global": 8 * planned}
+        assert len(processes["live_bytes"]["per_process"]) == 2
+        assert processes["live_bytes"]["global"] == sum(processes["live_bytes"]["per_process"])
+        state_dir = run / "checkpoints" / str(STEPS) / "state"
+        assert sorted(p.name for p in state_dir.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
+
+
+def _spawn_job(n, args, timeout=240):
+    """``n`` processes of the digest helper as one job, as jzero launch would start them."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HELPER), *args], env=process_env(f"localhost:{port}", n, i, _env()), stderr=subprocess.PIPE
+        )
+        for i in range(n)
+    ]
+    try:
+        errors = [p.communicate(timeout=timeout)[1].decode()[-2000:] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), errors
+
+
+def _digest(state) -> dict[str, np.ndarray]:
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in flat}
+
+
+def _assert_identical(got: dict[str, np.ndarray], want_npz: Path) -> None:
+    with np.load(want_npz) as want:
+        assert sorted(got) == sorted(want.files)
+        for name in want.files:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name, strict=True)
+
+
+def test_checkpoints_restore_across_process_counts(tmp_path, devices):
+    """Saved by 2 processes -> restored in 1; saved by 1 -> restored in 2; saved by 4 x 2 devices
+    -> restored in 2 x 4: every leaf of the state bit-identical to what was saved."""
+    base = [*TINY, "zero.stage=3", "mesh.axes={data: -1}"]
+    two_saved, one_saved, four_saved = (tmp_path / name for name in ("two", "one", "four"))
+    _spawn_job(2, ["save", str(two_saved), "2", str(tmp_path / "two.npz"), *base, "runtime.cpu_devices=4"])
+    _spawn_job(4, ["save", str(four_saved), "2", str(tmp_path / "four.npz"), *base, "runtime.cpu_devices=2"])
+
+    # This process: 1 process x 8 devices. It restores the 2-process checkpoint onto dp4-mp2 at stage 1...
+    s = setup(tiny_config("zero.stage=1", "mesh.axes={data: 4, model: 2}"))
+    _assert_identical(_digest(RunCheckpoints(two_saved).restore(2, s.abstract_state()).state), tmp_path / "two.npz")
+    # ...and saves its own, which 2 processes restore, with the 4-process one, onto dp4-mp2 at stage 1.
+    own = setup(tiny_config(*base[len(TINY) :]))
+    data = text_batches(None, own.config.data.max_bytes, 16, 16, 0)
+    state, step = own.init_state(), own.make_step()
+    for k in range(2):
+        state, _ = step(state, data.device_batch(k, own.plan.batch))
+    saver = RunCheckpoints(one_saved)
+    saver.save(2, state, data.state(2), {})
+    saver.close()
+    restores = [f"{one_saved}:2:{tmp_path / 'one-in-two.npz'}", f"{four_saved}:2:{tmp_path / 'four-in-two.npz'}"]
+    _spawn_job(2, ["restore", *restores, "--", *TINY, "zero.stage=1", "mesh.axes={data: 4, model: 2}", "runtime.cpu_devices=4"])
+    _assert_identical(_digest(state), tmp_path / "one-in-two.npz")
+    with np.load(tmp_path / "four.npz") as four:
+        _assert_identical(dict(four.items()), tmp_path / "four-in-two.npz")
+
+
+class _Job:
+    """A ``jzero launch`` in the background, its output collected, its processes' pids known."""
+
+    def __init__(self, n, k, words, *flags):
+        self.proc = subprocess.Popen(
+            _launch_cmd(n, k, words, *flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        )
+        self.err_lines: list[str] = []
+        self.pids: list[int] = []
+        for line in self.proc.stderr:
+            self.err_lines.append(line)
+            if (found := re.search(r"; pids ([\d ]+)$", line.rstrip())) is not None:
+                self.pids = [int(p) for p in found.group(1).split()]
+                break
+        assert self.pids, "".join(self.err_lines)
+
+    def wait_for_step(self, run_dir: Path, step: int, timeout=180) -> None:
+        deadline = time.monotonic() + timeout
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+                return
+            assert self.proc.poll() is None, f"the job ended before step {step}"
+            time.sleep(0.1)
+        raise AssertionError(f"no step {step} within {timeout}s")
+
+    def finish(self, timeout=240) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, "".join(self.err_lines) + err
+
+
+def test_a_dead_peer_ends_the_job_and_names_it(tmp_path, devices):
+    run = tmp_path / "run"
+    job = _Job(2, 4, _train_words(run, "train.steps=1000", "checkpoint.every=2"))
+    job.wait_for_step(run, 3)
+    killed = time.monotonic()
+    os.kill(job.pids[1], signal.SIGKILL)
+    code, out, err = job.finish()
+    assert time.monotonic() - killed < 60
+    assert code != 0
+    assert "[0] jzero: lost process 1 (no heartbeat for runtime.heartbeat_timeout_s)" in err, err[-3000:]
+    assert "process 1 (pid" in err and "was killed by SIGKILL" in err
+    assert "Traceback" not in err
+    # The newest committed checkpoint restores; nothing half-written is taken for it.
+    s = setup(tiny_config())
+    restored = RunCheckpoints(run).restore_latest(s.abstract_state())
+    assert restored is not None and restored.step >= 2 and int(restored.state.step) == restored.step
+
+
+def test_sigterm_to_one_process_saves_the_same_step_on_all(tmp_path, devices):
+    run = tmp_path / "run"
+    job = _Job(2, 4, _train_words(run, "train.steps=1000", "checkpoint.every=0"))
+    job.wait_for_step(run, 2)
+    os.kill(job.pids[1], signal.SIGTERM)
+    code, out, err = job.finish()
+    assert code == 0, err[-3000:]
+    found = re.search(r"\[0\] jzero: preempted by SIGTERM to process 1 after steps 0 -> (\d+); saved step (\d+)", out)
+    assert found is not None and found.group(1) == found.group(2), out
+    saved = int(found.group(2))
+    # Both processes wrote their shards of that one step, and it is the only checkpoint.
+    assert [p.name for p in (run / "checkpoints").iterdir()] == [str(saved)]
+    shards = sorted(p.name for p in (run / "checkpoints" / str(saved) / "state").glob("ocdbt.process_*"))
+    assert shards == ["ocdbt.process_0", "ocdbt.process_1"]
+    # The run resumes from that step (here in one process).
+    config = tiny_config(f"run.dir={run}", f"train.steps={saved + 1}", "run.tensorboard=false", "run.log_every=1")
+    result = train(config, progress=False)
+    assert result.start_step == saved and result.final_step == saved + 1
+
+
+def test_elastic_restart_shrinks_and_matches_an_uninterrupted_run(tmp_path, devices):
+    """SIGKILL one of 4 processes; --max-restarts 1 --shrink-on-failure finishes on 2 (the batch of
+    16 does not split over 3 x 2 devices) from the newest checkpoint, and ends on one device's
+    parameters, each step logged once."""
+    steps = 8
+    s, reference = _reference(steps)
+    run = tmp_path / "run"
+    words = _train_words(run, f"train.steps={steps}", "checkpoint.every=2", "mesh.axes={data: -1}", "zero.stage=3")
+    job = _Job(4, 2, words, "--max-restarts", "1", "--shrink-on-failure")
+    job.wait_for_step(run, 3)
+    os.kill(job.pids[2], signal.SIGKILL)
+    code, out, err = job.finish(timeout=300)
+    assert code == 0, err[-4000:]
+    restart = re.search(r"jzero launch: restart 1 of 1: 2 processes x 2 devices, mesh data=4 x model=1 "
+                        r"\(was 4 x 2, mesh data=8 x model=1\); resuming from step (\d+)", err)  # fmt: skip
+    assert restart is not None, err[-4000:]
+    assert f"[0] resumed from {run / 'checkpoints' / restart.group(1)}" in err
+    reference.check(params=_final_params(s, run, steps))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+
+
+def test_fit_and_shrink_rules():
+    config = tiny_config("mesh.axes={data: -1}")  # global batch 16
+    assert fit_problem(config, 4, 2) is None
+    assert "not divisible" in fit_problem(config, 3, 2)
+    assert shrunk_count(config, 4, 2) == 2
+    fixed = tiny_config("mesh.axes={data: 4, model: 2}")
+    assert "uses 8 of the 4 processes x 4 devices = 16" in fit_problem(fixed, 4, 4)
+    assert shrunk_count(fixed, 4, 2) is None  # a fixed 8-device mesh has no smaller count
+
+
+def _cli(*args, timeout=120):
+    command = [sys.executable, "-m", "jzero.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-n", "0", "--", "train", TINY_GPT], "jzero: error: -n: must be at least 1 process, got 0"),
+        (
+            ["-n", "3", "--devices-per-process", "2", "--", "train", TINY_GPT],
+            "jzero: error: mesh.axes: data=8 x model=1 = 8 devices does not divide the 6 available "
+            "(3 processes x 2 devices = 6 launched)",
+        ),
+        (
+            ["-n", "4", "--devices-per-process", "4", "--", "train", TINY_GPT, "--set", "mesh=mesh/dp4-mp2.yaml"],
+            "jzero: error: mesh.axes: data=4 x model=2 uses 8 of the 4 processes x 4 devices = 16 devices launched; "
+            "every process needs its part",
+        ),
+        (["-n", "2", "--", "estimate", "--params", "1B", "--devices", "8"], "jzero: error: launch: runs a jzero command"),
+        (["-n", "2", "--max-restarts", "-1", "--", "train", TINY_GPT], "jzero: error: --max-restarts: must be >= 0"),
+    ],
+)
+def test_bad_launch_input_is_one_line(args, message):
+    done = _cli("launch", *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""
+
+
+def test_an_unreachable_coordinator_fails_within_its_timeout():
+    port = free_port()  # nothing serves it
+    cluster = f"runtime.distributed={{coordinator: localhost:{port}, num_processes: 2, process_id: 1}}"
+    started = time.monotonic()
+    done = _cli("train", TINY_GPT, "--set", cluster, "--set", "runtime.initialization_timeout_s=3")
+    took = time.monotonic() - started
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        f"jzero: error: runtime.distributed.coordinator: localhost:{port} (runtime.distributed) did not answer within "
+        "runtime.initialization_timeout_s=3s"
+    ), done.stderr
+    assert done.stderr.count("\n") == 1
+    assert took < 30
