@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import NoReturn
@@ -53,7 +54,8 @@ def _watched(config: Config) -> Iterator[None]:
     line naming it (:class:`~jzero.distributed.Watchdog`), and at the end the processes leave in order."""
     import jax
 
-    from jzero.distributed import Watchdog, finish
+    from jzero.checkpoint import error_line
+    from jzero.distributed import Watchdog, exit_now, finish
 
     if jax.process_count() == 1:
         yield
@@ -66,6 +68,12 @@ def _watched(config: Config) -> Iterator[None]:
         with contextlib.suppress(Exception):
             finish(min(config.runtime.shutdown_timeout_s, 10))
         raise
+    except jax.errors.JaxRuntimeError as err:
+        # A collective failed (gloo: "Connection closed by peer"): a peer is gone. The watchdog
+        # names it once JAX's coordinator declares it lost, and ends this process; if it never
+        # does, say what failed and leave at once, as an orderly exit would wait for peers.
+        time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
+        exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
     watchdog.stop()
     finish(config.runtime.shutdown_timeout_s)
 

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from jzero.errors import ConfigError
 from jzero.schema import ClusterConfig, RuntimeConfig
@@ -34,6 +35,7 @@ __all__ = [
     "LOST_PEER_STATUS",
     "Cluster",
     "Watchdog",
+    "exit_now",
     "find_cluster",
     "finish",
     "initialize",
@@ -214,14 +216,16 @@ class Watchdog:
             try:
                 lost = self.lost()
             except Exception as err:  # the coordinator itself is gone
-                _exit_lost(f"the coordinator (process 0) stopped answering: {str(err).splitlines()[0][:160]}")
+                exit_now(f"the coordinator (process 0) stopped answering: {str(err).splitlines()[0][:160]}")
             if lost and not self._stop.is_set():
                 names = ", ".join(map(str, lost))
-                _exit_lost(f"lost process {names} (no heartbeat for runtime.heartbeat_timeout_s); "
+                exit_now(f"lost process {names} (no heartbeat for runtime.heartbeat_timeout_s); "
                            f"process {self.me} stops without finishing the run")  # fmt: skip
 
 
-def _exit_lost(message: str) -> None:
+def exit_now(message: str, status: int = LOST_PEER_STATUS) -> NoReturn:
+    """``jzero: message`` and exit at once, without Python's shutdown: that would wait for
+    threads and barriers that peers which are gone will never join."""
     from jzero import targets  # where stderr really is while fd 2 is diverted
 
     for stream in (sys.stdout, sys.stderr):
@@ -230,7 +234,7 @@ def _exit_lost(message: str) -> None:
         except Exception:
             pass
     os.write(targets.stderr_fd or 2, f"jzero: {message}\n".encode())
-    os._exit(LOST_PEER_STATUS)
+    os._exit(status)
 
 
 def finish(timeout_s: float, processes: Sequence[int] | None = None) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -244,9 +245,22 @@ class Job:
         return [c.returncode for c in self.children]
 
 
+# What the runtime prints on every start, expected and not actionable: gloo's connection lines (from
+# several threads at once, so cut and interleaved) and JAX's note that recoverable mode is on.
+_GLOO_PIECES = re.compile(rb"\[Gloo\] Rank( \d+)?|is connected to( \d+)?|peer ranks\.?|Expected number of connected|is :|\d+")
+_RECOVERABLE_NOTE = b"Using experimental recoverable task feature"
+
+
+def runtime_noise(line: bytes) -> bool:
+    """Whether ``line`` is only gloo's connection chatter or JAX's recoverable-mode note."""
+    return _RECOVERABLE_NOTE in line or not _GLOO_PIECES.sub(b"", line).strip() and line.strip() != b""
+
+
 def _pump(stream: BinaryIO, out: object, prefix: bytes) -> None:
     target = out.buffer  # type: ignore[attr-defined]
     for line in iter(stream.readline, b""):
+        if runtime_noise(line):
+            continue
         target.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
         target.flush()
     stream.close()

@@ -290,3 +290,42 @@ def test_an_unreachable_coordinator_fails_within_its_timeout():
     ), done.stderr
     assert done.stderr.count("\n") == 1
     assert took < 30
+
+
+def test_auto_finds_the_launchers_job_and_off_or_one_process_is_none(monkeypatch):
+    from jzero.distributed import Cluster, find_cluster
+    from jzero.errors import ConfigError
+
+    for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    auto, off = tiny_config().runtime, tiny_config("runtime.distributed=off").runtime
+    assert find_cluster(auto) is None  # no job around: one process
+    for name, value in process_env("localhost:1234", 4, 3, {}).items():
+        monkeypatch.setenv(name, value)
+    assert find_cluster(auto) == Cluster("localhost:1234", 4, 3, source="jzero launch")
+    assert find_cluster(off) is None
+    explicit = tiny_config("runtime.distributed={coordinator: 'h:9', num_processes: 2, process_id: 1}").runtime
+    assert find_cluster(explicit) == Cluster("h:9", 2, 1)  # the config wins over the environment
+    monkeypatch.setenv("JZERO_NUM_PROCESSES", "1")
+    monkeypatch.setenv("JZERO_PROCESS_ID", "0")
+    assert find_cluster(auto) is None  # a job of one process is one process
+    monkeypatch.setenv("JZERO_PROCESS_ID", "1")
+    with pytest.raises(ConfigError, match=r"^JZERO_PROCESS_ID: must be in \[0, 0\] \(num_processes=1\), got 1$"):
+        find_cluster(auto)
+    monkeypatch.delenv("JZERO_COORDINATOR")
+    with pytest.raises(ConfigError, match="^JZERO_COORDINATOR: is unset while"):
+        find_cluster(auto)
+
+
+def test_the_launcher_drops_only_the_runtimes_chatter():
+    from jzero.launch import runtime_noise
+
+    chatter = [
+        b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n",
+        b"[Gloo] Rank 0 is connected to [Gloo] Rank 1 is connected to 7 peer ranks. [Gloo] Rank 2[Gloo] Rank 3\n",  # threads
+        b"7 peer ranks.  peer ranks. Expected number of connected peer ranks is : 7\n",
+        b"W1129 20:35:40.095108 27332 coordination_service.cc:185] Using experimental recoverable task feature.\n",
+    ]
+    kept = [b"step 3  loss 5.2040  3,978 tok/s\n", b"Gloo AllGather failed: Connection closed by peer\n", b"\n"]
+    assert all(runtime_noise(line) for line in chatter)
+    assert not any(runtime_noise(line) for line in kept)
