@@ -84,7 +84,11 @@ def _from_jax_detection(timeout_s: int) -> Cluster | None:
     )
     if address is None or count is None or index is None:
         return None
-    env = next((e.__name__ for e in clusters.ClusterEnv._cluster_types if e.is_env_present()), "the environment")
+    # The detector JAX chose, picked as JAX picks it (opt-in detectors only when asked for).
+    found = (e for e in clusters.ClusterEnv._cluster_types if not e.opt_in_only_method and e.is_env_present())
+    env = next((e.__name__ for e in found), "the environment")
+    if os.environ.get("JAX_LOCAL_DEVICE_IDS"):
+        local = None  # the user's choice of devices, which jax.distributed.initialize reads itself
     return Cluster(address, int(count), int(index), tuple(local) if local else None, source=env)
 
 

@@ -32,7 +32,8 @@ class MeshConfig:
     """Mesh axes in order, name -> size; one size may be -1 ("all remaining devices")."""
 
     axes: dict[str, int] = dataclasses.field(default_factory=lambda: {DATA: -1, MODEL: 1})
-    # How many ways each axis spans hosts (MaxText's dcn split); the rest of it stays within a host.
+    # How many ways each axis spans processes (MaxText's dcn split; with one process per host, hosts);
+    # the rest of it stays within a process.
     dcn: dict[str, int] = dataclasses.field(default_factory=dict)
 
 

@@ -121,10 +121,14 @@ def _assert_identical(got: dict[str, np.ndarray], want_npz: Path) -> None:
 
 def test_checkpoints_restore_across_process_counts(tmp_path, devices):
     """Saved by 2 processes -> restored in 1; saved by 1 -> restored in 2; saved by 4 x 2 devices
-    -> restored in 2 x 4: every leaf of the state bit-identical to what was saved."""
+    -> restored in 2 x 4: every leaf of the state bit-identical to what was saved. The 2-process
+    save puts `replica` across the processes (`mesh.dcn`) and `data` inside each."""
     base = [*TINY, "zero.stage=3", "mesh.axes={data: -1}"]
     two_saved, one_saved, four_saved = (tmp_path / name for name in ("two", "one", "four"))
-    _spawn_job(2, ["save", str(two_saved), "2", str(tmp_path / "two.npz"), *base, "runtime.cpu_devices=4"])
+    dcn = ["mesh.axes={replica: 2, data: 4}", "mesh.dcn={replica: 2}"]
+    _spawn_job(2, ["save", str(two_saved), "2", str(tmp_path / "two.npz"), *base, *dcn, "runtime.cpu_devices=4"])
+    # Each replica group (a row of the mesh) lives in one process: only `replica` crosses processes.
+    assert json.loads((tmp_path / "two.json").read_text())["grid_processes"] == [[0, 0, 0, 0], [1, 1, 1, 1]]
     _spawn_job(4, ["save", str(four_saved), "2", str(tmp_path / "four.npz"), *base, "runtime.cpu_devices=2"])
 
     # This process: 1 process x 8 devices. It restores the 2-process checkpoint onto dp4-mp2 at stage 1...

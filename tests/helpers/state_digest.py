@@ -3,12 +3,15 @@
 ``python state_digest.py save RUN_DIR STEPS OUT.npz [KEY=VALUE ...]`` trains STEPS steps, saves
 the state at that step and writes the live state, gathered whole, to OUT.npz (process 0).
 ``python state_digest.py restore RUN_DIR:STEP:OUT.npz [...] -- [KEY=VALUE ...]`` restores each
-checkpoint onto this job's mesh and writes what it restored the same way.
+checkpoint onto this job's mesh and writes what it restored the same way. Beside each OUT.npz,
+OUT.json holds which process owns each device of the mesh, row by row along its first axis.
 
 The job is the one ``runtime.distributed: auto`` finds: the test sets jzero launch's variables.
 """
 
+import json
 import sys
+from pathlib import Path
 
 from jzero.config import load_config
 from jzero.distributed import finish, initialize
@@ -55,4 +58,6 @@ for run_dir, steps, out in jobs:
     whole = {jax.tree_util.keystr(path): np.asarray(multihost_utils.process_allgather(leaf, tiled=True)) for path, leaf in flat}
     if jax.process_index() == 0:
         np.savez(out, **whole)
+        grid = [[d.process_index for d in row.flat] for row in s.mesh.devices.reshape(s.mesh.devices.shape[0], -1)]
+        Path(out).with_suffix(".json").write_text(json.dumps({"grid_processes": grid}))
 finish(60)
