@@ -75,17 +75,15 @@ def _watched(config: Config) -> Iterator[None]:
         time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
         exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
     watchdog.stop()
-    finish(config.runtime.shutdown_timeout_s)
-
-
-def _primary() -> bool:
-    import jax
-
-    return jax.process_index() == 0
+    try:
+        finish(config.runtime.shutdown_timeout_s)
+    except jax.errors.JaxRuntimeError as err:  # a peer never came to the end
+        exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", 1)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError
+    from jzero.distributed import is_primary
     from jzero.hooks import OutputWriteError
     from jzero.trainer import TrainingHalted, train
 
@@ -96,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (TrainingHalted, CheckpointWriteError, OutputWriteError) as err:
         print(f"jzero: {err}", file=sys.stderr)
         return 1
-    if not _primary():  # process 0 speaks for the job
+    if not is_primary():  # process 0 speaks for the job
         return 0
     history = result.history
     span = f"steps {result.start_step} -> {result.final_step}"
@@ -146,6 +144,7 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from jzero.analysis import one_group_reference, plan_report, with_scaling, with_verdict
     from jzero.build import setup
+    from jzero.distributed import is_primary
     from jzero.estimate import parse_memory
     from jzero.report import format_all_stages, format_plan
     from jzero.stages import STAGES
@@ -168,7 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         reports = {}
         for stage in stages:
             reports[str(stage)] = with_scaling(with_verdict(plan_report(built.replan(stage)), memory), reference)
-    if not _primary():
+    if not is_primary():
         return 0
     if args.all_stages:
         print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))

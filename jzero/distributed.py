@@ -149,7 +149,8 @@ def initialize(runtime: RuntimeConfig) -> Cluster | None:
     cluster = find_cluster(runtime)
     if cluster is None or jax.distributed.is_initialized():
         return cluster
-    wait_for_coordinator(cluster, runtime.initialization_timeout_s)
+    where = {"jzero launch": ENV_COORDINATOR, "runtime.distributed": "runtime.distributed.coordinator"}
+    wait_for_coordinator(cluster, runtime.initialization_timeout_s, where.get(cluster.source, "runtime.distributed"))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_enable_recoverability", True)  # survivors end through the Watchdog
     jax.distributed.initialize(

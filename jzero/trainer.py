@@ -28,6 +28,7 @@ from jzero.build import Setup, build_schedule, setup
 from jzero.checkpoint import CHECKPOINTS, RunCheckpoints, changes, run_meta
 from jzero.config import dump_config
 from jzero.data import TextBatches, text_batches
+from jzero.distributed import is_primary
 from jzero.errors import ConfigError
 from jzero.export import load_params, match_params
 from jzero.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
@@ -219,7 +220,7 @@ def train(
     # Everything that can refuse the run does so here, before anything is written or drawn. With
     # several processes, process 0 writes the run's own files (each process writes its checkpoint
     # shards), once every process has looked at run.dir as it was.
-    primary = jax.process_index() == 0
+    primary = is_primary()
     run_dir, existing = check_run_dir(config.run.dir, resume)
     has_checkpoints = (run_dir / CHECKPOINTS).is_dir()
     if jax.process_count() > 1:
