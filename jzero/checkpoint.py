@@ -330,7 +330,8 @@ def error_line(err: BaseException) -> str:
 
 
 def describe(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every checkpoint folder of a run, committed or not: step, committed, mesh, stage, bytes, path."""
+    """Every checkpoint folder of a run, committed or not: step, committed, mesh, stage, devices,
+    processes, bytes, path."""
     directory = Path(run_dir) / CHECKPOINTS
     if not directory.is_dir():
         raise CheckpointError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
@@ -351,6 +352,7 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
                 "mesh": meta.get("mesh"),
                 "stage": meta.get("stage"),
                 "devices": meta.get("devices"),
+                "processes": meta.get("processes"),
                 "bytes": sum(f.stat().st_size for f in entry.rglob("*") if f.is_file()),
                 "path": str(entry),
             }

@@ -116,13 +116,14 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'step':>8}  {'committed':<9}  {'stage':>5}  {'devices':>7}  {'mesh':<28}  {'size':>10}")
+    print(f"{'step':>8}  {'committed':<9}  {'stage':>5}  {'devices':>7}  {'processes':>9}  {'mesh':<28}  {'size':>10}")
     for r in rows:
         mesh = mesh_text(r["mesh"] or {}) or "?"
-        stage = "?" if r["stage"] is None else r["stage"]
-        devices = "?" if r["devices"] is None else r["devices"]
+        stage, devices, processes = ("?" if r[k] is None else r[k] for k in ("stage", "devices", "processes"))
         committed = "yes" if r["committed"] else "no"
-        print(f"{r['step']:>8}  {committed:<9}  {stage:>5}  {devices:>7}  {mesh:<28}  {human_bytes(r['bytes']):>10}")
+        print(
+            f"{r['step']:>8}  {committed:<9}  {stage:>5}  {devices:>7}  {processes:>9}  {mesh:<28}  {human_bytes(r['bytes']):>10}"
+        )
     if not rows:
         print("  no checkpoints")
     return 0

@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY, reference_with_floor, tiny_config
 
 from jzero.build import setup
-from jzero.checkpoint import RunCheckpoints
+from jzero.checkpoint import RunCheckpoints, describe
 from jzero.data import text_batches
 from jzero.launch import fit_problem, free_port, process_env, shrunk_count
 from jzero.trainer import train
@@ -239,6 +239,8 @@ def test_elastic_restart_shrinks_and_matches_an_uninterrupted_run(tmp_path, devi
     reference.check(params=_final_params(s, run, steps))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))
+    (last,) = [r for r in describe(run) if r["step"] == steps]
+    assert (last["processes"], last["devices"], last["mesh"]) == (2, 4, {"data": 4, "model": 1})
 
 
 def test_fit_and_shrink_rules():
