@@ -166,11 +166,13 @@ class _Job:
                 break
         assert self.pids, "".join(self.err_lines)
 
-    def wait_for_step(self, run_dir: Path, step: int, timeout=180) -> None:
+    def wait_for_step(self, run_dir: Path, step: int, committed: int | None = None, timeout=180) -> None:
+        """Until ``step`` is logged (and checkpoint ``committed`` is committed)."""
         deadline = time.monotonic() + timeout
         metrics = run_dir / "metrics.jsonl"
         while time.monotonic() < deadline:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+            saved = committed is None or (run_dir / "checkpoints" / str(committed)).is_dir()
+            if saved and metrics.exists() and len(metrics.read_text().splitlines()) >= step:
                 return
             assert self.proc.poll() is None, f"the job ended before step {step}"
             time.sleep(0.1)
@@ -184,7 +186,7 @@ class _Job:
 def test_a_dead_peer_ends_the_job_and_names_it(tmp_path, devices):
     run = tmp_path / "run"
     job = _Job(2, 4, _train_words(run, "train.steps=1000", "checkpoint.every=2"))
-    job.wait_for_step(run, 3)
+    job.wait_for_step(run, 3, committed=2)
     killed = time.monotonic()
     os.kill(job.pids[1], signal.SIGKILL)
     code, out, err = job.finish()
@@ -228,7 +230,7 @@ def test_elastic_restart_shrinks_and_matches_an_uninterrupted_run(tmp_path, devi
     run = tmp_path / "run"
     words = _train_words(run, f"train.steps={steps}", "checkpoint.every=2", "mesh.axes={data: -1}", "zero.stage=3")
     job = _Job(4, 2, words, "--max-restarts", "1", "--shrink-on-failure")
-    job.wait_for_step(run, 3)
+    job.wait_for_step(run, 3, committed=2)
     os.kill(job.pids[2], signal.SIGKILL)
     code, out, err = job.finish(timeout=300)
     assert code == 0, err[-4000:]
