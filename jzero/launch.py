@@ -135,8 +135,8 @@ def parse_spec(words: Sequence[str], processes: int, devices_per_process: int, m
     if getattr(args, "target", None):
         raise ConfigError("--target", "compiles for GPUs from one process; run jzero plan --target without launch")
     config = load_config(args.config, [*args.set, f"runtime.cpu_devices={devices_per_process}"])
-    if config.runtime.distributed == "off":
-        raise ConfigError("runtime.distributed", "is off; jzero launch needs auto")
+    if config.runtime.distributed != "auto":  # off, or a job of its own: the same for every process
+        raise ConfigError("runtime.distributed", "must be auto under jzero launch, which gives each process its place")
     problem = fit_problem(config, processes, devices_per_process)
     if problem:
         key, _, detail = problem.partition(": ")

@@ -275,6 +275,10 @@ def _cli(*args, timeout=120):
             "every process needs its part",
         ),
         (["-n", "2", "--", "estimate", "--params", "1B", "--devices", "8"], "jzero: error: launch: runs a jzero command"),
+        (
+            ["-n", "2", "--devices-per-process", "4", "--", "train", TINY_GPT, "--set", "runtime.distributed=off"],
+            "jzero: error: runtime.distributed: must be auto under jzero launch",
+        ),
         (["-n", "2", "--max-restarts", "-1", "--", "train", TINY_GPT], "jzero: error: --max-restarts: must be >= 0"),
     ],
 )
