@@ -64,9 +64,8 @@ def _watched(config: Config) -> Iterator[None]:
     try:
         yield
     except JzeroError:  # every process refuses the same input: they leave together, each with its line
-        watchdog.stop()
         with contextlib.suppress(Exception):
-            finish(min(config.runtime.shutdown_timeout_s, 10))
+            finish(min(config.runtime.shutdown_timeout_s, 10), watchdog)
         raise
     except jax.errors.JaxRuntimeError as err:
         # A collective failed (gloo: "Connection closed by peer"): a peer is gone. The watchdog
@@ -74,9 +73,8 @@ def _watched(config: Config) -> Iterator[None]:
         # does, say what failed and leave at once, as an orderly exit would wait for peers.
         time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
         exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
-    watchdog.stop()
     try:
-        finish(config.runtime.shutdown_timeout_s)
+        finish(config.runtime.shutdown_timeout_s, watchdog)
     except jax.errors.JaxRuntimeError as err:  # a peer never came to the end
         exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", 1)
 

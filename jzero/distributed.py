@@ -21,7 +21,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from typing import NoReturn
 
 from jzero.errors import ConfigError
@@ -181,11 +180,18 @@ def _client():  # JAX's own client of its coordination service
 class Watchdog:
     """Ends this process when a peer is lost, instead of leaving it in a collective that never ends.
 
-    Every ``interval_s`` it asks JAX's coordinator which processes are alive (the coordinator
-    declares one lost after ``runtime.heartbeat_timeout_s`` without a heartbeat). A lost peer ends
-    this process at once with one line naming it, exit status :data:`LOST_PEER_STATUS`: nothing
-    half-written is committed (Orbax renames a checkpoint only when it is complete). A lost process
-    0 takes the coordinator with it; JAX itself then ends the others, naming "the leader task".
+    Its thread asks JAX's coordinator, over and over, which processes are alive
+    (``get_live_nodes``). That call is itself a collective: it returns once every live process has
+    made it, and the coordinator declares a process dead after ``runtime.heartbeat_timeout_s``
+    without a heartbeat. A process missing from the answer that did not say it was leaving
+    (:func:`finish`) is lost: this process ends at once with one line naming it, exit status
+    :data:`LOST_PEER_STATUS`. Nothing half-written is committed (Orbax renames a checkpoint only
+    when it is complete). A lost process 0 takes the coordinator with it; JAX itself then ends the
+    others, naming "the leader task".
+
+    Only this thread calls ``get_live_nodes`` while it runs (two calls from one process would
+    meet each other's round), and :meth:`stop` never waits for it: its call may be waiting for a
+    peer that has stopped watching too.
     """
 
     def __init__(self, interval_s: float = 1.0):
@@ -194,6 +200,7 @@ class Watchdog:
         self.processes = list(range(jax.process_count()))
         self.me = jax.process_index()
         self.interval_s = interval_s
+        self.alone = threading.Event()  # every other process has left, each having said so
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jzero-watchdog", daemon=True)
 
@@ -206,26 +213,41 @@ class Watchdog:
         self.stop()
 
     def stop(self) -> None:
-        """Stop watching (before the processes leave on purpose)."""
+        """Stop acting on what the coordinator says (the thread ends after its call in flight)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def lost(self) -> list[int]:
-        """The processes JAX's coordinator no longer counts as alive."""
-        alive = _client().get_live_nodes(self.processes)
-        return [p for p in self.processes if p not in alive]
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        client = _client()
+        while not self._stop.is_set():
             try:
-                lost = self.lost()
+                alive = client.get_live_nodes(self.processes)
             except Exception as err:  # the coordinator itself is gone
+                if self._stop.is_set() or _has_left(client, 0):
+                    return
                 exit_now(f"the coordinator (process 0) stopped answering: {str(err).splitlines()[0][:160]}")
-            if lost and not self._stop.is_set():
+            if self._stop.is_set():
+                return
+            missing = [p for p in self.processes if p not in alive]
+            lost = [p for p in missing if not _has_left(client, p)]
+            if lost:
                 names = ", ".join(map(str, lost))
                 exit_now(f"lost process {names} (no heartbeat for runtime.heartbeat_timeout_s); "
-                           f"process {self.me} stops without finishing the run")  # fmt: skip
+                         f"process {self.me} stops without finishing the run")  # fmt: skip
+            if len(missing) == len(self.processes) - 1:
+                self.alone.set()
+            self._stop.wait(self.interval_s)
+
+
+def _left_key(process: int) -> str:
+    return f"jzero/left/{process}"
+
+
+def _has_left(client, process: int) -> bool:
+    """Whether ``process`` said, in JAX's key-value store, that it is leaving on purpose."""
+    try:
+        return client.key_value_try_get(_left_key(process)) == "1"
+    except Exception:  # not found
+        return False
 
 
 def exit_now(message: str, status: int = LOST_PEER_STATUS) -> NoReturn:
@@ -242,19 +264,26 @@ def exit_now(message: str, status: int = LOST_PEER_STATUS) -> NoReturn:
     os._exit(status)
 
 
-def finish(timeout_s: float, processes: Sequence[int] | None = None) -> None:
-    """Leave the job in order: all meet at a barrier, the others disconnect, process 0 (which serves
-    the coordinator) last. In recoverable mode nothing else orders them, and a process whose
-    coordinator vanished before it disconnected would crash."""
+def finish(timeout_s: float, watchdog: Watchdog | None = None) -> None:
+    """Leave the job in order: each process says it is leaving, all meet at a barrier, the others
+    disconnect, and process 0 (which serves the coordinator) leaves last. In recoverable mode
+    nothing else orders them, and a process whose coordinator vanished before it disconnected
+    would crash. With a running ``watchdog``, process 0 learns from it that the others are gone."""
     import jax
 
     if not jax.distributed.is_initialized():
         return
     client = _client()
-    everyone = list(range(jax.process_count())) if processes is None else list(processes)
+    me = jax.process_index()
+    client.key_value_set(_left_key(me), "1")
     client.wait_at_barrier("jzero-finish", int(timeout_s * 1000))
-    if jax.process_index() == 0:
+    if me == 0 and watchdog is not None and watchdog._thread.is_alive():
+        watchdog.alone.wait(timeout_s)
+    elif me == 0:
+        everyone = list(range(jax.process_count()))
         deadline = time.monotonic() + timeout_s
         while len(client.get_live_nodes(everyone)) > 1 and time.monotonic() < deadline:
             time.sleep(0.05)
+    if watchdog is not None:
+        watchdog.stop()
     jax.distributed.shutdown()
