@@ -63,16 +63,18 @@ def _watched(config: Config) -> Iterator[None]:
     watchdog = Watchdog().__enter__()
     try:
         yield
-    except JzeroError:  # every process refuses the same input: they leave together, each with its line
-        with contextlib.suppress(Exception):
-            finish(min(config.runtime.shutdown_timeout_s, 10), watchdog)
-        raise
     except jax.errors.JaxRuntimeError as err:
         # A collective failed (gloo: "Connection closed by peer"): a peer is gone. The watchdog
         # names it once JAX's coordinator declares it lost, and ends this process; if it never
         # does, say what failed and leave at once, as an orderly exit would wait for peers.
         time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
         exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
+    except Exception:
+        # Bad input, a halted run, a failed write: usually every process at the same step. They
+        # leave in order, each with its own line; one that fails alone waits 10 s for the others.
+        with contextlib.suppress(Exception):
+            finish(min(config.runtime.shutdown_timeout_s, 10), watchdog)
+        raise
     try:
         finish(config.runtime.shutdown_timeout_s, watchdog)
     except jax.errors.JaxRuntimeError as err:  # a peer never came to the end

@@ -265,7 +265,7 @@ def exit_now(message: str, status: int = LOST_PEER_STATUS) -> NoReturn:
 
 
 def finish(timeout_s: float, watchdog: Watchdog | None = None) -> None:
-    """Leave the job in order: each process says it is leaving, all meet at a barrier, the others
+    """Leave the job in order: all meet at a barrier, each says it is leaving, the others
     disconnect, and process 0 (which serves the coordinator) leaves last. In recoverable mode
     nothing else orders them, and a process whose coordinator vanished before it disconnected
     would crash. With a running ``watchdog``, process 0 learns from it that the others are gone."""
@@ -275,8 +275,9 @@ def finish(timeout_s: float, watchdog: Watchdog | None = None) -> None:
         return
     client = _client()
     me = jax.process_index()
-    client.key_value_set(_left_key(me), "1")
     client.wait_at_barrier("jzero-finish", int(timeout_s * 1000))
+    # After the barrier: a process that fails alone never says it is leaving, and stays "lost".
+    client.key_value_set(_left_key(me), "1")
     if me == 0 and watchdog is not None and watchdog._thread.is_alive():
         watchdog.alone.wait(timeout_s)
     elif me == 0:
