@@ -33,10 +33,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jzero.errors import CheckpointError, JzeroError
-from jzero.schema import CheckpointConfig
+from jzero.schema import CHECKPOINTS, CheckpointConfig
 from jzero.state import TrainState
 
-CHECKPOINTS = "checkpoints"
 ITEMS = ("state", "data", "meta")
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 

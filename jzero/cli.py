@@ -60,25 +60,25 @@ def _watched(config: Config) -> Iterator[None]:
     if jax.process_count() == 1:
         yield
         return
-    watchdog = Watchdog().__enter__()
-    try:
-        yield
-    except jax.errors.JaxRuntimeError as err:
-        # A collective failed (gloo: "Connection closed by peer"): a peer is gone. The watchdog
-        # names it once JAX's coordinator declares it lost, and ends this process; if it never
-        # does, say what failed and leave at once, as an orderly exit would wait for peers.
-        time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
-        exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
-    except Exception:
-        # Bad input, a halted run, a failed write: usually every process at the same step. They
-        # leave in order, each with its own line; one that fails alone waits 10 s for the others.
-        with contextlib.suppress(Exception):
-            finish(min(config.runtime.shutdown_timeout_s, 10), watchdog)
-        raise
-    try:
-        finish(config.runtime.shutdown_timeout_s, watchdog)
-    except jax.errors.JaxRuntimeError as err:  # a peer never came to the end
-        exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", 1)
+    with Watchdog() as watchdog:
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as err:
+            # A collective failed (gloo: "Connection closed by peer"): a peer is gone. The watchdog
+            # names it once JAX's coordinator declares it lost, and ends this process; if it never
+            # does, say what failed and leave at once, as an orderly exit would wait for peers.
+            time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
+            exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
+        except Exception:
+            # Bad input, a halted run, a failed write: usually every process at the same step. They
+            # leave in order, each with its own line; one that fails alone waits 10 s for the others.
+            with contextlib.suppress(Exception):
+                finish(min(config.runtime.shutdown_timeout_s, 10), watchdog)
+            raise
+        try:
+            finish(config.runtime.shutdown_timeout_s, watchdog)
+        except jax.errors.JaxRuntimeError as err:  # a peer never came to the end
+            exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", 1)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

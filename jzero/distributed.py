@@ -212,6 +212,11 @@ class Watchdog:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def watching(self) -> bool:
+        """Whether its thread is still running (it ends after :meth:`stop`, or never started)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         """Stop acting on what the coordinator says (the thread ends after its call in flight)."""
         self._stop.set()
@@ -278,7 +283,7 @@ def finish(timeout_s: float, watchdog: Watchdog | None = None) -> None:
     client.wait_at_barrier("jzero-finish", int(timeout_s * 1000))
     # After the barrier: a process that fails alone never says it is leaving, and stays "lost".
     client.key_value_set(_left_key(me), "1")
-    if me == 0 and watchdog is not None and watchdog._thread.is_alive():
+    if me == 0 and watchdog is not None and watchdog.watching:
         watchdog.alone.wait(timeout_s)
     elif me == 0:
         everyone = list(range(jax.process_count()))

@@ -34,7 +34,7 @@ from jzero.axes import resolve_axes
 from jzero.config import load_config
 from jzero.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jzero.errors import ConfigError
-from jzero.schema import MAX_CPU_DEVICES, Config
+from jzero.schema import CHECKPOINTS, MAX_CPU_DEVICES, Config
 from jzero.validation import check_batch_divides
 
 __all__ = [
@@ -101,7 +101,7 @@ def shrunk_count(config: Config, processes: int, devices_per_process: int) -> in
 
 def newest_committed_step(run_dir: Path) -> int | None:
     """The newest checkpoint Orbax committed (a folder named by its step alone), or None."""
-    folder = run_dir / "checkpoints"
+    folder = run_dir / CHECKPOINTS
     steps = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.is_dir() else []
     return max(steps, default=None)
 

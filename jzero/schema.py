@@ -37,6 +37,9 @@ class MeshConfig:
     dcn: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
+CHECKPOINTS = "checkpoints"  # <run.dir>/checkpoints/<step>/: read by jzero.checkpoint and jzero launch
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     dir: str = "runs/default"
