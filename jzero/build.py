@@ -16,11 +16,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from jzero.axes import model_ways
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.models.gpt import GPT, lm_loss
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
+from jzero.remat import policy_name
 from jzero.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
+from jzero.stages import stage_rule
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init
 from jzero.targets import compiler_options
@@ -44,11 +47,25 @@ def build_precision(cfg: PrecisionConfig) -> Precision:
     )
 
 
-def build_model(cfg: ModelConfig, precision: Precision) -> GPT:
+def build_model(cfg: ModelConfig, precision: Precision, *, model_parallel: int = 1, fetch_params: bool = False) -> GPT:
     """jzero's GPT with the ``model:`` section's shape: every GPT field the section has, by name
-    (``name`` is the model's kind in the config, not the Flax module's name)."""
+    (``name`` is the model's kind in the config, not the Flax module's name).
+
+    Args:
+      cfg: the ``model:`` section.
+      precision: its compute dtype is the model's.
+      model_parallel: N_m; ``partition_activations`` left unset means on when it is over 1.
+      fetch_params: parameters rest in host memory and each block fetches its own (``zero.offload_params``).
+    """
     shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "name"}
-    return GPT(**shape, dtype=precision.compute_dtype)
+    shape["remat"] = policy_name(cfg.remat)
+    shape["partition_activations"] = partitions_activations(cfg, model_parallel)
+    return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype)
+
+
+def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
+    """``model.partition_activations``, with its default resolved: on whenever N_m > 1."""
+    return model_parallel > 1 if cfg.partition_activations is None else cfg.partition_activations
 
 
 def build_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
@@ -95,6 +112,8 @@ class Setup:
       loss_fn: ``loss_fn(params, batch)`` returns the mean loss of a ``[batch, seq_len + 1]`` batch.
       precision: the dtype policy.
       abstract: the train state's shapes, parameters still boxed with their logical names.
+      fetches_layers: the model moves its scanned layers' parameters to the device itself, inside
+        its loop (jzero's GPT with ``zero.offload_params``); otherwise the step moves them all first.
     """
 
     config: Config
@@ -106,6 +125,7 @@ class Setup:
     loss_fn: LossFn
     precision: Precision
     abstract: TrainState
+    fetches_layers: bool = False
 
     @property
     def batch_shape(self) -> tuple[int, int]:
@@ -132,7 +152,12 @@ class Setup:
     def make_step(self):
         """The jitted train step (:func:`jzero.step.make_train_step`) for this plan."""
         return make_train_step(
-            self.loss_fn, self.tx, self.plan, precision=self.precision, microbatches=self.config.train.microbatches
+            self.loss_fn,
+            self.tx,
+            self.plan,
+            precision=self.precision,
+            microbatches=self.config.train.microbatches,
+            fetched_by_model=self.fetches_layers,
         )
 
     def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Setup:
@@ -151,13 +176,21 @@ class Setup:
         check_batch_divides(self.config.train.global_batch_size, mesh_shape(mesh), self.config.train.microbatches)
         cfg = self.config
         axes = {name: int(size) for name, size in mesh.shape.items()}
+        # An offload the new stage cannot have is dropped: the optimizer's from stage 0, the parameters' below 3.
+        zero = dataclasses.replace(
+            cfg.zero,
+            stage=stage,
+            offload_optimizer=cfg.zero.offload_optimizer and stage_rule(stage).optimizer,
+            offload_params=cfg.zero.offload_params and stage_rule(stage).params,
+        )
         config = dataclasses.replace(
             cfg,
-            zero=dataclasses.replace(cfg.zero, stage=stage),
+            zero=zero,
             mesh=cfg.mesh if mesh is self.mesh else dataclasses.replace(cfg.mesh, axes=axes, dcn={}),
         )
-        plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules)
-        return dataclasses.replace(self, config=config, mesh=mesh, plan=plan)
+        plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules, **_offload(config))
+        fetches_layers = self.fetches_layers and zero.offload_params
+        return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers)
 
 
 def setup(
@@ -186,8 +219,9 @@ def setup(
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)
     tx = build_optimizer(config.optimizer, config.train.steps)
+    fetches_layers = init_fn is None and config.zero.offload_params
     if init_fn is None:
-        model = build_model(config.model, precision)
+        model = build_model(config.model, precision, model_parallel=model_ways(mesh.shape), fetch_params=fetches_layers)
         sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
 
         def init_fn(key):
@@ -196,5 +230,10 @@ def setup(
         loss_fn = partial(lm_loss, model)
     rng = jax.random.key(config.seed)
     abstract = abstract_state(init_fn, tx, rng, precision)
-    plan = make_plan(abstract, mesh, config.zero.stage, config.partitioning.rules, config.partitioning.path_rules)
-    return Setup(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract)
+    rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
+    plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_offload(config))
+    return Setup(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers)
+
+
+def _offload(config: Config) -> dict[str, bool]:
+    return {"offload_optimizer": config.zero.offload_optimizer, "offload_params": config.zero.offload_params}

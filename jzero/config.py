@@ -251,12 +251,16 @@ def from_dict(raw: dict[str, Any]) -> Config:
 def _with_defaults(config: Config) -> Config:
     """Defaults that depend on other values, resolved once where the config is built: a mesh
     without a ``model`` axis gets one of size 1, and ``runtime.distributed: off`` (which YAML reads
-    as false) is spelled ``off``."""
+    as false) is spelled ``off``; ``model.remat: true`` and ``false`` (its old values) are spelled
+    ``full`` and ``none``."""
     axes = config.mesh.axes
     if MODEL not in axes:
         config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, axes={**axes, MODEL: 1}))
     if config.runtime.distributed is False:
         config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, distributed="off"))
+    if isinstance(config.model.remat, bool):
+        remat = "full" if config.model.remat else "none"
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, remat=remat))
     return config
 
 

@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from jzero.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
 from jzero.errors import PlanError
+from jzero.offload import on_host
 from jzero.stages import StageRule, per_device_parts, stage_rule
 from jzero.state import TrainState
 
@@ -55,6 +56,7 @@ def default_rules(axis_names: Sequence[str]) -> list[list]:
         ["mlp", MODEL],
         [LAYERS, None],
         ["length", None],
+        ["activation_length", MODEL],  # the sequence of saved activations, when they are partitioned
     ]
 
 
@@ -93,6 +95,8 @@ class Plan:
     state: TrainState  # shardings of the whole train state (for jit in/out_shardings)
     tensors: list[TensorPlan]
     opt_leaves: list[tuple[str, tuple[int, ...], np.dtype, P]]
+    offload_optimizer: bool = False  # the optimizer state (and master copy) rests in pinned host memory
+    offload_params: bool = False  # the parameters rest in pinned host memory
 
     @property
     def rule(self) -> StageRule:
@@ -119,12 +123,25 @@ class Plan:
     def num_params(self) -> int:
         return sum(math.prod(t.shape) for t in self.tensors)
 
-    def per_device_bytes(self) -> dict[str, int]:
-        """Model-state bytes per device, from the specs (the largest shard of each tensor)."""
+    def shard_bytes(self) -> dict[str, int]:
+        """Model-state bytes of each device's shards, wherever they rest (the largest shard of each tensor)."""
         params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
         grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors)
         opt = sum(shard_bytes(s, d, spec, self.mesh) for _, s, d, spec in self.opt_leaves)
         return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
+
+    def per_device_bytes(self) -> dict[str, int]:
+        """Model-state bytes per device in device memory, from the specs; an offloaded group counts 0."""
+        return self._split(on_host=False)
+
+    def host_bytes(self) -> dict[str, int]:
+        """Model-state bytes per device that rest in pinned host memory (an offloaded group's shards)."""
+        return self._split(on_host=True)
+
+    def _split(self, on_host: bool) -> dict[str, int]:
+        offloaded = {"params": self.offload_params, "grads": False, "optimizer": self.offload_optimizer}
+        parts = {k: (v if offloaded[k] == on_host else 0) for k, v in self.shard_bytes().items() if k != "total"}
+        return {**parts, "total": sum(parts.values())}
 
     def ideal_per_device_bytes(self) -> dict[str, int]:
         """The paper's formula: each state's full bytes, over N_d when the stage partitions it, over N_m.
@@ -262,6 +279,9 @@ def make_plan(
     stage: int,
     rules: Sequence[Sequence[Any]] | None = None,
     path_rules: Sequence[Sequence[Any]] = (),
+    *,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
 ) -> Plan:
     """The shardings of a ZeRO stage on a mesh.
 
@@ -279,9 +299,14 @@ def make_plan(
       batch and the whole train state, and each tensor's specs and bytes.
 
     Raises:
-      PlanError: an unknown stage, a mesh without ``data``, or a rule that does not fit a tensor.
+      PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, or an
+        offload the stage does not partition for.
     """
     rule = stage_rule(stage)
+    if offload_optimizer and not rule.optimizer:
+        raise PlanError("zero.offload_optimizer", f"needs a stage that partitions the optimizer state (1-3), got {stage}")
+    if offload_params and not rule.params:
+        raise PlanError("zero.offload_params", f"needs stage 3 (parameters partitioned), got {stage}")
     if DATA not in mesh.shape:
         raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
     if rules is None:
@@ -318,10 +343,14 @@ def make_plan(
         return treedef.unflatten([NamedSharding(mesh, s) for s in specs])
 
     param_shardings = tree(t.param_spec for t in tensors)
+    if offload_params:
+        param_shardings = on_host(param_shardings)
     grad_shardings = tree(t.grad_spec for t in tensors)
     update_shardings = tree(t.update_spec for t in tensors)
 
     opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
+    if offload_optimizer:
+        opt_shardings = on_host(opt_shardings)
     replicated = NamedSharding(mesh, P())
     state = TrainState(
         step=replicated,
@@ -343,6 +372,8 @@ def make_plan(
         state=state,
         tensors=tensors,
         opt_leaves=opt_leaves,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
     )
 
 

@@ -50,6 +50,12 @@ class RunConfig:
 @dataclasses.dataclass(frozen=True)
 class ZeroConfig:
     stage: int = 0
+    # ZeRO-Offload: the optimizer state (and fp32 master copy) rests in pinned host memory, partitioned
+    # as the stage says, and streams to the device for the update.
+    offload_optimizer: bool = False
+    # ZeRO-Infinity's parameter offload (stage 3): parameters rest in pinned host memory and each
+    # layer's shard comes to the device inside the layer loop.
+    offload_params: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +67,11 @@ class ModelConfig:
     n_heads: int = 4
     mlp_ratio: int = 4
     seq_len: int = 128
-    remat: bool = True
+    remat: str | bool = "full"  # a policy of REMAT_POLICIES; true and false read as full and none
     tie_embeddings: bool = False
+    # ZeRO-R's P_a: each block's saved input is split over ``model`` along the sequence and gathered
+    # again for recomputation. None: on whenever the model axis is larger than 1.
+    partition_activations: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,5 +200,6 @@ MAX_FLOAT32 = 3.4028234663852886e38  # the loss scale is a float32
 # Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
 # 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
 MAX_CPU_DEVICES = 4096
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload_dots")
 DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: any longer is a typo

@@ -28,6 +28,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jzero.axes import LAYERS
+from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.state import TrainState, create_state, unbox_state
@@ -152,6 +154,7 @@ def make_train_step(
     precision: Precision = FP32,
     microbatches: int = 1,
     donate: bool = True,
+    fetched_by_model: bool = False,
 ):
     """The compiled train step of a plan: ``step(state, batch) -> (state, metrics)``.
 
@@ -171,6 +174,12 @@ def make_train_step(
         gradient and one all-reduce follows the last slice. Either way the result is the whole
         batch's gradient.
       donate: donate the input state's buffers to the output.
+      fetched_by_model: with ``plan.offload_params``, the model moves its scanned layers' parameters
+        (those with a ``layers`` dimension) to the device inside its loop (:func:`jzero.offload.fetching`);
+        the step moves the others before the forward. Otherwise the step moves them all.
+
+    With ``plan.offload_optimizer`` the optimizer state streams from pinned host memory to the device
+    for the update and back. With ``plan.offload_params`` the update's parameter shards do the same.
 
     Returns:
       The jitted step. Its metrics: ``loss``, ``grad_norm`` (the global L2 norm of the unscaled,
@@ -189,6 +198,8 @@ def make_train_step(
                 return (loss * scale if scale is not None else loss), loss
 
             (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+            if plan.offload_params:  # a host-resting leaf's gradient comes back to host memory
+                grads = to_device(grads)
             return loss, _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
 
         if not plan.rule.grads and (microbatches > 1 or plan.rule.optimizer):
@@ -250,10 +261,19 @@ def make_train_step(
         grads = jax.tree.map(reduce, acc, params)
         return losses.mean(), _constrain(grads, plan.grads)
 
+    # Parameters the model fetches itself, inside its loop: the scanned layers' (its ``layers`` dimension).
+    in_loop = [fetched_by_model and LAYERS in (t.logical or ()) for t in plan.tensors]
+    in_loop = jax.tree.unflatten(jax.tree.structure(plan.params), in_loop)
+
+    def params_for_forward(params: Any) -> Any:
+        if not plan.offload_params:
+            return params
+        return jax.tree.map(lambda p, model_fetches: p if model_fetches else to_device(p), params, in_loop)
+
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         scale = state.loss_scale.scale if state.loss_scale is not None else None
         with activation_rules(plan):
-            loss, grads = grads_and_loss(state.params, batch, scale)
+            loss, grads = grads_and_loss(params_for_forward(state.params), batch, scale)
             grads = cast(grads, precision.master_dtype)  # the update runs in master precision
             if scale is not None:
                 grads = jax.tree.map(lambda g: g / scale, grads)
@@ -262,15 +282,19 @@ def make_train_step(
             grads = _constrain(grads, plan.update)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(grad_norm)
-            params = _constrain(state.params, plan.update)
+            params = _constrain(to_device(state.params) if plan.offload_params else state.params, plan.update)
+            # Offloaded optimizer state streams in for the update and back out after it.
+            opt_state = to_device(state.opt_state) if plan.offload_optimizer else state.opt_state
             # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
             # donated buffers straight back instead of holding a second copy of the state.)
             new_params, opt_state = jax.lax.cond(
                 finite,
-                lambda: _apply_update(tx, grads, state.opt_state, params),
-                lambda: (params, state.opt_state),
+                lambda: _apply_update(tx, grads, opt_state, params),
+                lambda: (params, opt_state),
             )
-            new_params = _constrain(new_params, plan.params)
+            new_params = _constrain(new_params, on_device(plan.params))
+            new_params = to_host(new_params) if plan.offload_params else new_params
+            opt_state = to_host(opt_state) if plan.offload_optimizer else opt_state
         new_state = TrainState(
             step=state.step + 1,
             params=new_params,

@@ -19,6 +19,7 @@ from jzero.schema import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     OPTIMIZERS,
+    REMAT_POLICIES,
     SCHEDULES,
     ClusterConfig,
     Config,
@@ -130,6 +131,10 @@ def validate(config: Config) -> None:
 
     if config.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {config.zero.stage}")
+    if config.zero.offload_optimizer and config.zero.stage == 0:
+        raise ConfigError("zero.offload_optimizer", "needs zero.stage 1, 2 or 3 (the optimizer state partitioned), got stage 0")
+    if config.zero.offload_params and config.zero.stage != 3:
+        raise ConfigError("zero.offload_params", f"needs zero.stage 3 (parameters partitioned), got stage {config.zero.stage}")
 
     m = config.model
     if m.name != "gpt":
@@ -142,6 +147,9 @@ def validate(config: Config) -> None:
         raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError("model.n_heads", f"head size d_model/n_heads={m.d_model // m.n_heads} must be even (rotary)")
+    if m.remat not in REMAT_POLICIES:
+        policies = ", ".join(REMAT_POLICIES)
+        raise ConfigError("model.remat", f"must be one of {policies} (or true, false), got {show_value(m.remat)}")
     if m.vocab_size < 256:
         raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
     if _param_count(m) > MAX_PARAMS:

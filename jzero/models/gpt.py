@@ -2,8 +2,13 @@
 
 - Parameters carry logical axis names (``nn.with_logical_partitioning``): ``vocab``, ``embed``,
   ``heads``, ``mlp`` and ``layers`` (the scan axis). Positions are rotary (no parameters).
-- Blocks are stacked with ``nn.scan`` and wrapped in ``nn.remat``, so stage 3 gathers one layer's
-  parameters at a time inside the loop.
+- Blocks are stacked with ``nn.scan`` and rematerialised with a named policy (:mod:`jzero.remat`),
+  so stage 3 gathers one layer's parameters at a time inside the loop.
+- ``partition_activations`` (ZeRO-R's P_a): the activation passed between blocks, which is what a
+  rematerialised block saves, is split over ``model`` along the sequence (``activation_length``)
+  and gathered at each block's input.
+- ``fetch_params`` (parameter offload): each block's parameters come from pinned host memory to the
+  device inside the loop (:func:`jzero.offload.fetching`).
 - Activations are constrained with the batch on ``data`` at each block input and inside attention
   and the MLP. Without that, GSPMD may replicate attention over the global batch on every device.
   Constraints only act under a mesh and ``nn.logical_axis_rules``, which :mod:`jzero.step` sets.
@@ -18,7 +23,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jzero.offload import fetching
+from jzero.remat import checkpoint_policy, policy_name, remat
+
 BATCH_ACT = ("batch", "length", "embed")
+# Between blocks with partitioned activations: the sequence split over the model axis.
+SAVED_ACT = ("batch", "activation_length", "embed")
 
 
 def _init(init, *names):
@@ -62,6 +72,7 @@ class Block(nn.Module):
     mlp_ratio: int
     n_layers: int
     dtype: jnp.dtype = jnp.float32
+    partition_activations: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
@@ -122,7 +133,7 @@ class Block(nn.Module):
         h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in")(h)
         h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
         x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out")(h)
-        return x, None
+        return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), None
 
 
 class GPT(nn.Module):
@@ -134,8 +145,10 @@ class GPT(nn.Module):
     n_heads: int = 4
     mlp_ratio: int = 4
     seq_len: int = 128  # the longest sequence trained on; rotary positions need no table
-    remat: bool = True
+    remat: str | bool = "full"  # a policy of jzero.remat; True and False mean full and none
     tie_embeddings: bool = False  # GPT-2 style: the LM head reuses the token embedding
+    partition_activations: bool = False  # the saved block inputs split over model (ZeRO-R's P_a)
+    fetch_params: bool = False  # each block's parameters come from host memory inside the loop
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
@@ -152,7 +165,10 @@ class GPT(nn.Module):
         table = nn.with_logical_constraint(embed.embedding, ("vocab", "embed"))
         x = jnp.take(table, tokens, axis=0).astype(self.dtype)  # positions: rotary, in attention
 
-        block = nn.remat(Block, prevent_cse=False) if self.remat else Block
+        policy = policy_name(self.remat)
+        # Under the scan, XLA cannot fold the recomputation into the forward: no CSE barrier needed.
+        block = remat(fetching(Block) if self.fetch_params else Block, policy, prevent_cse=False)
+        x = nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT)
         stack = nn.scan(
             block,
             variable_axes={"params": 0},
@@ -160,11 +176,13 @@ class GPT(nn.Module):
             length=self.n_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, _ = stack(self.d_model, self.n_heads, self.mlp_ratio, self.n_layers, self.dtype, name="blocks")(x, None)
+        shape = (self.d_model, self.n_heads, self.mlp_ratio, self.n_layers)
+        blocks = stack(*shape, self.dtype, self.partition_activations, name="blocks")
+        x, _ = blocks(x, None)
         x = nn.with_logical_constraint(x, BATCH_ACT)
         # Rematerialised like the blocks: the backward gathers the head's weights again instead of
         # holding them whole from the forward (ZeRO-3 frees a gathered parameter after its use).
-        head = nn.remat(GPT._head) if self.remat else GPT._head
+        head = GPT._head if policy == "none" else nn.remat(GPT._head, policy=checkpoint_policy(policy))
         logits = head(self, x, embed.embedding)
         return logits.astype(jnp.float32)
 
