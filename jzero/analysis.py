@@ -11,16 +11,19 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
 from jzero import ledger
 from jzero.axes import BATCH_AXES, batch_ways, model_ways
-from jzero.build import Setup
+from jzero.build import Setup, partitions_activations
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.plan import Plan, shard_bytes
+from jzero.remat import policy_name
 from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
 from jzero.state import TrainState
+from jzero.step import activation_rules, sharded_abstract
 
 __all__ = [
     "communication",
@@ -71,6 +74,7 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
     collectives = ledger.summarize_collectives(ops)
     plan = s.plan
     mem = ledger.compiled_memory(compiled)
+    activations = saved_activations(s, hlo)
     device = device_description(s.mesh)
     return {
         "devices": int(s.mesh.size),
@@ -79,8 +83,10 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "stage": plan.stage,
         "num_params": plan.num_params,
         "per_device_bytes": plan.per_device_bytes(),
+        "host_bytes": {**plan.host_bytes(), "activations": activations["host"]},
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
-        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
+        "activations": activations,
+        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak", "host_argument", "host_output", "device_peak")},
         "flops_per_device": ledger.flops_per_device(compiled),
         "collectives": {
             k: {key: v[key] for key in ("count", "bytes", "dtypes", "async", "overlapped")} for k, v in collectives.items()
@@ -122,6 +128,58 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "paper_table": table,
         "communication": communication(plan, ops, table),
     }
+
+
+def saved_activations(s: Setup, hlo_text: str) -> dict[str, Any]:
+    """What the layer loops save for the backward, per device (:func:`jzero.ledger.saved_activations`),
+    with the remat policy and whether the saved inputs are partitioned over ``model``.
+
+    Host bytes come from the compiled layout when the backend places them (``S(5)``). The CPU
+    backend ignores an offloading policy's placement, so there the share the policy sends to host
+    memory is read from the program's own residuals (the layer loop's outputs in host memory space).
+    """
+    cfg = s.config
+    rows = cfg.train.global_batch_size // batch_ways(mesh_shape(s.mesh)) // cfg.train.microbatches
+    saved = ledger.saved_activations(hlo_text, rows)
+    source = "compiled"
+    if not saved["host"] and saved["device"] and (share := _host_residual_share(s)):
+        saved["host"] = round(saved["device"] * share)
+        saved["device"] -= saved["host"]
+        source = "policy"
+    return {
+        "device": saved["device"],
+        "host": saved["host"],
+        "remat": policy_name(cfg.model.remat),
+        "partitioned": partitions_activations(cfg.model, model_ways(s.mesh.shape)),
+        "host_from": source,
+    }
+
+
+def _host_residual_share(s: Setup) -> float:
+    """The share of the layer loops' saved bytes (global shapes) that the program asks to keep in
+    host memory; traced, not compiled."""
+    params = sharded_abstract(s.abstract, s.plan).params
+    batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32)
+    with activation_rules(s.plan):
+        jaxpr = jax.make_jaxpr(lambda p, b: jax.vjp(lambda q: s.loss_fn(q, b), p)[1])(params, batch)
+    host = total = 0
+    for eqn in _all_eqns(jaxpr.jaxpr):
+        if eqn.primitive.name == "scan":
+            for var in eqn.outvars[eqn.params["num_carry"] :]:
+                nbytes = math.prod(var.aval.shape) * var.aval.dtype.itemsize
+                total += nbytes
+                host += nbytes if "host" in str(getattr(var.aval, "memory_space", "")).lower() else 0
+    return host / total if total else 0.0
+
+
+def _all_eqns(jaxpr: Any):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _all_eqns(inner)
 
 
 def one_group_reference(s: Setup) -> dict[str, float | None]:

@@ -153,17 +153,7 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
       groups, the computation it sits in, whether that is a loop body, how often it runs per step,
       and for async ops whether compute overlaps them.
     """
-    computations: dict[str, list[_Instruction]] = {}
-    current = entry = None
-    for line in hlo_text.splitlines():
-        match = _COMPUTATION.match(line)
-        if match and "=" not in line.split("(")[0]:
-            current = match.group("name")
-            computations[current] = []
-            entry = current if line.startswith("ENTRY") else entry
-        elif current is not None and (ins := _instruction(line)):
-            computations[current].append(ins)
-
+    computations, entry = _computations(hlo_text)
     found: dict[str, list[Collective]] = {}
     for name, instructions in computations.items():
         for i, ins in enumerate(instructions):
@@ -329,17 +319,153 @@ def summarize_collectives(ops: list[Collective]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
+    """Each computation's instructions, in order, and the entry's name."""
+    computations: dict[str, list[_Instruction]] = {}
+    current = entry = None
+    for line in hlo_text.splitlines():
+        match = _COMPUTATION.match(line)
+        if match and "=" not in line.split("(")[0]:
+            current = match.group("name")
+            computations[current] = []
+            entry = current if line.startswith("ENTRY") else entry
+        elif current is not None and (ins := _instruction(line)):
+            computations[current].append(ins)
+    return computations, entry
+
+
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TUPLE_ITEM = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?P<layout>\{[^}]*\})?")
+_OPERANDS = re.compile(r"\btuple\((?P<args>[^)]*)\)")
+_GTE_INDEX = re.compile(r"get-tuple-element\(%?(?P<of>[\w.\-]+)\),\s*index=(?P<index>\d+)")
+
+
+def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str, int]:
+    """What the forward layer loops save for the backward, per device, from compiled HLO.
+
+    A differentiated scan is two while loops: the forward (``jvp(...)`` in its op name) writes
+    each iteration's residuals into stacked buffers, the backward (``transpose(jvp(...))``) reads
+    them. The saved bytes are the forward loop's outputs that the loop writes (not carried through
+    unchanged), that have one row per iteration and that hold activations: a batch of examples, or
+    without ``batch_rows``, a shape unlike any parameter stack the loop reads (JAX also saves the
+    slices of parameters it used). A buffer in host memory (layout ``S(5)``) counts as host bytes.
+
+    Args:
+      hlo_text: ``compiled.as_text()`` of an SPMD program.
+      batch_rows: the batch rows each device computes at once; when given, a saved stack must have
+        them as its second dimension.
+
+    Returns:
+      ``{"device", "host", "loops"}``: bytes per device, and how many forward layer loops save
+      (each counts once: a loop inside a microbatch loop saves for one microbatch at a time).
+    """
+    computations, _ = _computations(hlo_text)
+    device = host = loops = 0
+    for ins in (ins for body in computations.values() for ins in body):
+        name = _OP_NAME.search(ins.line)
+        if ins.op != "while" or not name or "jvp(" not in name.group(1) or "transpose(" in name.group(1):
+            continue
+        body = dict(_callees(ins.line)).get("body")
+        trip = _TRIP_COUNT.search(ins.line)
+        if body not in computations or not trip:
+            continue
+        rows = int(trip.group(1))
+        state_type = ins.line.split("=", 1)[1].split(" while(")[0]
+        items = list(_TUPLE_ITEM.finditer(state_type))
+        written = _written_elements(computations[body])
+        read_only = {item.group("dtype", "dims") for i, item in enumerate(items) if i not in written}
+        saved = 0
+        for index, item in enumerate(items):
+            dims = tuple(int(d) for d in item.group("dims").split(",") if d)
+            if (
+                index in written
+                and len(dims) > 1
+                and dims[0] == rows
+                and (_per_example(dims, batch_rows) if batch_rows else item.group("dtype", "dims") not in read_only)
+            ):
+                nbytes = _array_bytes(item.group("dtype"), dims)
+                saved += nbytes
+                if "S(5)" in (item.group("layout") or ""):
+                    host += nbytes
+                else:
+                    device += nbytes
+        loops += int(saved > 0)
+    return {"device": device, "host": host, "loops": loops}
+
+
+def _per_example(dims: tuple[int, ...], rows: int) -> bool:
+    """A stack of a batch's activations: ``[iterations, rows, ...]``, or ``[iterations, 1, rows, ...]``
+    where the step maps over batch groups (``vmap``) and each device has one."""
+    return dims[1] == rows or (len(dims) > 2 and dims[1] == 1 and dims[2] == rows)
+
+
+def _written_elements(body: list[_Instruction]) -> set[int]:
+    """Indices of a while body's state that the body changes (not ``get-tuple-element(param), index=i``
+    handed back at position i)."""
+    params = {ins.name for ins in body if ins.op == "parameter"}
+    reads = {}
+    for ins in body:
+        match = _GTE_INDEX.search(ins.line)
+        if match and match.group("of") in params:
+            reads[ins.name] = int(match.group("index"))
+    root = next((ins for ins in body if ins.line.lstrip().startswith("ROOT")), None)
+    match = _OPERANDS.search(root.line) if root else None
+    if not match:
+        return set()
+    operands = [a.strip().lstrip("%") for a in match.group("args").split(",")]
+    return {i for i, name in enumerate(operands) if reads.get(name) != i}
+
+
+_ENTRY_LAYOUT = re.compile(r"entry_computation_layout=\{\((?P<args>.*?)\)->(?P<outs>.*?)\}(?:,\s*\w+=|$)", re.MULTILINE)
+
+
+def host_entry_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes per device of the program's arguments and outputs in host memory (layout ``S(5)`` in
+    its entry layout): what a ``pinned_host`` sharding keeps off the device."""
+    match = _ENTRY_LAYOUT.search(hlo_text)
+    if not match:
+        return {"argument": 0, "output": 0}
+
+    def host(text: str) -> int:
+        return sum(
+            _array_bytes(m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d))
+            for m in _TUPLE_ITEM.finditer(text)
+            if "S(5)" in (m.group("layout") or "")
+        )
+
+    return {"argument": host(match.group("args")), "output": host(match.group("outs"))}
+
+
 def compiled_memory(compiled: Any) -> dict[str, int]:
-    """XLA's memory analysis of a compiled SPMD program: bytes per device."""
+    """XLA's memory analysis of a compiled SPMD program: bytes per device.
+
+    ``peak`` counts everything XLA places; ``device_peak`` leaves out the arguments and outputs in
+    host memory. (The CPU backend reports host-memory arguments as device arguments and its host
+    fields as 0, so those are read from the entry layout.)
+    """
     mem = compiled.memory_analysis()
+    argument, output, alias = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes)
+    temp = int(mem.temp_size_in_bytes)
+    # An upper bound: everything live at once, donated outputs sharing their arguments' buffers.
+    # (XLA's own peak_memory_in_bytes on CPU leaves the temporaries out.)
+    peak = argument + output - alias + temp
+    if int(mem.host_argument_size_in_bytes) or int(mem.host_output_size_in_bytes):
+        host = {"argument": int(mem.host_argument_size_in_bytes), "output": int(mem.host_output_size_in_bytes)}
+        device_peak = peak
+    else:
+        host = host_entry_bytes(compiled.as_text())
+        # A donated host argument aliases its host output.
+        host_alias = min(host["argument"], host["output"], alias)
+        device_peak = peak - host["argument"] - host["output"] + host_alias
     return {
-        "argument": int(mem.argument_size_in_bytes),
-        "output": int(mem.output_size_in_bytes),
-        "temp": int(mem.temp_size_in_bytes),
-        "alias": int(mem.alias_size_in_bytes),
-        # An upper bound: everything live at once, donated outputs sharing their arguments' buffers.
-        # (XLA's own peak_memory_in_bytes on CPU leaves the temporaries out.)
-        "peak": int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
+        "argument": argument,
+        "output": output,
+        "temp": temp,
+        "alias": alias,
+        "peak": peak,
+        "host_argument": host["argument"],
+        "host_output": host["output"],
+        "device_peak": device_peak,
     }
 
 

@@ -76,6 +76,10 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
+        if self.partition_activations:
+            # Said again where the block starts, so that the stack of saved inputs the backward reads
+            # keeps this sharding too; the next line is the gather over model.
+            x = nn.with_logical_constraint(x, SAVED_ACT)
         x = nn.with_logical_constraint(x, BATCH_ACT)
         head_dim = self.d_model // self.n_heads
         dense_init = nn.initializers.normal(0.02)
