@@ -19,6 +19,7 @@ from jzero import ledger
 from jzero.axes import BATCH_AXES, batch_ways, model_ways
 from jzero.build import Setup, partitions_activations
 from jzero.mesh import make_mesh, mesh_shape
+from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, shard_bytes
 from jzero.remat import policy_name
 from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
@@ -158,7 +159,7 @@ def saved_activations(s: Setup, hlo_text: str) -> dict[str, Any]:
 def _host_residual_share(s: Setup) -> float:
     """The share of the layer loops' saved bytes (global shapes) that the program asks to keep in
     host memory; traced, not compiled."""
-    params = sharded_abstract(s.abstract, s.plan).params
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), sharded_abstract(s.abstract, s.plan).params)
     batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32)
     with activation_rules(s.plan):
         jaxpr = jax.make_jaxpr(lambda p, b: jax.vjp(lambda q: s.loss_fn(q, b), p)[1])(params, batch)
@@ -219,18 +220,20 @@ def with_scaling(report: dict[str, Any], reference: dict[str, float | None]) -> 
 
 
 def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dict[str, Any]:
-    """Add ``memory_per_device`` and ``fits``: the compiled step's peak per device within it."""
+    """Add ``memory_per_device`` and ``fits``: the compiled step's device peak (what rests in host
+    memory left out) within it."""
     report["memory_per_device"] = memory_per_device
-    report["fits"] = None if memory_per_device is None else report["compiled"]["peak"] <= memory_per_device
+    report["fits"] = None if memory_per_device is None else report["compiled"]["device_peak"] <= memory_per_device
     return report
 
 
 def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]:
     """The plan report of the step this run compiled, with the bytes its live state really holds."""
     report = plan_report(s, compiled)
-    params = ledger.live_bytes_per_device(state.params)
-    optimizer = ledger.live_bytes_per_device(state.opt_state)
-    report["live_bytes_per_device"] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
+    for key, kind in (("live_bytes_per_device", DEVICE), ("live_host_bytes_per_device", HOST)):
+        params = ledger.live_bytes_per_device(state.params, kind)
+        optimizer = ledger.live_bytes_per_device(state.opt_state, kind)
+        report[key] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
     report["processes"] = process_figures(s, state, report["per_device_bytes"]["total"])
     return report
 

@@ -182,7 +182,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from jzero.estimate import estimate, format_estimate, parse_count, parse_memory
 
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
-    result = estimate(parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory)
+    result = estimate(
+        parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory, tuple(args.offload)
+    )
     print(json.dumps(result) if args.json else format_estimate(result))
     return 0
 
@@ -233,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--precision", default="mixed", choices=PRECISIONS, help="mixed: 16-bit params and grads, fp32 master")
     est.add_argument("--optimizer", default="adam", choices=tuple(OPTIMIZER_STATE_BYTES))
     est.add_argument("--memory-per-device", default=None, help="e.g. 80GB or 80GiB: say which stages fit")
+    est.add_argument(
+        "--offload",
+        action="append",
+        default=[],
+        choices=("optimizer", "params"),
+        help="move a part to pinned host memory where the stage allows (optimizer: stages 1-3, params: 3); repeatable",
+    )
     est.add_argument("--json", action="store_true", help="print one JSON object")
     est.set_defaults(func=cmd_estimate)
 

@@ -15,6 +15,9 @@ from jzero.errors import ConfigError, show_value
 from jzero.schema import MAX_INT32, MAX_PARAMS
 from jzero.stages import STAGES, paper_parts_per_device
 
+STAGES_PARTITIONING_OPTIMIZER = tuple(stage for stage, rule in STAGES.items() if rule.optimizer)
+STAGES_PARTITIONING_PARAMS = tuple(stage for stage, rule in STAGES.items() if rule.params)
+
 # Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
 # gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
 PRECISIONS = ("mixed", "fp32")
@@ -70,6 +73,10 @@ def _check_amount(value: float, text: Any, key: str, unit: str, most: float) -> 
         raise ConfigError(key, f"must be at most {most:.3g} {unit}s, got {show_value(text)}")
 
 
+# What ``--offload`` names, and the stages that can offload it (the config's zero.offload_* keys).
+OFFLOADS = {"optimizer": STAGES_PARTITIONING_OPTIMIZER, "params": STAGES_PARTITIONING_PARAMS}
+
+
 def estimate(
     params: float,
     devices: int,
@@ -77,9 +84,19 @@ def estimate(
     precision: str = "mixed",
     optimizer: str = "adam",
     memory_per_device: float | None = None,
+    offload: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Per-device model-state bytes for stages 0-3; ``stages["0"..."3"]`` each hold ``params``,
-    ``grads``, ``optimizer``, ``total`` and, with a memory size, ``fits``."""
+    ``grads``, ``optimizer``, ``total`` (device memory), ``host`` (the offloaded parts' bytes per
+    device, in pinned host memory), ``offloaded`` (the parts this stage can offload) and, with a
+    memory size, ``fits`` (the device total within it).
+
+    ``offload``: ``optimizer`` (stages 1-3, with the master copy) and/or ``params`` (stage 3), as
+    ``zero.offload_optimizer`` and ``zero.offload_params`` do.
+    """
+    for part in offload:
+        if part not in OFFLOADS:
+            raise ConfigError("--offload", f"must be one of {', '.join(OFFLOADS)}, got {show_value(part)}")
     _check_amount(params, params, "--params", "parameter", MAX_PARAMS)
     if memory_per_device is not None:
         _check_amount(memory_per_device, memory_per_device, "--memory-per-device", "byte", math.inf)
@@ -95,8 +112,15 @@ def estimate(
     for stage in STAGES:
         parts = paper_parts_per_device(params, stage, n_d, k=k, param_bytes=p, grad_bytes=g, n_m=model_parallel)
         row: dict[str, Any] = {name: int(round(v)) for name, v in parts.items()}
+        moved = [part for part in OFFLOADS if part in offload and stage in OFFLOADS[part]]
+        row["host"] = {part: row[part] for part in moved}
+        row["host"]["total"] = sum(row["host"].values())
+        for part in moved:
+            row[part] = 0
+        row["total"] -= row["host"]["total"]
+        row["offloaded"] = moved
         if memory_per_device is not None:
-            row["fits"] = parts["total"] <= memory_per_device
+            row["fits"] = row["total"] <= memory_per_device
         stages[str(stage)] = row
     return {
         "params": params,
@@ -107,6 +131,7 @@ def estimate(
         "optimizer": optimizer,
         "bytes_per_param": {"params": p, "grads": g, "optimizer": k},
         "memory_per_device": memory_per_device,
+        "offload": list(offload),
         "stages": stages,
     }
 
@@ -120,12 +145,18 @@ def format_estimate(result: dict[str, Any]) -> str:
         f"({b['params']:g} + {b['grads']:g} + K={b['optimizer']:g} bytes per parameter)",
         "",
         f"  {'stage':<6} {'partitioned':<16} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}"
+        + (f" {'host':>10}  {'offloaded':<16}" if result.get("offload") else "")
         + ("  fits" if result["memory_per_device"] else ""),
     ]
     for stage, row in result["stages"].items():
         cells = " ".join(f"{row[k] / gb:>7.3g} GB" for k in ("params", "grads", "optimizer", "total"))  # the paper's 3 digits
+        if result.get("offload"):
+            cells += f" {row['host']['total'] / gb:>7.3g} GB  {'+'.join(row['offloaded']) or '-':<16}"
         fits = ("  yes" if row["fits"] else "  no") if "fits" in row else ""
         lines.append(f"  {stage:<6} {STAGES[int(stage)].partitioned:<16} {cells}{fits}")
+    if result.get("offload"):
+        lines += ["", "params, grads, optimizer and total are device memory; host: pinned host memory per device"
+                  " (optimizer offload at stages 1-3, parameter offload at stage 3)"]  # fmt: skip
     if result["memory_per_device"]:
         fitting = [s for s, row in result["stages"].items() if row["fits"]]
         budget = f"{result['memory_per_device'] / gb:g} GB"

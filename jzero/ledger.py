@@ -476,17 +476,21 @@ def flops_per_device(compiled: Any) -> float | None:
     return float(cost["flops"]) if cost and "flops" in cost else None
 
 
-def live_bytes_per_device(tree: Any) -> int:
+def live_bytes_per_device(tree: Any, memory_kind: str | None = "device") -> int:
     """What a pytree of arrays really holds per device.
 
     Args:
       tree: live (sharded) arrays.
+      memory_kind: count only the arrays in this memory (``device``, or ``pinned_host`` for each
+        device's shards in host memory); None counts all.
 
     Returns:
       The largest, over this process's devices, of the bytes their shards of ``tree`` occupy.
     """
     per_device: collections.Counter = collections.Counter()
     for leaf in jax.tree.leaves(tree):
+        if memory_kind is not None and (leaf.sharding.memory_kind or "device") != memory_kind:
+            continue
         for shard in leaf.addressable_shards:
             per_device[shard.device.id] += shard.data.nbytes
     return max(per_device.values()) if per_device else 0

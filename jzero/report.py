@@ -57,16 +57,19 @@ def format_plan(report: dict[str, Any]) -> str:
             f"{t['path']:<32} {shape:<16} {t['param_spec']:<24} {t['grad_spec']:<24} {t['optimizer_spec']:<24} "
             f"{human_bytes(t['param_bytes_per_device']):>15}"
         )
-    lines += ["", f"{'model states per device':<24} {'plan':>12} {'paper formula':>14} {'ratio':>7}"]
+    host = report.get("host_bytes", {})
+    lines += ["", f"{'model states per device':<24} {'plan':>12} {'host memory':>12} {'paper formula':>14} {'ratio':>7}"]
     for key in ("params", "grads", "optimizer", "total"):
-        got, ideal = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key]
-        lines.append(f"{key:<24} {human_bytes(got):>12} {human_bytes(ideal):>14} {got / ideal if ideal else float('nan'):>7.3f}")
+        got, ideal, off = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key], host.get(key, 0)
+        ratio = (got + off) / ideal if ideal else float("nan")
+        lines.append(f"{key:<24} {human_bytes(got):>12} {human_bytes(off):>12} {human_bytes(ideal):>14} {ratio:>7.3f}")
     c = report["compiled"]
     lines += [
         "",
         f"compiled step, per device: arguments {human_bytes(c['argument'])}, outputs {human_bytes(c['output'])}, "
         f"temporaries {human_bytes(c['temp'])}, peak {human_bytes(c['peak'])} (arguments + temporaries + unaliased outputs)"
         + f"; FLOPs {flops_text(report)} (XLA's cost analysis)",
+        *_host_lines(report),
         "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
     ]
     if not report["collectives"]:
@@ -109,22 +112,27 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
     """A few lines for the start of a run: bytes against the formula, compiled memory, traffic."""
     mesh = mesh_text(report["mesh"])
     got, ideal = report["per_device_bytes"], report["ideal_per_device_bytes"]
+    host = report.get("host_bytes", {})
     live = report.get("live_bytes_per_device", {})
     c = report["compiled"]
     lines = [
         f"ledger: ZeRO stage {report['stage']} on {mesh} ({devices_text(report)}), {report['num_params']:,} parameters",
-        f"  model states per device: {human_bytes(got['total'])} planned, paper formula {human_bytes(ideal['total'])} "
-        f"(ratio {got['total'] / ideal['total']:.3f})",
+        f"  model states per device: {human_bytes(got['total'])} planned"
+        + (f" + {human_bytes(host['total'])} in host memory" if host.get("total") else "")
+        + f", paper formula {human_bytes(ideal['total'])} (ratio {(got['total'] + host.get('total', 0)) / ideal['total']:.3f})",
     ]
     if live:
+        live_host = report.get("live_host_bytes_per_device", {})
+        on_host = f"; in host memory: params {human_bytes(live_host['params'])}, optimizer {human_bytes(live_host['optimizer'])}"
         lines.append(
             f"  live now: params {human_bytes(live['params'])}, optimizer {human_bytes(live['optimizer'])}"
-            f" (+ gradients {human_bytes(got['grads'])} inside the step)"
+            f" (+ gradients {human_bytes(got['grads'])} inside the step)" + (on_host if live_host.get("total") else "")
         )
     lines.append(
         f"  compiled step: arguments {human_bytes(c['argument'])}, temporaries {human_bytes(c['temp'])}, "
         f"peak {human_bytes(c['peak'])}, FLOPs {flops_text(report)} per device"
     )
+    lines += ["  " + line for line in _host_lines(report)]
     traffic = ", ".join(
         f"{k} {v['count']} ops {'+'.join(v.get('dtypes', []))} {human_bytes(v['bytes'])}"
         for k, v in sorted(report["collectives"].items())
@@ -141,13 +149,33 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _host_lines(report: dict[str, Any]) -> list[str]:
+    """Host memory in the compiled step, and what the layer loops save for the backward."""
+    c, lines = report["compiled"], []
+    if c.get("host_argument") or c.get("host_output"):
+        lines.append(
+            f"host memory: arguments {human_bytes(c['host_argument'])}, outputs {human_bytes(c['host_output'])}; "
+            f"device peak {human_bytes(c['device_peak'])} (the peak without them)"
+        )
+    a = report.get("activations")
+    if a and (a["device"] or a["host"]):
+        where = f", {human_bytes(a['host'])} in host memory" + (" (as the policy asks)" if a["host_from"] == "policy" else "")
+        split = ", split over model" if a["partitioned"] else ""
+        lines.append(
+            f"saved for the backward by the layer loops: {human_bytes(a['device'])} per device"
+            + (where if a["host"] else "")
+            + f" (remat {a['remat']}{split})"
+        )
+    return lines
+
+
 def _fit_line(report: dict[str, Any]) -> list[str]:
     if report.get("fits") is None:
         return []
     verdict = "fits" if report["fits"] else "does NOT fit"
-    peak = report["compiled"]["peak"]
+    peak = report["compiled"]["device_peak"]
     budget = report["memory_per_device"] / 1e9
-    return [f"verdict: the compiled step {verdict} in {budget:g} GB per device (peak {peak / 1e9:.3g} GB)"]
+    return [f"verdict: the compiled step {verdict} in {budget:g} GB per device (device peak {peak / 1e9:.3g} GB)"]
 
 
 def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
