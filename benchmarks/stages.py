@@ -174,15 +174,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 def split_by_memory(tree) -> dict[str, int]:
     """Bytes per device a live pytree holds in device memory and in pinned host memory."""
-    import jax
-
     from jzero import ledger
-    from jzero.offload import HOST, memory_kind
+    from jzero.offload import DEVICE, HOST
 
-    leaves = jax.tree.leaves(tree)
-    host = [leaf for leaf in leaves if memory_kind(leaf.sharding) == HOST]
-    device = [leaf for leaf in leaves if memory_kind(leaf.sharding) != HOST]
-    return {"device": ledger.live_bytes_per_device(device), "host": ledger.live_bytes_per_device(host)}
+    return {"device": ledger.live_bytes_per_device(tree, DEVICE), "host": ledger.live_bytes_per_device(tree, HOST)}
 
 
 def compiled_bytes(config_path: str, overrides: list[str]) -> tuple[int, dict[str, int]]:

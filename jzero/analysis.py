@@ -87,7 +87,10 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "host_bytes": {**plan.host_bytes(), "activations": activations["host"]},
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
         "activations": activations,
-        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak", "host_argument", "host_output", "device_peak")},
+        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
+        # What rests in host memory among the arguments and outputs, and the peak without it.
+        "compiled_host": {"argument": mem["host_argument"], "output": mem["host_output"]},
+        "device_peak": mem["device_peak"],
         "flops_per_device": ledger.flops_per_device(compiled),
         "collectives": {
             k: {key: v[key] for key in ("count", "bytes", "dtypes", "async", "overlapped")} for k, v in collectives.items()
@@ -223,7 +226,7 @@ def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dic
     """Add ``memory_per_device`` and ``fits``: the compiled step's device peak (what rests in host
     memory left out) within it."""
     report["memory_per_device"] = memory_per_device
-    report["fits"] = None if memory_per_device is None else report["compiled"]["device_peak"] <= memory_per_device
+    report["fits"] = None if memory_per_device is None else report["device_peak"] <= memory_per_device
     return report
 
 

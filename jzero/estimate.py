@@ -87,9 +87,9 @@ def estimate(
     offload: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Per-device model-state bytes for stages 0-3; ``stages["0"..."3"]`` each hold ``params``,
-    ``grads``, ``optimizer``, ``total`` (device memory), ``host`` (the offloaded parts' bytes per
-    device, in pinned host memory), ``offloaded`` (the parts this stage can offload) and, with a
-    memory size, ``fits`` (the device total within it).
+    ``grads``, ``optimizer``, ``total`` (device memory) and, with a memory size, ``fits`` (the
+    device total within it). With ``offload``, also ``host`` (the offloaded parts' bytes per device,
+    in pinned host memory) and ``offloaded`` (the parts this stage can offload).
 
     ``offload``: ``optimizer`` (stages 1-3, with the master copy) and/or ``params`` (stage 3), as
     ``zero.offload_optimizer`` and ``zero.offload_params`` do.
@@ -112,13 +112,14 @@ def estimate(
     for stage in STAGES:
         parts = paper_parts_per_device(params, stage, n_d, k=k, param_bytes=p, grad_bytes=g, n_m=model_parallel)
         row: dict[str, Any] = {name: int(round(v)) for name, v in parts.items()}
-        moved = [part for part in OFFLOADS if part in offload and stage in OFFLOADS[part]]
-        row["host"] = {part: row[part] for part in moved}
-        row["host"]["total"] = sum(row["host"].values())
-        for part in moved:
-            row[part] = 0
-        row["total"] -= row["host"]["total"]
-        row["offloaded"] = moved
+        if offload:  # the rows keep their shape without --offload
+            moved = [part for part in OFFLOADS if part in offload and stage in OFFLOADS[part]]
+            row["host"] = {part: row[part] for part in moved}
+            row["host"]["total"] = sum(row["host"].values())
+            for part in moved:
+                row[part] = 0
+            row["total"] -= row["host"]["total"]
+            row["offloaded"] = moved
         if memory_per_device is not None:
             row["fits"] = row["total"] <= memory_per_device
         stages[str(stage)] = row

@@ -151,11 +151,11 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
 
 def _host_lines(report: dict[str, Any]) -> list[str]:
     """Host memory in the compiled step, and what the layer loops save for the backward."""
-    c, lines = report["compiled"], []
-    if c.get("host_argument") or c.get("host_output"):
+    host, lines = report.get("compiled_host", {}), []
+    if host.get("argument") or host.get("output"):
         lines.append(
-            f"host memory: arguments {human_bytes(c['host_argument'])}, outputs {human_bytes(c['host_output'])}; "
-            f"device peak {human_bytes(c['device_peak'])} (the peak without them)"
+            f"host memory: arguments {human_bytes(host['argument'])}, outputs {human_bytes(host['output'])}; "
+            f"device peak {human_bytes(report['device_peak'])} (the peak without them)"
         )
     a = report.get("activations")
     if a and (a["device"] or a["host"]):
@@ -173,7 +173,7 @@ def _fit_line(report: dict[str, Any]) -> list[str]:
     if report.get("fits") is None:
         return []
     verdict = "fits" if report["fits"] else "does NOT fit"
-    peak = report["compiled"]["device_peak"]
+    peak = report["device_peak"]
     budget = report["memory_per_device"] / 1e9
     return [f"verdict: the compiled step {verdict} in {budget:g} GB per device (device peak {peak / 1e9:.3g} GB)"]
 

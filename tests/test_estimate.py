@@ -89,3 +89,23 @@ def test_the_python_api_refuses_non_finite_numbers():
     for params, memory, key in [(nan, None, "--params"), (inf, None, "--params"), (1e9, nan, "--memory-per-device")]:
         with pytest.raises(ConfigError, match=key):
             estimate(params, 8, memory_per_device=memory)
+
+
+def test_offload_rows_move_the_offloaded_parts_to_host(capsys):
+    assert main(["estimate", "--params", "7.5B", "--devices", "64", "--offload", "optimizer", "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert stages["0"]["offloaded"] == [] and stages["0"]["host"] == {"total": 0}  # stage 0 has nothing partitioned to move
+    for s in "123":
+        assert stages[s]["optimizer"] == 0 and stages[s]["offloaded"] == ["optimizer"]
+        assert stages[s]["host"]["optimizer"] == pytest.approx(90e9 / 64)
+    assert stages["3"]["total"] == pytest.approx(30e9 / 64)  # parameters and gradients stay on the device
+
+    both = ["--offload", "params", "--offload", "optimizer"]
+    assert main(["estimate", "--params", "7.5B", "--devices", "64", *both, "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert stages["2"]["offloaded"] == ["optimizer"] and stages["2"]["params"] == 15e9  # parameters only at stage 3
+    assert stages["3"]["offloaded"] == ["optimizer", "params"] and stages["3"]["total"] == pytest.approx(15e9 / 64)
+    assert stages["3"]["host"]["total"] == pytest.approx(105e9 / 64)
+    with pytest.raises(SystemExit) as exit_:
+        main(["estimate", "--params", "7.5B", "--devices", "64", "--offload", "disk"])
+    assert exit_.value.code == 2 and "--offload" in capsys.readouterr().err

@@ -59,8 +59,8 @@ def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_witho
         assert report["per_device_bytes"][part] == (0 if on else shards[part])
         assert report["host_bytes"][part] == (shards[part] if on else 0)
     assert report["host_bytes"]["total"] > 0
-    assert report["compiled"]["host_argument"] == report["host_bytes"]["total"]
-    assert report["compiled"]["device_peak"] == report["compiled"]["peak"] - report["host_bytes"]["total"]
+    assert report["compiled_host"]["argument"] == report["host_bytes"]["total"]
+    assert report["device_peak"] == report["compiled"]["peak"] - report["host_bytes"]["total"]
     # ... and what the start-up ledger measures on the live state agrees.
     host_live = ledger.live_bytes_per_device(state.opt_state, HOST) + ledger.live_bytes_per_device(state.params, HOST)
     assert host_live == report["host_bytes"]["total"]
