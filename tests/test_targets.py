@@ -200,3 +200,20 @@ def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
     no_combining = {k: (0 if k.endswith("threshold_bytes") else v) for k, v in GPU_COMPILER_OPTIONS.items()}
     monkeypatch.setattr(jzero.targets, "GPU_COMPILER_OPTIONS", no_combining)
     assert gathers() > 2 * combined, combined
+
+
+def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8):
+    """The GPU compiler places what the CPU one ignores: offloaded state as host-memory arguments
+    (its memory analysis counts them apart) and offload_dots' saved matmul outputs in host memory."""
+    from jzero.analysis import plan_report
+
+    sets = ("zero.stage=3", "zero.offload_optimizer=true", "zero.offload_params=true", "model.remat=offload_dots")
+    s, compiled = _compiled(tiny_config(*sets), h100x8)
+    report = plan_report(s, compiled)
+    mem = compiled.memory_analysis()
+    # Model states in host memory: the step's host arguments, as the GPU compiler's own analysis counts them.
+    assert report["compiled_host"]["argument"] == int(mem.host_argument_size_in_bytes) == report["host_bytes"]["total"]
+    assert report["compiled"]["argument"] < report["compiled_host"]["argument"]  # only scalars and the batch stay on the device
+    assert report["device_peak"] == report["compiled"]["peak"]  # the GPU's own figures already leave host memory out
+    a = report["activations"]
+    assert a["host_from"] == "compiled" and a["host"] > 0 and "S(5)" in compiled.as_text()
