@@ -143,7 +143,7 @@ def test_remat_helper_wraps_a_function_and_a_module():
 
 
 # ZeRO-R's P_a needs saved activations to dominate the temporaries: many layers, a moderate sequence,
-# 8 rows per device. Measured: 64 layers give 0.67x; 16 layers 0.79x, 32 layers 0.73x (the rest is
+# 8 rows per device. Measured: 64 layers give 0.67x; 16 layers 0.79x, 32 layers 0.72x (the rest is
 # one layer's recomputation and the gradient, which partitioning leaves alone).
 P_A = ("zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2", "model.n_layers=64", "model.d_model=256",
        "model.n_heads=4", "model.seq_len=256", "train.global_batch_size=32")  # fmt: skip

@@ -3,6 +3,7 @@ steps, fp16 loss scaling, and optimizers whose states differ from the parameters
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -202,7 +203,8 @@ MESHES = {
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_step_reference, mesh):
     """Stage 1, 4 microbatches: no gradient collective runs per microbatch. Inside the scan only
-    the model axis's tensor-parallel all-reduces remain (groups of 2 on dp4-mp2); the batch groups'
+    the model axis's collectives remain (tensor-parallel all-reduces and the partitioned
+    activations' gathers and permutes, in groups of 2 on dp4-mp2); the batch groups'
     gradients meet after it, each reduced once over all of them (the CPU backend emits one
     all-reduce per tensor, as the gradient norm is taken over the update's slices). The step equals
     one-device optax's within 10x the reordering floor, with and without microbatches."""
@@ -210,9 +212,15 @@ def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_st
         s = setup(tiny_config("zero.stage=1", LR, f"train.microbatches={m}", *BATCH_32, *MESHES[mesh]))
         state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
         _check_step(one_step_reference, state, metrics)
-    ops = ledger.parse_collectives(s.compile_step()[1].as_text())
+    hlo = s.compile_step()[1].as_text()
+    ops = ledger.parse_collectives(hlo)
     n_m = s.plan.mesh.shape.get("model", 1)
-    assert all(o.group_size == n_m for o in ops if o.in_loop), [o for o in ops if o.in_loop]
+    assert all(o.group_size == n_m for o in ops if o.in_loop and o.kind != "collective-permute"), [o for o in ops if o.in_loop]
+    # Partitioned activations (on by default when model > 1) move slices of the sequence between
+    # the devices of one model group (partition ids data-major), never across batch groups.
+    lists = re.findall(r"source_target_pairs=\{(.*?)\}\}", hlo)
+    pairs = [(int(a), int(b)) for text in lists for a, b in re.findall(r"(\d+),(\d+)", text)]
+    assert all(a // n_m == b // n_m for a, b in pairs), pairs
     reduce = [o for o in ops if o.kind == "all-reduce" and o.group_size == 8 // n_m]
     assert reduce and not any(o.in_loop or o.executions != 1 for o in reduce), reduce
     grads = 4 * s.plan.num_params / n_m

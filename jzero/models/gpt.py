@@ -172,7 +172,10 @@ class GPT(nn.Module):
         policy = policy_name(self.remat)
         # Under the scan, XLA cannot fold the recomputation into the forward: no CSE barrier needed.
         block = remat(fetching(Block) if self.fetch_params else Block, policy, prevent_cse=False)
-        x = nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT)
+        # Whole along the sequence into the loop, even with partitioned activations: split here, XLA
+        # partitioned the lookup and the loss with permutes across batch groups (the loop's carry
+        # is split at the first block's output anyway).
+        x = nn.with_logical_constraint(x, BATCH_ACT)
         stack = nn.scan(
             block,
             variable_axes={"params": 0},
