@@ -184,9 +184,12 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
     mesh = mesh_text(first["mesh"])
     base = reports.get("0", first)
     verdicts = first.get("fits") is not None
+    offloaded = any(r.get("host_bytes", {}).get("total") for r in reports.values())
+    host_column = f" {'host memory':>12}" if offloaded else ""
+    peak = "device peak" if offloaded else "peak"
     header = (
-        f"{'stage':<6} {'model states':>13} {'formula':>12} {'ratio':>6} {'vs 0':>5} {'temporaries':>12} {'vs 0':>5} "
-        f"{'peak':>12} {'FLOPs':>13} {'all-gather':>11} {'all-reduce':>11} {'red-scatter':>11} {'comm/paper':>10}"
+        f"{'stage':<6} {'model states':>13}{host_column} {'formula':>12} {'ratio':>6} {'vs 0':>5} {'temporaries':>12} "
+        f"{'vs 0':>5} {peak:>12} {'FLOPs':>13} {'all-gather':>11} {'all-reduce':>11} {'red-scatter':>11} {'comm/paper':>10}"
         + ("  fits" if verdicts else "")
     )
     lines = [
@@ -196,22 +199,26 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
     ]
     for stage, r in reports.items():
         got, ideal = r["per_device_bytes"]["total"], r["ideal_per_device_bytes"]["total"]
+        host = r.get("host_bytes", {}).get("total", 0)
         temp = r["compiled"]["temp"]
         comm = {
             k: human_bytes(r["collectives"].get(k, {}).get("bytes", 0)) for k in ("all-gather", "all-reduce", "reduce-scatter")
         }
         flops = flops_text(r)
         row = (
-            f"{stage:<6} {human_bytes(got):>13} {human_bytes(ideal):>12} {got / ideal:>6.3f} "
+            f"{stage:<6} {human_bytes(got):>13}" + (f" {human_bytes(host):>12}" if offloaded else "")
+            + f" {human_bytes(ideal):>12} {(got + host) / ideal:>6.3f} "
             f"{got / base['per_device_bytes']['total']:>5.2f} {human_bytes(temp):>12} {temp / base['compiled']['temp']:>5.2f} "
-            f"{human_bytes(r['compiled']['peak']):>12} {flops:>13} "
+            f"{human_bytes(r['device_peak'] if offloaded else r['compiled']['peak']):>12} {flops:>13} "
             f"{comm['all-gather']:>11} {comm['all-reduce']:>11} {comm['reduce-scatter']:>11} "
             f"{r['communication']['ratio']:>10.2f}"
         )
         lines.append(row + (("  yes" if r["fits"] else "  no") if verdicts else ""))
     lines += [
         "",
-        "model states: per device, against the paper's formula; all-gather, all-reduce, red-scatter (reduce-scatter): "
+        "model states: per device"
+        + (" in device memory, and in host memory (offloaded); ratio: both" if offloaded else "")
+        + ", against the paper's formula; all-gather, all-reduce, red-scatter (reduce-scatter): "
         "HLO result bytes, a loop body "
         "once; comm/paper: bytes sent per step (loops times their trip counts) over the paper's 2Ψ or 3Ψ",
     ]
