@@ -74,7 +74,7 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
     table = paper_table(s.plan)
     collectives = ledger.summarize_collectives(ops)
     plan = s.plan
-    mem = ledger.compiled_memory(compiled)
+    mem = ledger.compiled_memory(compiled, hlo)
     activations = saved_activations(s, hlo)
     device = device_description(s.mesh)
     return {

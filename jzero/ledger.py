@@ -10,13 +10,15 @@ from typing import Any
 
 import jax
 
+from jzero import offload
+
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {
     "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
     "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
     "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
 }  # fmt: skip
-_ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?:\{[^}]*\})?")
+_ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?P<layout>\{[^}]*\})?")
 _COMMENT = re.compile(r"/\*.*?\*/")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 _OPCODE = re.compile(r"\s*(?P<op>[\w\-]+)\(")
@@ -49,8 +51,12 @@ def _parse_type(text: str) -> tuple[Any, str]:
     match = _ARRAY.match(text)
     if not match:
         raise ValueError(f"not an HLO type: {text[:40]!r}")
-    dims = tuple(int(d.lstrip("<=")) for d in match.group("dims").split(",") if d)
-    return (match.group("dtype"), dims), text[match.end() :]
+    return (match.group("dtype"), _dims(match)), text[match.end() :]
+
+
+def _dims(match: re.Match) -> tuple[int, ...]:
+    """An array type's dimensions (a dynamic one, ``<=N``, at its bound)."""
+    return tuple(int(d.lstrip("<=")) for d in match.group("dims").split(",") if d)
 
 
 def _leaves(node: Any) -> list[tuple[str, tuple[int, ...]]]:
@@ -335,7 +341,6 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | N
 
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-_TUPLE_ITEM = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?P<layout>\{[^}]*\})?")
 _OPERANDS = re.compile(r"\btuple\((?P<args>[^)]*)\)")
 _GTE_INDEX = re.compile(r"get-tuple-element\(%?(?P<of>[\w.\-]+)\),\s*index=(?P<index>\d+)")
 
@@ -371,12 +376,12 @@ def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str,
             continue
         rows = int(trip.group(1))
         state_type = ins.line.split("=", 1)[1].split(" while(")[0]
-        items = list(_TUPLE_ITEM.finditer(state_type))
+        items = list(_ARRAY.finditer(state_type))
         written = _written_elements(computations[body])
         read_only = {item.group("dtype", "dims") for i, item in enumerate(items) if i not in written}
         saved = 0
         for index, item in enumerate(items):
-            dims = tuple(int(d) for d in item.group("dims").split(",") if d)
+            dims = _dims(item)
             if (
                 index in written
                 and len(dims) > 1
@@ -428,20 +433,21 @@ def host_entry_bytes(hlo_text: str) -> dict[str, int]:
 
     def host(text: str) -> int:
         return sum(
-            _array_bytes(m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d))
-            for m in _TUPLE_ITEM.finditer(text)
+            _array_bytes(m.group("dtype"), _dims(m))
+            for m in _ARRAY.finditer(text)
             if "S(5)" in (m.group("layout") or "")
         )
 
     return {"argument": host(match.group("args")), "output": host(match.group("outs"))}
 
 
-def compiled_memory(compiled: Any) -> dict[str, int]:
+def compiled_memory(compiled: Any, hlo_text: str | None = None) -> dict[str, int]:
     """XLA's memory analysis of a compiled SPMD program: bytes per device.
 
     ``peak`` counts everything XLA places; ``device_peak`` leaves out the arguments and outputs in
     host memory. (The CPU backend reports host-memory arguments as device arguments and its host
-    fields as 0, so those are read from the entry layout.)
+    fields as 0, so those are read from the entry layout: ``hlo_text``, ``compiled.as_text()``
+    when the caller has it already.)
     """
     mem = compiled.memory_analysis()
     argument, output, alias = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes)
@@ -453,7 +459,7 @@ def compiled_memory(compiled: Any) -> dict[str, int]:
         host = {"argument": int(mem.host_argument_size_in_bytes), "output": int(mem.host_output_size_in_bytes)}
         device_peak = peak
     else:
-        host = host_entry_bytes(compiled.as_text())
+        host = host_entry_bytes(compiled.as_text() if hlo_text is None else hlo_text)
         # A donated host argument aliases its host output.
         host_alias = min(host["argument"], host["output"], alias)
         device_peak = peak - host["argument"] - host["output"] + host_alias
@@ -489,7 +495,7 @@ def live_bytes_per_device(tree: Any, memory_kind: str | None = "device") -> int:
     """
     per_device: collections.Counter = collections.Counter()
     for leaf in jax.tree.leaves(tree):
-        if memory_kind is not None and (leaf.sharding.memory_kind or "device") != memory_kind:
+        if memory_kind is not None and offload.memory_kind(leaf.sharding) != memory_kind:
             continue
         for shard in leaf.addressable_shards:
             per_device[shard.device.id] += shard.data.nbytes
