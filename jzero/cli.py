@@ -196,17 +196,49 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(spec, args.max_restarts, args.shrink_on_failure)
 
 
+_VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
+_TRAIN_EXAMPLES = """examples:
+  jzero train configs/gpt-tiny.yaml
+  jzero train configs/gpt-tiny.yaml --set zero.stage=2 --set mesh.axes.data=4 --set mesh.axes.model=2 --set run.dir=runs/tp2"""
+
+
+def version_line() -> str:
+    """``jzero 0.1.0 (jax 0.10.2, ..., CUDA plugin: none)``: what a bug report needs, importing no JAX."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from jzero.targets import jax_plugin_modules
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    cuda = [name for name in jax_plugin_modules() if "cuda" in name]
+    stack = ", ".join(f"{name} {of(name)}" for name in _VERSIONED)
+    return f"jzero {of('jzero')} ({stack}; CUDA plugin: {', '.join(cuda) or 'none'})"
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:  # unwrapped, unlike action="version"
+        print(version_line())
+        raise SystemExit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jzero.estimate import OPTIMIZER_STATE_BYTES, PRECISIONS  # no JAX here
 
     parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="jzero's version and its stack's, then exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="train config YAML (e.g. configs/gpt-tiny.yaml)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a dotted config key")
 
-    train = sub.add_parser("train", help="train a model")
+    train = sub.add_parser(
+        "train", help="train a model", epilog=_TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     with_config(train)
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--no-resume", action="store_true", help="refuse a run.dir that holds a run or checkpoints")

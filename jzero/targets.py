@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import importlib.metadata
 import importlib.util
 import math
 import os
+import pkgutil
 import re
 import sys
 import tempfile
@@ -37,12 +39,13 @@ __all__ = [
     "compiler_options",
     "gpu_compiler_available",
     "import_jax",
+    "jax_plugin_modules",
     "parse_target",
     "start_backends",
     "target_devices",
 ]
 
-INSTALL = "pip install 'jzero[gpu-target]'"
+INSTALL = "pip install 'jzero[gpu-target]' (in a clone: pip install -e '.[gpu-target]')"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +163,35 @@ def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
         raise ConfigError("--target", f"{target.name} has {target.count} GPUs but mesh.axes {shape} uses {used}")
 
 
+def _importable(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it (its parents are imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or a module with no spec
+        return False
+
+
+def jax_plugin_modules() -> list[str]:
+    """The PJRT plugin modules JAX would load, found as JAX finds them, importing none of them.
+
+    JAX loads every module under the ``jax_plugins`` namespace package and every ``jax_plugins``
+    entry point (``jax._src.xla_bridge.discover_pjrt_plugins``); a name that cannot be imported is
+    left out, since JAX could not load it either.
+    """
+    names = {entry.value for entry in importlib.metadata.entry_points(group="jax_plugins")}
+    if _importable("jax_plugins"):
+        namespace = importlib.util.find_spec("jax_plugins")
+        names |= {f"jax_plugins.{m.name}" for m in pkgutil.iter_modules(namespace.submodule_search_locations or [])}
+    return sorted(name for name in names if _importable(name))
+
+
 def gpu_compiler_available() -> bool:
-    """Whether JAX's CUDA plugin (the ``gpu-target`` extra) is installed."""
-    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    """Whether a CUDA plugin for JAX is installed (the ``gpu-target`` extra, or ``jax[cuda12]``).
+
+    Any layout JAX itself accepts counts (:func:`jax_plugin_modules`): ``jax_plugins.xla_cuda12``
+    from ``jax-cuda12-pjrt``, a CUDA 13 plugin, or one advertised only by an entry point.
+    """
+    return any("cuda" in name for name in jax_plugin_modules())
 
 
 # What the CUDA plugin's native code prints on stderr whenever JAX starts on a host without a GPU.

@@ -121,17 +121,13 @@ def _one_line_error(capsys, argv, key):
     return err
 
 
-def test_bad_targets_are_one_line(capsys, monkeypatch, h100x8):
+def test_bad_targets_are_one_line(capsys, h100x8):
     plan = ["plan", "configs/gpt-tiny.yaml"]
     assert "unknown GPU target 'b999x8'" in _one_line_error(capsys, [*plan, "--target", "b999x8"], "--target")
     err = _one_line_error(capsys, [*plan, "--target", "h100x16"], "--target")
     assert "h100x16 has 16 GPUs but mesh.axes data=8 x model=1 uses 8" in err
     assert "only with --target" in _one_line_error(capsys, [*plan, "--hosts", "2"], "--hosts")
-    import jzero.targets
-
-    monkeypatch.setattr(jzero.targets, "gpu_compiler_available", lambda: False)
-    err = _one_line_error(capsys, [*plan, "--target", "h100x8"], "--target")
-    assert "pip install 'jzero[gpu-target]'" in err
+    # Without the plugin: test_fresh_install.py, in a process whose import path hides it.
 
 
 def test_the_7b_config_on_64_h100s():
