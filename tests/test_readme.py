@@ -1,4 +1,5 @@
-"""The README's Python snippets, run as written, in order, in one namespace."""
+"""The Python snippets of README.md and docs/*.md, run as written: each page's snippets in order, in
+one namespace, by the test that SNIPPETS names for that page."""
 
 import importlib.util
 import re
@@ -13,10 +14,25 @@ from jzero.build import setup
 from jzero.checkpoint import RunCheckpoints
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# Every page with Python snippets: the test that runs them and how many it runs. A snippet added to
+# any page fails test_every_snippet_is_run until a test runs it and this table says so.
+SNIPPETS = {
+    "README.md": ("test_readme_own_loop_and_its_checkpoints", 2),
+    "docs/checkpoints.md": ("test_checkpoints_page_plain_orbax", 1),
+}
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def python_blocks(page: str | Path) -> list[str]:
+    return re.findall(r"^```(?:python|py)\n(.*?)^```", (ROOT / page).read_text(), re.S | re.M)
+
+
+def test_every_snippet_is_run():
+    found = {str(p.relative_to(ROOT)): len(python_blocks(p)) for p in PAGES if python_blocks(p)}
+    assert found == {page: count for page, (_, count) in SNIPPETS.items()}
+    for test, _ in SNIPPETS.values():
+        assert callable(globals().get(test)), f"SNIPPETS names {test}, which is not a test here"
 
 
 def _example():
@@ -27,8 +43,8 @@ def _example():
     return module
 
 
-def test_readme_snippets_run_as_written(devices, tmp_path, monkeypatch):
-    own_loop, checkpoints, plain_orbax = python_blocks()
+def test_readme_own_loop_and_its_checkpoints(devices, tmp_path, monkeypatch):
+    own_loop, checkpoints = python_blocks("README.md")
     monkeypatch.chdir(tmp_path)  # the snippets write under runs/
     example = _example()
     init_fn, loss_fn, tx, key = example.training_parts()  # the user's own pieces
@@ -44,12 +60,18 @@ def test_readme_snippets_run_as_written(devices, tmp_path, monkeypatch):
     for got, want in zip(jax.tree.leaves(namespace["state"]), trained, strict=True):
         assert np.array_equal(np.asarray(got), want)
 
-    # Plain Orbax on a jzero GPT checkpoint at the path the snippet names.
+
+def test_checkpoints_page_plain_orbax(devices, tmp_path, monkeypatch):
+    (plain_orbax,) = python_blocks("docs/checkpoints.md")
+    monkeypatch.chdir(tmp_path)
+    # A jzero GPT checkpoint at the path the snippet names, read back with plain Orbax.
     s = setup(tiny_config())
     state = s.init_state()
     gpt = RunCheckpoints(tmp_path / "runs" / "gpt-tiny")
     gpt.save(300, state)
     gpt.close()
+    namespace = {}
     exec(plain_orbax, namespace)
-    assert isinstance(namespace["state"]["params"]["lm_head"]["kernel"], np.ndarray)
-    assert np.array_equal(namespace["state"]["params"]["lm_head"]["kernel"], np.asarray(state.params["lm_head"]["kernel"]))
+    kernel = namespace["state"]["params"]["lm_head"]["kernel"]
+    assert isinstance(kernel, np.ndarray)
+    assert np.array_equal(kernel, np.asarray(state.params["lm_head"]["kernel"]))
