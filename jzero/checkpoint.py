@@ -9,7 +9,9 @@ A run's checkpoints live in ``<run.dir>/checkpoints/<step>/`` and are written by
 - ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON.
 
 Orbax writes into a temporary folder and renames it when every item is complete, so a folder named
-by its step alone is committed and anything else is ignored. Restore reads straight into the
+by its step alone is committed and anything else is ignored. Before the rename jzero writes a
+manifest of every file's checksum into it (:mod:`jzero.integrity`), and every read checks the files
+against it first. Restore reads straight into the
 target shardings (each device reads only its own slices), so a checkpoint restores onto any mesh,
 stage or device count; only the model's shapes must match.
 """
@@ -29,10 +31,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jzero.errors import CheckpointError, JzeroError
+from jzero import integrity
+from jzero.errors import CheckpointError, ConfigError, JzeroError
 from jzero.schema import CHECKPOINTS, CheckpointConfig
 from jzero.state import TrainState
 
@@ -179,15 +183,20 @@ class RunCheckpoints:
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
         if read_only and not self.directory.is_dir():
             raise CheckpointError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
+        # Always Orbax's async checkpointer: the manifest is written by its commit callback. A sync
+        # save waits for the commit.
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
-            enable_async_checkpointing=cfg.async_,
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal),
             create=not read_only,
             read_only=read_only,
             cleanup_tmp_directories=not read_only,  # half-written saves of a killed run
         )
+        self.async_ = cfg.async_
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._pending: int | None = None  # the step an async write is in flight for
+        self._sealing: int | None = None  # the step whose manifest the commit callback writes
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first. A write still in flight is waited for first: Orbax lists a
@@ -209,15 +218,25 @@ class RunCheckpoints:
         self.wait()
         if not bool(_all_finite((state.params, state.opt_state))):
             return False
-        meta = {**(meta or {}), "step": step, "saved_at": time.time()}
+        meta = {**(meta or {}), "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
         items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data or {}), "meta": ocp.args.JsonSave(meta)}
         args = ocp.args.Composite(**items)
+        self._sealing = step  # before the save: its background thread may commit before save returns
         try:
             self.manager.save(step, args=args, force=True)
         except Exception as err:
             raise CheckpointWriteError(step, self.step_dir(step), err) from err
         self._pending = step
+        if not self.async_:
+            self.wait()
         return True
+
+    def _seal(self) -> None:
+        """Orbax's commit callback, on the primary process once every process has written its files
+        and before the folder is renamed into place: the manifest commits with the step."""
+        step = self._sealing
+        temporary = sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+        integrity.write_manifest(temporary[-1] if temporary else self.step_dir(step))
 
     def check(self) -> None:
         """Raise a finished background write's failure, if any."""
@@ -246,21 +265,26 @@ class RunCheckpoints:
         self.wait()
         self.manager.close()
 
-    def restore(self, step: int, target: TrainState) -> Restored:
+    def restore(self, step: int, target: TrainState, warn: Callable[[str], None] = print) -> Restored:
         """Read a committed step straight into the target's shardings (any mesh, stage or devices).
 
         Args:
           step: a committed step (a write in flight is waited for first).
           target: ``ShapeDtypeStruct`` leaves with ``sharding`` (:func:`jzero.step.sharded_abstract`).
+          warn: told, in one line, of a step that has no manifest to verify it.
 
         Returns:
           The :class:`Restored` state, data-iterator state and run metadata.
 
         Raises:
+          DamagedCheckpoint: the step's files are not what was written (:func:`verify_step`).
           CheckpointError: the step is not committed, or its shapes are not the target's.
         """
         if step not in self.steps():  # waits for a write in flight
             raise CheckpointError(str(self.step_dir(step)), "is not a committed checkpoint")
+        verdict = verify_step(self.step_dir(step))
+        if isinstance(verdict, integrity.Unverified):
+            warn(f"jzero: warning: {verdict}")
         mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)
         if mismatched:
             shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more" if len(mismatched) > 4 else "")
@@ -287,25 +311,43 @@ class RunCheckpoints:
             )
         skipped: list[tuple[int, str]] = []
         for step in reversed(steps):
-            try:
-                restored = self.restore(step, target)
-            except JzeroError:
-                raise
-            except Exception as err:
-                failure_reported()  # the warning below is its one report
-                reason = error_line(err)
-                skipped.append((step, reason))
-                aside = self._set_aside(step)
-                warn(f"jzero: warning: checkpoint {self.step_dir(step)} is unreadable ({reason}); moved to {aside.name}, "
-                     "trying the previous one")  # fmt: skip
-                continue
-            restored.skipped = skipped
-            return restored
+            restored, problem = self._try_restore(step, target, warn)
+            if problem is None:
+                restored.skipped = skipped
+                return restored
+            failure_reported()  # the warning below is its one report
+            damaged = isinstance(problem, integrity.DamagedCheckpoint)
+            reason = f"{problem.file} {problem.problem}" if damaged else error_line(problem)
+            skipped.append((step, reason))
+            aside = self._set_aside(step)
+            warn(f"jzero: warning: checkpoint {self.step_dir(step)} is {'damaged' if damaged else 'unreadable'} ({reason}); "
+                 f"moved to {aside.name}, trying the previous one")  # fmt: skip
         if steps:
             raise CheckpointError(
                 str(self.directory), f"no committed checkpoint could be read (tried steps {', '.join(map(str, reversed(steps)))})"
             )
         return None
+
+    def _try_restore(
+        self, step: int, target: TrainState, warn: Callable[[str], None]
+    ) -> tuple[Restored | None, Exception | None]:
+        """The one place a restore's failure is caught: damage, TensorStore, Orbax, OS, decoding.
+
+        Every process gets the same answer, so all fall back from the same step. Only errors that
+        are the config's or the user's (a shape mismatch, a step jzero did not write) are raised.
+        """
+        try:
+            restored, problem = self.restore(step, target, warn), None
+        except integrity.DamagedCheckpoint as err:
+            restored, problem = None, err
+        except JzeroError:
+            raise
+        except Exception as err:  # TensorStore raises plain Exceptions for unreadable data
+            restored, problem = None, err
+        failed = _on_every_process(problem is not None)
+        if problem is None and any(failed):
+            problem = CheckpointError(str(self.step_dir(step)), f"could not be read on process {failed.index(True)}")
+        return (None, problem) if problem is not None else (restored, None)
 
     def written_by_jzero(self, step: int) -> bool:
         """Whether a committed step folder has jzero's items: the only folders jzero sets aside."""
@@ -322,21 +364,89 @@ class RunCheckpoints:
         return aside
 
 
+def _on_every_process(flag: bool) -> list[bool]:
+    """Each process's ``flag``, in process order (a collective when there are several)."""
+    if jax.process_count() == 1:
+        return [flag]
+    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(flag))).ravel()]
+
+
+def verify_step(step_dir: Path) -> integrity.Unverified | int:
+    """Check a committed step's files against its manifest, with every process agreeing.
+
+    The processes share the hashing (:func:`jzero.integrity.verify`'s ``part``); a file found bad by
+    one makes the step damaged on all. A step whose ``meta`` says it was written with a manifest
+    and has none is damaged; one written before manifests is :class:`~jzero.integrity.Unverified`.
+
+    Returns:
+      The bytes this process hashed, or ``Unverified``.
+
+    Raises:
+      DamagedCheckpoint: naming the step folder and the first bad file this process found.
+    """
+    expect = _read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST
+    try:
+        verdict, damage = integrity.verify(step_dir, (jax.process_index(), jax.process_count()), expect), None
+    except integrity.DamagedCheckpoint as err:
+        verdict, damage = None, err
+    found = _on_every_process(damage is not None)
+    if damage is None and any(found):
+        damage = integrity.DamagedCheckpoint(step_dir, "a data file", f"failed its checksum on process {found.index(True)}")
+    if damage is not None:
+        raise damage
+    return verdict
+
+
 def error_line(err: BaseException) -> str:
     """``Type: first sentence`` of an error: tensorstore appends pages of spec to its messages."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
     return f"{type(err).__name__}: {text.split('. ')[0][:160]}"
 
 
+def committed_steps(run_dir: str | Path, step: int | None = None) -> list[int]:
+    """A run's committed steps, oldest first; with ``step``, just that one.
+
+    Raises:
+      CheckpointError: ``run_dir`` holds no checkpoints folder.
+      ConfigError: ``step`` is not a committed step (``--step``).
+    """
+    checkpoints = RunCheckpoints(run_dir, read_only=True)
+    steps = checkpoints.steps()
+    checkpoints.close()
+    if step is not None and step not in steps:
+        raise ConfigError("--step", f"no committed checkpoint at step {step} (committed: {', '.join(map(str, steps)) or 'none'})")
+    return steps if step is None else [step]
+
+
+Verdict = int | integrity.Unverified | integrity.DamagedCheckpoint  # bytes verified, no manifest, or the damage
+
+
+def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, Verdict]]:
+    """Each committed step (or one) with its verdict: bytes verified, ``Unverified``, or the damage."""
+    verdicts = []
+    for s in committed_steps(run_dir, step):
+        try:
+            verdicts.append((s, verify_step(Path(run_dir).absolute() / CHECKPOINTS / str(s))))
+        except integrity.DamagedCheckpoint as err:
+            verdicts.append((s, err))
+    return verdicts
+
+
 def describe(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every checkpoint folder of a run, committed or not: step, committed, mesh, stage, devices,
-    processes, bytes, path."""
+    """Every checkpoint folder of a run, committed or not: step, committed, verified, mesh, stage,
+    devices, processes, bytes, path. ``verified`` is True, False (written before manifests) or None
+    (not committed).
+
+    Raises:
+      DamagedCheckpoint: the first committed step whose files are not what was written.
+    """
     directory = Path(run_dir) / CHECKPOINTS
     if not directory.is_dir():
         raise CheckpointError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
-    checkpoints = RunCheckpoints(run_dir, read_only=True)
-    committed = set(checkpoints.steps())
-    checkpoints.close()
+    verdicts = dict(verify_run(run_dir))
+    for verdict in verdicts.values():
+        if isinstance(verdict, integrity.DamagedCheckpoint):
+            raise verdict
     rows = []
     for entry in sorted(directory.iterdir()):
         tmp = _TMP.match(entry.name)
@@ -344,10 +454,12 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
             continue
         step = int(entry.name) if entry.name.isdigit() else int(tmp.group(1))
         meta = _read_json(entry / "meta" / "metadata")
+        committed = entry.name.isdigit() and step in verdicts
         rows.append(
             {
                 "step": step,
-                "committed": entry.name.isdigit() and step in committed,
+                "committed": committed,
+                "verified": not isinstance(verdicts[step], integrity.Unverified) if committed else None,
                 "mesh": meta.get("mesh"),
                 "stage": meta.get("stage"),
                 "devices": meta.get("devices"),

@@ -1,4 +1,4 @@
-"""The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch`` and ``checkpoint info|export``.
+"""The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch`` and ``checkpoint info|verify|export``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
@@ -116,16 +116,43 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'step':>8}  {'committed':<9}  {'stage':>5}  {'devices':>7}  {'processes':>9}  {'mesh':<28}  {'size':>10}")
+    head = f"{'step':>8}  {'committed':<9}  {'verified':<11}  {'stage':>5}  {'devices':>7}  {'processes':>9}  {'mesh':<28}"
+    print(f"{head}  {'size':>10}")
     for r in rows:
         mesh = mesh_text(r["mesh"] or {}) or "?"
         stage, devices, processes = ("?" if r[k] is None else r[k] for k in ("stage", "devices", "processes"))
         committed = "yes" if r["committed"] else "no"
-        print(
-            f"{r['step']:>8}  {committed:<9}  {stage:>5}  {devices:>7}  {processes:>9}  {mesh:<28}  {human_bytes(r['bytes']):>10}"
-        )
+        verified = {True: "yes", False: "no manifest", None: "-"}[r["verified"]]
+        line = f"{r['step']:>8}  {committed:<9}  {verified:<11}  {stage:>5}  {devices:>7}  {processes:>9}  {mesh:<28}"
+        print(f"{line}  {human_bytes(r['bytes']):>10}")
     if not rows:
         print("  no checkpoints")
+    return 0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
+    from jzero.checkpoint import verify_run
+    from jzero.errors import CheckpointError
+    from jzero.integrity import DamagedCheckpoint, Unverified
+    from jzero.report import human_bytes
+
+    verdicts = verify_run(args.run_dir, args.step)
+    for step, verdict in verdicts:
+        if isinstance(verdict, DamagedCheckpoint):
+            print(f"step {step}: damaged: {verdict.file} {verdict.problem}")
+        elif isinstance(verdict, Unverified):
+            print(f"step {step}: not verifiable: no manifest (written before jzero verified checkpoints)")
+        else:
+            print(f"step {step}: ok, {human_bytes(verdict)} verified")
+    if not verdicts:
+        print("no committed checkpoints")
+    damaged = [str(step) for step, verdict in verdicts if isinstance(verdict, DamagedCheckpoint)]
+    if damaged:
+        raise CheckpointError(args.run_dir, f"damaged checkpoint steps: {', '.join(damaged)}")
     return 0
 
 
@@ -134,7 +161,7 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
     from jzero.report import human_bytes
 
     with _interrupt_raises():  # so that the export removes its temporary file
-        done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype)
+        done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype, warn=_to_stderr)
     print(
         f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {human_bytes(done['bytes'])} "
         f"as {done['dtype']} to {done['out']}"
@@ -293,10 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ckpt = sub.add_parser("checkpoint", help="inspect and export a run's checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    info = ckpt_sub.add_parser("info", help="each checkpoint's step, mesh, stage, size and whether it is committed")
+    info = ckpt_sub.add_parser("info", help="each checkpoint's step, mesh, stage, size, whether it is committed and verified")
     info.add_argument("run_dir")
     info.add_argument("--json", action="store_true", help="print one JSON list")
     info.set_defaults(func=cmd_checkpoint_info)
+    verify = ckpt_sub.add_parser("verify", help="check each checkpoint's files against the checksums written at commit")
+    verify.add_argument("run_dir")
+    verify.add_argument("--step", type=int, default=None, help="only this committed step (default: every one)")
+    verify.set_defaults(func=cmd_checkpoint_verify)
     export = ckpt_sub.add_parser("export", help="consolidated parameters as safetensors")
     export.add_argument("run_dir")
     export.add_argument("--step", type=int, default=None, help="a committed step (default: the latest)")

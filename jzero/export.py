@@ -36,9 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jzero.checkpoint import RunCheckpoints, array_metadata, error_line, failure_reported, tree_paths
+from jzero.checkpoint import array_metadata, committed_steps, error_line, failure_reported, tree_paths, verify_step
 from jzero.errors import CheckpointError, ConfigError, clip, show_value
-from jzero.schema import EXPORT_DTYPES
+from jzero.integrity import Unverified
+from jzero.schema import CHECKPOINTS, EXPORT_DTYPES
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
@@ -189,8 +190,15 @@ def parameter_arrays(saved: dict[str, tuple]) -> tuple[str, dict[str, tuple]]:
     return prefix, {p[len(prefix) :]: v for p, v in saved.items() if p.startswith(prefix)}
 
 
-def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32") -> dict[str, Any]:
-    """Write one checkpoint's parameters to ``out`` as safetensors; returns what was written."""
+def export_checkpoint(
+    run_dir: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32", warn: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Write one checkpoint's parameters to ``out`` as safetensors; returns what was written.
+
+    The step's files are verified against its manifest first (a damaged step raises
+    :class:`~jzero.integrity.DamagedCheckpoint`, and nothing is written); ``warn`` is told, in one
+    line, of a step written before manifests.
+    """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError("--dtype", f"must be one of {', '.join(EXPORT_DTYPES)}, got {show_value(dtype)}")
     out = Path(out)
@@ -198,17 +206,14 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, step: int | None = N
         raise ConfigError("--out", f"{out} exists; not overwritten")
     if not out.parent.is_dir():
         raise ConfigError("--out", f"folder {out.parent} does not exist")
-    checkpoints = RunCheckpoints(run_dir, read_only=True)
-    steps = checkpoints.steps()
-    checkpoints.close()  # only its listing is needed; the tensors are read one by one below
+    steps = committed_steps(run_dir, step)  # only the listing; the tensors are read one by one below
     if not steps:
         raise CheckpointError(str(run_dir), "holds no committed checkpoint")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise ConfigError("--step", f"no committed checkpoint at step {step} (committed: {', '.join(map(str, steps))})")
-    step_dir = checkpoints.step_dir(step)
+    step = steps[-1]
+    step_dir = Path(run_dir).absolute() / CHECKPOINTS / str(step)
     state_dir = step_dir / "state"
+    if isinstance(verdict := verify_step(step_dir), Unverified):
+        warn(f"jzero: warning: {verdict}")
 
     def unreadable(err: Exception) -> CheckpointError:
         failure_reported()

@@ -232,7 +232,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(devices, tmp_pat
     capsys.readouterr()
     result = train(run_config(tmp_path, "train.steps=6"), progress=False)
     err = capsys.readouterr().err
-    assert f"checkpoint {tmp_path / CHECKPOINTS / '4'} is unreadable" in err and "trying the previous one" in err
+    assert f"checkpoint {tmp_path / CHECKPOINTS / '4'} is damaged (state/" in err and "trying the previous one" in err
     assert (result.start_step, result.final_step) == (2, 6)
 
 
@@ -299,7 +299,8 @@ def test_info_lists_steps_mesh_stage_size_and_commit(devices, tmp_path, capsys):
     assert rows[0]["mesh"] == {"data": 8, "model": 1} and rows[0]["stage"] == 3 and rows[0]["bytes"] > 100_000
     assert main(["checkpoint", "info", str(tmp_path)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[1].split()[:4] == ["2", "yes", "3", "8"] and table[3].split()[:2] == ["6", "no"]
+    assert table[1].split()[:5] == ["2", "yes", "yes", "3", "8"] and table[3].split()[:3] == ["6", "no", "-"]
+    assert [r["verified"] for r in rows] == [True, True, None]
     assert main(["checkpoint", "info", str(tmp_path / "nothing")]) == 2
     assert "holds no checkpoints" in capsys.readouterr().err
 
@@ -337,7 +338,7 @@ def test_export_of_a_damaged_checkpoint_writes_nothing(devices, tmp_path, capsys
     out = tmp_path / "model.safetensors"
     assert main(["checkpoint", "export", str(tmp_path), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"jzero: error: {tmp_path / CHECKPOINTS / '2'}: is unreadable (")
+    assert len(err) == 1 and err[0].startswith(f"jzero: error: {tmp_path / CHECKPOINTS / '2'}: checkpoint step 2 is damaged: ")
     assert list(tmp_path.glob("model.safetensors*")) == []
 
 

@@ -171,7 +171,7 @@ def test_resume_past_a_damaged_checkpoint_is_quiet(devices, tmp_path, how):
     err = stderr_lines(done.stderr)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and len(err) <= 3, err
-    assert err[0].startswith(f"jzero: warning: checkpoint {tmp_path / CHECKPOINTS / '4'} is unreadable")
+    assert err[0].startswith(f"jzero: warning: checkpoint {tmp_path / CHECKPOINTS / '4'} is damaged (state/")
     assert f"resumed from {tmp_path / CHECKPOINTS / '2'}" in err[1]
 
 

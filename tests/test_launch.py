@@ -150,6 +150,30 @@ def test_checkpoints_restore_across_process_counts(tmp_path, devices):
         _assert_identical(dict(four.items()), tmp_path / "four-in-two.npz")
 
 
+def test_a_checkpoint_damaged_on_one_process_sends_both_back_to_the_same_step(tmp_path, devices):
+    """2 processes save steps 2 and 4; one byte of a file of process 1's shards in step 4 is flipped,
+    in a file whose checksum process 1 reads (the processes share the hashing). Both processes set
+    step 4 aside and resume from step 2: had they disagreed, their collectives would not meet."""
+    from jzero.integrity import MANIFEST
+
+    run = tmp_path / "run"
+    first = _launch(2, 4, _train_words(run, "checkpoint.every=2", "train.steps=4"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    step4 = run / "checkpoints" / "4"
+    names = sorted(json.loads((step4 / MANIFEST).read_text())["files"])
+    name = next(n for i, n in enumerate(names) if i % 2 == 1 and "ocdbt.process_1/d/" in n)
+    raw = bytearray((step4 / name).read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    (step4 / name).write_bytes(bytes(raw))
+    again = _launch(2, 4, _train_words(run, "checkpoint.every=2", "train.steps=6"))
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert f"checkpoint {step4} is damaged (a data file failed its checksum on process 1)" in again.stderr
+    assert f"resumed from {run / 'checkpoints' / '2'}" in again.stderr
+    assert "[0] trained steps 2 -> 6" in again.stdout
+    assert len(list((run / "checkpoints").glob("4.unreadable-*"))) == 1  # kept, once
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4", "6"]
+
+
 class _Job:
     """A ``jzero launch`` in the background, its output collected, its processes' pids known."""
 
