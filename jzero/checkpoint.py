@@ -231,6 +231,10 @@ class RunCheckpoints:
             self.wait()
         return True
 
+    def _verify(self, step: int, warn: Callable[[str], None]) -> None:
+        if isinstance(verdict := verify_step(self.step_dir(step)), integrity.Unverified):
+            warn(f"jzero: warning: {verdict}")
+
     def _seal(self) -> None:
         """Orbax's commit callback, on the primary process once every process has written its files
         and before the folder is renamed into place: the manifest commits with the step."""
@@ -282,9 +286,7 @@ class RunCheckpoints:
         """
         if step not in self.steps():  # waits for a write in flight
             raise CheckpointError(str(self.step_dir(step)), "is not a committed checkpoint")
-        verdict = verify_step(self.step_dir(step))
-        if isinstance(verdict, integrity.Unverified):
-            warn(f"jzero: warning: {verdict}")
+        self._verify(step, warn)
         mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)
         if mismatched:
             shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more" if len(mismatched) > 4 else "")
