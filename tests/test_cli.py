@@ -173,3 +173,34 @@ def test_plan_flags_work_that_does_not_shrink_with_the_data_axis(devices, capsys
     assert main(["plan", CONFIG, *_sets(replicated)]) == 0
     out = capsys.readouterr().out
     assert "FLAG: per-device FLOPs are" in out and "work is replicated across data" in out
+
+
+def test_train_help_ends_with_two_examples_that_parse(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help"])
+    assert done.value.code == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert lines[-3] == "examples:"
+    examples = [line.strip() for line in lines[-2:]]
+    assert all(line.startswith("jzero train configs/") for line in examples)
+    for line in examples:  # each names real config keys: loading it raises nothing
+        words = line.split()[2:]
+        load_config(words[0], [words[i + 1] for i, w in enumerate(words) if w == "--set"])
+
+
+def test_version_names_jzero_and_its_stack(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"jzero {version('jzero')} (jax {version('jax')}, ") and "CUDA plugin: " in out
+
+
+def test_verify_of_a_step_that_is_not_committed_is_one_line(tmp_path, capsys):
+    (tmp_path / "checkpoints").mkdir()
+    assert main(["checkpoint", "verify", str(tmp_path), "--step", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "jzero: error: --step: no committed checkpoint at step 3 (committed: none)"
+    assert main(["checkpoint", "verify", str(tmp_path / "nothing")]) == 2
+    assert "holds no checkpoints" in capsys.readouterr().err
