@@ -43,34 +43,50 @@ def mid_training(state, shardings):
     return jax.jit(fill, out_shardings=shardings, donate_argnums=0)(state)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The checkpoint benchmarks' flags: a config (gpt2-small by default), overrides, rounds, out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("config", nargs="?", default=str(ROOT / "configs/gpt2-small.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results"))
-    parser.add_argument("--tmp", default=None, help="where checkpoints are written (default: a temporary folder)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def trained_state(config_path: str, overrides: list[str]):
+    """JAX started for the config, its :class:`~jzero.build.Setup`, and a mid-training state."""
     from jzero.config import load_config
     from jzero.mesh import simulate_cpu_devices
-    from jzero.schema import CheckpointConfig
     from jzero.targets import import_jax, start_backends
 
-    config = load_config(args.config, args.set)
+    config = load_config(config_path, overrides)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
     simulate_cpu_devices(config.runtime.cpu_devices)
     start_backends()
 
     import jax
 
+    from jzero.build import setup
+
+    s = setup(config)
+    return s, jax.block_until_ready(mid_training(s.init_state(), s.plan.state))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = arguments(__doc__)
+    parser.add_argument("--tmp", default=None, help="where checkpoints are written (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    s, state = trained_state(args.config, args.set)
+
+    import jax
+
     from jzero import ledger
     from jzero.build import setup
     from jzero.checkpoint import RunCheckpoints
+    from jzero.config import load_config
     from jzero.mesh import mesh_shape
+    from jzero.schema import CheckpointConfig
 
-    s = setup(config)
-    state = jax.block_until_ready(mid_training(s.init_state(), s.plan.state))
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     per_device = ledger.live_bytes_per_device(state)
     root = Path(args.tmp or tempfile.mkdtemp(prefix="jzero-ckpt-bench-"))

@@ -20,7 +20,6 @@ costs a full extra read.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from checkpoint_save import ROOT, mid_training  # this folder is on sys.path when run as a script
+from checkpoint_save import arguments, trained_state  # this folder is on sys.path when run as a script
 
 
 def _time(fn) -> float:
@@ -90,29 +89,13 @@ def _rounds(s, state, root: Path, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(ROOT / "configs/gpt2-small.yaml"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results"))
-    args = parser.parse_args(argv)
-
-    from jzero.config import load_config
-    from jzero.mesh import simulate_cpu_devices
-    from jzero.targets import import_jax, start_backends
-
-    config = load_config(args.config, args.set)
-    import_jax()
-    simulate_cpu_devices(config.runtime.cpu_devices)
-    start_backends()
+    args = arguments(__doc__).parse_args(argv)
+    s, state = trained_state(args.config, args.set)
 
     import jax
 
-    from jzero.build import setup
     from jzero.mesh import mesh_shape
 
-    s = setup(config)
-    state = jax.block_until_ready(mid_training(s.init_state(), s.plan.state))
     root = Path(tempfile.mkdtemp(prefix="jzero-verify-bench-"))
     try:
         times = _rounds(s, state, root, args.rounds)
