@@ -35,6 +35,12 @@ def pristine(tmp_path_factory, devices):
     return run
 
 
+@pytest.fixture(scope="module")
+def target(pristine):
+    """The run's abstract state, to restore onto (the same for every copy of the run)."""
+    return setup(run_config(pristine)).abstract_state()
+
+
 def manifest_files(step_dir: Path) -> list[str]:
     return sorted(json.loads((step_dir / MANIFEST).read_text())["files"])
 
@@ -72,7 +78,7 @@ def one_line(capsys) -> str:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_every_reader_gives_the_documented_answer(pristine, tmp_path, capsys, kind, seed):
+def test_every_reader_gives_the_documented_answer(pristine, target, tmp_path, capsys, kind, seed):
     run = tmp_path / "run"
     shutil.copytree(pristine, run)
     step4 = run / CHECKPOINTS / "4"
@@ -91,10 +97,9 @@ def test_every_reader_gives_the_documented_answer(pristine, tmp_path, capsys, ki
     assert main(["checkpoint", "export", str(run), "--step", "2", "--out", str(tmp_path / "p2.st")]) == 0
     assert (tmp_path / "p2.st").stat().st_size > 0
 
-    s = setup(run_config(run))
     before = snapshot(run / CHECKPOINTS / "2")
     warnings = []
-    restored = RunCheckpoints(run).restore_latest(s.abstract_state(), warn=warnings.append)
+    restored = RunCheckpoints(run).restore_latest(target, warn=warnings.append)
     assert restored.step == 2 and [step for step, _ in restored.skipped] == [4]
     assert len(warnings) == 1 and warnings[0].startswith(f"jzero: warning: checkpoint {step4} is damaged ({name} ")
     (aside,) = (run / CHECKPOINTS).glob("4.unreadable-*")  # kept, renamed
@@ -102,9 +107,10 @@ def test_every_reader_gives_the_documented_answer(pristine, tmp_path, capsys, ki
     assert snapshot(run / CHECKPOINTS / "2") == before  # the intact step is untouched
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["flip-a-byte", "delete-a-file"])
 def test_jzero_train_resumes_past_the_damage_in_three_lines(pristine, tmp_path, kind):
-    """The command line end to end: exit 0, no traceback, at most 3 stderr lines, resumed from step 2."""
+    """The command line end to end: exit 0, no traceback, at most 3 stderr lines, resumed from step 2.
+    (Truncations: ``test_faults.test_resume_past_a_damaged_checkpoint_is_quiet``.)"""
     from test_checkpoint import cli_args
     from test_faults import jzero_cli, stderr_lines
 
