@@ -29,6 +29,7 @@ from jzero.errors import CheckpointError
 __all__ = ["MANIFEST", "DamagedCheckpoint", "Unverified", "verify", "write_manifest"]
 
 MANIFEST = "jzero-manifest.json"
+_TMP = f".{MANIFEST}.tmp"  # a manifest being written
 _ALGORITHM = "xxh3_64"
 _ORBAX_STEP_RECORD = ("_CHECKPOINT_METADATA", "commit_success.txt")  # rewritten by Orbax after the commit
 _THREADS = min(8, os.cpu_count() or 1)
@@ -54,7 +55,7 @@ class Unverified:
 
 def _files(step_dir: Path) -> Iterator[Path]:
     for path in sorted(step_dir.rglob("*")):
-        if path.is_file() and path.name != MANIFEST and path.name not in _ORBAX_STEP_RECORD:
+        if path.is_file() and path.name not in (MANIFEST, _TMP, *_ORBAX_STEP_RECORD):
             yield path
 
 
@@ -93,7 +94,7 @@ def write_manifest(step_dir: Path) -> int:
     files = {
         str(p.relative_to(step_dir)): {"bytes": p.stat().st_size, _ALGORITHM: d} for p, d in zip(paths, digests, strict=True)
     }
-    tmp = step_dir / f".{MANIFEST}.tmp"
+    tmp = step_dir / _TMP
     tmp.write_text(json.dumps({"algorithm": _ALGORITHM, "files": files}, indent=0, sort_keys=True))
     os.replace(tmp, step_dir / MANIFEST)
     return sum(f["bytes"] for f in files.values())
