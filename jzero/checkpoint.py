@@ -205,7 +205,7 @@ class RunCheckpoints:
         return sorted(self.manager.all_steps())
 
     def step_dir(self, step: int) -> Path:
-        return self.directory / str(step)
+        return step_folder(self.directory.parent, step)
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -232,8 +232,7 @@ class RunCheckpoints:
         return True
 
     def _verify(self, step: int, warn: Callable[[str], None]) -> None:
-        if isinstance(verdict := verify_step(self.step_dir(step)), integrity.Unverified):
-            warn(f"jzero: warning: {verdict}")
+        verify_step(self.step_dir(step), warn)
 
     def _seal(self) -> None:
         """Orbax's commit callback, on the primary process once every process has written its files
@@ -373,12 +372,18 @@ def _on_every_process(flag: bool) -> list[bool]:
     return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(flag))).ravel()]
 
 
-def verify_step(step_dir: Path) -> integrity.Unverified | int:
+def step_folder(run_dir: str | Path, step: int) -> Path:
+    """``<run_dir>/checkpoints/<step>``, absolute (Orbax wants absolute paths)."""
+    return Path(run_dir).absolute() / CHECKPOINTS / str(step)
+
+
+def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> integrity.Unverified | int:
     """Check a committed step's files against its manifest, with every process agreeing.
 
     The processes share the hashing (:func:`jzero.integrity.verify`'s ``part``); a file found bad by
     one makes the step damaged on all. A step whose ``meta`` says it was written with a manifest
-    and has none is damaged; one written before manifests is :class:`~jzero.integrity.Unverified`.
+    and has none is damaged; one written before manifests is :class:`~jzero.integrity.Unverified`,
+    and ``warn`` (if given) is told so in one line.
 
     Returns:
       The bytes this process hashed, or ``Unverified``.
@@ -396,6 +401,8 @@ def verify_step(step_dir: Path) -> integrity.Unverified | int:
         damage = integrity.DamagedCheckpoint(step_dir, "a data file", f"failed its checksum on process {found.index(True)}")
     if damage is not None:
         raise damage
+    if warn is not None and isinstance(verdict, integrity.Unverified):
+        warn(f"jzero: warning: {verdict}")
     return verdict
 
 
@@ -428,7 +435,7 @@ def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, 
     verdicts = []
     for s in committed_steps(run_dir, step):
         try:
-            verdicts.append((s, verify_step(Path(run_dir).absolute() / CHECKPOINTS / str(s))))
+            verdicts.append((s, verify_step(step_folder(run_dir, s))))
         except integrity.DamagedCheckpoint as err:
             verdicts.append((s, err))
     return verdicts

@@ -233,7 +233,7 @@ def version_line() -> str:
     """``jzero 0.1.0 (jax 0.10.2, ..., CUDA plugin: none)``: what a bug report needs, importing no JAX."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from jzero.targets import jax_plugin_modules
+    from jzero.targets import cuda_plugins
 
     def of(name: str) -> str:
         try:
@@ -241,9 +241,8 @@ def version_line() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    cuda = [name for name in jax_plugin_modules() if "cuda" in name]
     stack = ", ".join(f"{name} {of(name)}" for name in _VERSIONED)
-    return f"jzero {of('jzero')} ({stack}; CUDA plugin: {', '.join(cuda) or 'none'})"
+    return f"jzero {of('jzero')} ({stack}; CUDA plugin: {', '.join(cuda_plugins()) or 'none'})"
 
 
 class _Version(argparse.Action):

@@ -36,10 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jzero.checkpoint import array_metadata, committed_steps, error_line, failure_reported, tree_paths, verify_step
+from jzero.checkpoint import array_metadata, committed_steps, error_line, failure_reported, step_folder, tree_paths, verify_step
 from jzero.errors import CheckpointError, ConfigError, clip, show_value
-from jzero.integrity import Unverified
-from jzero.schema import CHECKPOINTS, EXPORT_DTYPES
+from jzero.schema import EXPORT_DTYPES
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
@@ -210,10 +209,9 @@ def export_checkpoint(
     if not steps:
         raise CheckpointError(str(run_dir), "holds no committed checkpoint")
     step = steps[-1]
-    step_dir = Path(run_dir).absolute() / CHECKPOINTS / str(step)
+    step_dir = step_folder(run_dir, step)
     state_dir = step_dir / "state"
-    if isinstance(verdict := verify_step(step_dir), Unverified):
-        warn(f"jzero: warning: {verdict}")
+    verify_step(step_dir, warn)
 
     def unreadable(err: Exception) -> CheckpointError:
         failure_reported()

@@ -37,6 +37,7 @@ __all__ = [
     "Target",
     "check_target_fits_mesh",
     "compiler_options",
+    "cuda_plugins",
     "gpu_compiler_available",
     "import_jax",
     "jax_plugin_modules",
@@ -191,7 +192,12 @@ def gpu_compiler_available() -> bool:
     Any layout JAX itself accepts counts (:func:`jax_plugin_modules`): ``jax_plugins.xla_cuda12``
     from ``jax-cuda12-pjrt``, a CUDA 13 plugin, or one advertised only by an entry point.
     """
-    return any("cuda" in name for name in jax_plugin_modules())
+    return bool(cuda_plugins())
+
+
+def cuda_plugins() -> list[str]:
+    """The CUDA plugins among :func:`jax_plugin_modules`."""
+    return [name for name in jax_plugin_modules() if "cuda" in name]
 
 
 # What the CUDA plugin's native code prints on stderr whenever JAX starts on a host without a GPU.
