@@ -16,8 +16,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jzero import ledger
-from jzero.axes import BATCH_AXES, batch_ways, model_ways
+from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.build import Setup, partitions_activations
+from jzero.gathered import gathered_peak
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, shard_bytes
@@ -88,6 +89,8 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
         "activations": activations,
         "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
+        "gathered_peak_bytes": (gathered := gathered_at_once(s, hlo))["peak_bytes"],
+        "gathered": gathered,
         # What rests in host memory among the arguments and outputs, and the peak without it.
         "compiled_host": {"argument": mem["host_argument"], "output": mem["host_output"]},
         "device_peak": mem["device_peak"],
@@ -132,6 +135,38 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "paper_table": table,
         "communication": communication(plan, ops, table),
     }
+
+
+def gathered_at_once(s: Setup, hlo_text: str) -> dict[str, Any]:
+    """What the step holds gathered at once (:func:`jzero.gathered.gathered_peak`), against the whole
+    parameters and one layer, with the units that bound it.
+
+    A layer is a gathering unit (the largest) or, for a scanned stack, one slice of the ``layers``
+    dimension, in the dtype the loss reads parameters in; ``layers`` is None when neither exists.
+    """
+    plan = s.plan
+    dtype = s.precision.compute_dtype
+    peak = gathered_peak(hlo_text)
+    whole = sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in plan.tensors)
+    layer = max(plan.unit_bytes(dtype), default=0) or _scanned_layer_bytes(plan, dtype)
+    return {
+        "peak_bytes": peak,
+        "share_of_params": peak / whole if whole else None,
+        "layer_bytes": layer or None,
+        "layers": peak / layer if layer else None,
+        "units": len(set(plan.units.values())),
+        "prefetch": plan.prefetch,
+        "persistent": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.persistent],
+    }
+
+
+def _scanned_layer_bytes(plan: Plan, dtype: Any) -> int:
+    """One layer's gathered bytes per device in a scanned stack (0 without one)."""
+    stacked = [t for t in plan.tensors if LAYERS in (t.logical or ())]
+    if not stacked:
+        return 0
+    layers = stacked[0].shape[stacked[0].logical.index(LAYERS)]
+    return sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in stacked) // layers
 
 
 def saved_activations(s: Setup, hlo_text: str) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class Setup:
 
     def compile(self, lowered):
         """Compile a lowered program for this mesh's devices (GPUs get :data:`jzero.targets.GPU_COMPILER_OPTIONS`)."""
-        return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat)))
+        return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat), units=bool(self.plan.units)))
 
     def init_state(self) -> TrainState:
         """A fresh train state, initialised straight into the plan's shardings."""
@@ -235,5 +235,13 @@ def setup(
     return Setup(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers)
 
 
-def _offload(config: Config) -> dict[str, bool]:
-    return {"offload_optimizer": config.zero.offload_optimizer, "offload_params": config.zero.offload_params}
+def _offload(config: Config) -> dict[str, Any]:
+    """The ``zero:`` keys :func:`jzero.plan.make_plan` takes besides the stage."""
+    z = config.zero
+    return {
+        "offload_optimizer": z.offload_optimizer,
+        "offload_params": z.offload_params,
+        "gather_units": z.gather_units,
+        "prefetch": z.prefetch,
+        "persist_below_bytes": z.persist_below_bytes,
+    }

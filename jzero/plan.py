@@ -34,6 +34,7 @@ from jzero.errors import PlanError
 from jzero.offload import on_host
 from jzero.stages import StageRule, per_device_parts, stage_rule
 from jzero.state import TrainState
+from jzero.units import AUTO, choose_units
 
 
 def default_rules(axis_names: Sequence[str]) -> list[list]:
@@ -97,6 +98,28 @@ class Plan:
     opt_leaves: list[tuple[str, tuple[int, ...], np.dtype, P]]
     offload_optimizer: bool = False  # the optimizer state (and master copy) rests in pinned host memory
     offload_params: bool = False  # the parameters rest in pinned host memory
+    # Stage 3's gathering units (:mod:`jzero.units`): parameter path -> unit, for those the step
+    # gathers unit by unit; empty when XLA places the gathers.
+    units: dict[str, int] = dataclasses.field(default_factory=dict)
+    prefetch: int = 1  # how many units ahead a gather may start
+    persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole
+
+    @property
+    def persistent(self) -> list[TensorPlan]:
+        """Stage 3: parameters left whole at rest for their size (``zero.persist_below_bytes``)."""
+        if not self.rule.params:
+            return []
+        return [t for t in self.tensors if t.data_dim is not None and t.param_spec == t.replicated_spec]
+
+    def unit_bytes(self, dtype: Any = None) -> list[int]:
+        """Each unit's gathered bytes per device (model axes still split), in ``dtype`` (default: the
+        parameters' own)."""
+        out: dict[int, int] = {}
+        for t in self.tensors:
+            if t.path in self.units:
+                nbytes = shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, self.mesh)
+                out[self.units[t.path]] = out.get(self.units[t.path], 0) + nbytes
+        return [out[k] for k in sorted(out)]
 
     @property
     def rule(self) -> StageRule:
@@ -282,6 +305,9 @@ def make_plan(
     *,
     offload_optimizer: bool = False,
     offload_params: bool = False,
+    gather_units: str | Sequence[str] = AUTO,
+    prefetch: int = 1,
+    persist_below_bytes: int = 0,
 ) -> Plan:
     """The shardings of a ZeRO stage on a mesh.
 
@@ -307,6 +333,9 @@ def make_plan(
         raise PlanError("zero.offload_optimizer", f"needs a stage that partitions the optimizer state (1-3), got {stage}")
     if offload_params and not rule.params:
         raise PlanError("zero.offload_params", f"needs stage 3 (parameters partitioned), got {stage}")
+    for key, value in (("zero.prefetch", prefetch), ("zero.persist_below_bytes", persist_below_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PlanError(key, f"must be a whole number >= 0, got {value!r}")
     if DATA not in mesh.shape:
         raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
     if rules is None:
@@ -333,7 +362,7 @@ def make_plan(
                 replicated_spec=rspec,
                 sharded_spec=dspec,
                 data_dim=dim,
-                param_spec=dspec if rule.params else rspec,
+                param_spec=dspec if rule.params and _nbytes(shape, leaf.dtype) >= persist_below_bytes else rspec,
                 grad_spec=dspec if rule.grads else rspec,
                 update_spec=dspec if rule.optimizer else rspec,
             )
@@ -360,6 +389,7 @@ def make_plan(
         loss_scale=jax.tree.map(lambda _: replicated, abstract_state.loss_scale),
     )
     batch_axes = logical_to_mesh("batch", rules) or DATA
+    units = _units(tensors, gather_units) if rule.params else {}
     return Plan(
         mesh=mesh,
         stage=stage,
@@ -374,7 +404,21 @@ def make_plan(
         opt_leaves=opt_leaves,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
+        units=units,
+        prefetch=prefetch,
+        persist_below_bytes=persist_below_bytes,
     )
+
+
+def _nbytes(shape: Sequence[int], dtype: Any) -> int:
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def _units(tensors: list[TensorPlan], gather_units: str | Sequence[str]) -> dict[str, int]:
+    """The units of the parameters stage 3 gathers (those partitioned at rest)."""
+    scanned = any(LAYERS in (t.logical or ()) for t in tensors)
+    units = choose_units([t.path for t in tensors], [t.nbytes for t in tensors], gather_units, scanned=scanned)
+    return {t.path: units[t.path] for t in tensors if t.path in units and t.param_spec != t.replicated_spec}
 
 
 def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, rule: StageRule):

@@ -56,6 +56,11 @@ class ZeroConfig:
     # ZeRO-Infinity's parameter offload (stage 3): parameters rest in pinned host memory and each
     # layer's shard comes to the device inside the layer loop.
     offload_params: bool = False
+    # Stage 3's gathering units (jzero.units): auto, none or a list of regexes over parameter path
+    # prefixes. auto: the repeated blocks of an unscanned model; none for a scanned layer stack.
+    gather_units: str | list[str] = "auto"
+    prefetch: int = 1  # units ahead a gather may start (0: once the previous unit is done)
+    persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole, never gathered
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.axes import LAYERS
+from jzero.gather import UnitSpec, with_units
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.state import TrainState, create_state, unbox_state
+from jzero.targets import compiler_options
 
 LossFn = Callable[[Any, Any], jax.Array]
 
@@ -186,7 +188,11 @@ def make_train_step(
       reduced gradient, before any clipping), ``skipped`` and, with loss scaling, ``loss_scale``.
     """
 
+    gathered_loss = unit_loss(loss_fn, plan, precision)
+
     def compute_loss(params: Any, batch: Any) -> jax.Array:
+        if gathered_loss is not None:
+            return gathered_loss(params, batch).astype(jnp.float32)
         return loss_fn(cast(params, precision.compute_dtype), batch).astype(jnp.float32)
 
     def grads_and_loss(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
@@ -313,4 +319,18 @@ def make_train_step(
         in_shardings=(plan.state, plan.batch),
         out_shardings=(plan.state, scalar),
         donate_argnums=(0,) if donate else (),
+        compiler_options=compiler_options(list(plan.mesh.devices.flat), units=bool(plan.units)),
     )
+
+
+def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossFn | None:
+    """``loss_fn`` gathering the plan's units one at a time (:func:`jzero.gather.with_units`), or
+    None when the plan has no units. It takes the resting parameters and casts them itself."""
+    if not plan.units:
+        return None
+    specs = {
+        t.path: UnitSpec(plan.mesh, t.param_spec, t.replicated_spec, reduce_dtype=precision.grad_reduce_dtype)
+        for t in plan.tensors
+        if t.path in plan.units
+    }
+    return with_units(loss_fn, plan.units, specs, compute_dtype=precision.compute_dtype, prefetch=plan.prefetch)

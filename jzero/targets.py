@@ -144,9 +144,19 @@ def parse_target(spec: str, hosts: int | None = None, gpus_per_host: int | None 
     return Target(match.group("gpu"), hosts, per_host)
 
 
-def compiler_options(devices: Sequence[Any]) -> dict[str, str | bool | int] | None:
-    """:data:`GPU_COMPILER_OPTIONS` for a program on GPUs (real or a target's), else None."""
-    return dict(GPU_COMPILER_OPTIONS) if devices and devices[0].platform in ("gpu", "cuda") else None
+# XLA's CPU pipeline removes optimization barriers before its last CSE pass, which then merges each
+# rematerialised computation with the forward's (measured: a gathering unit's backward all-gather
+# disappears, and every unit stays gathered from the forward to the backward). GPU pipelines remove
+# them only after scheduling.
+CPU_UNIT_OPTIONS: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
+    """The XLA options of a program on ``devices``: :data:`GPU_COMPILER_OPTIONS` on GPUs (real or a
+    target's); on CPUs :data:`CPU_UNIT_OPTIONS` when the step gathers by units; else None."""
+    if devices and devices[0].platform in ("gpu", "cuda"):
+        return dict(GPU_COMPILER_OPTIONS)
+    return dict(CPU_UNIT_OPTIONS) if devices and units else None
 
 
 def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:

@@ -1,0 +1,105 @@
+"""Gathering units: which parameters ZeRO-3 gathers together, one unit at a time (FSDP's
+``fully_shard`` per block, chosen from outside the model).
+
+A unit is a subtree of the parameters, named by its path prefix: ``transformer/h/3`` of a Hugging
+Face GPT-2, ``layers_3`` of a linen model that names its blocks, ``layers/3`` of an NNX list. The
+choice is a pure function of the parameters' paths and bytes, so ``plan`` shows it before anything
+compiles. How a unit is gathered is :mod:`jzero.gather`'s.
+
+- ``none``: no units; XLA places the gathers (a scanned layer stack gathers one layer per loop step).
+- ``auto``: the repeated submodules whose parameters weigh most (``h/0``, ``h/1``, ...); none for a
+  model with a scanned layer stack, which keeps the loop's own gather.
+- a list of regexes, each matched against whole trailing components of the path prefixes
+  (``h/\\d+`` matches ``transformer/h/3``).
+
+Every parameter outside the units is gathered alone, where it is read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from jzero.errors import PlanError
+
+__all__ = ["AUTO", "NONE", "choose_units"]
+
+AUTO, NONE = "auto", "none"
+KEY = "zero.gather_units"
+_NUMBERED = re.compile(r"^(?P<stem>.*?)(?P<number>\d+)$")
+
+
+def _prefixes(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:n]) for n in range(1, len(parts))]
+
+
+def _auto(paths: Sequence[str], nbytes: Sequence[int]) -> dict[str, str]:
+    """path -> unit prefix, for the heaviest family of numbered prefixes (two members at least)."""
+    families: dict[str, dict[str, int]] = {}  # template -> member prefix -> bytes
+    for path, size in zip(paths, nbytes, strict=True):
+        for prefix in _prefixes(path):
+            head, _, last = prefix.rpartition("/")
+            match = _NUMBERED.match(last)
+            if match:
+                template = f"{head}/{match.group('stem')}#" if head else f"{match.group('stem')}#"
+                members = families.setdefault(template, {})
+                members[prefix] = members.get(prefix, 0) + size
+    candidates = [(sum(m.values()), -len(t), t) for t, m in families.items() if len(m) >= 2]
+    if not candidates:
+        return {}
+    members = families[max(candidates)[2]]
+    return {path: prefix for path in paths for prefix in _prefixes(path) if prefix in members}
+
+
+def _matching(paths: Sequence[str], patterns: Sequence[str]) -> dict[str, str]:
+    """path -> unit prefix, from regexes over whole trailing components of the prefixes."""
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append((pattern, re.compile(rf"(?:^|/)(?:{pattern})$")))
+        except re.error as err:
+            raise PlanError(KEY, f"{pattern!r} is not a regular expression ({err})") from None
+    units: dict[str, str] = {}
+    used = set()
+    for path in paths:
+        hits = [(prefix, pattern) for prefix in _prefixes(path) for pattern, rx in compiled if rx.search(prefix)]
+        if len({prefix for prefix, _ in hits}) > 1:
+            (outer, first), (inner, second) = hits[0], hits[-1]
+            raise PlanError(KEY, f"{second!r} matches {inner!r} inside {outer!r} (matched by {first!r}): units overlap")
+        if hits:
+            units[path] = hits[0][0]
+            used.update(pattern for _, pattern in hits)
+    for pattern, _ in compiled:
+        if pattern not in used:
+            raise PlanError(KEY, f"{pattern!r} matches no parameter path prefix (e.g. {_prefixes(paths[0])[-1:] or paths[:1]})")
+    return units
+
+
+def choose_units(
+    paths: Sequence[str], nbytes: Sequence[int], gather_units: str | Sequence[str], *, scanned: bool = False
+) -> dict[str, int]:
+    """Which unit each parameter is gathered in.
+
+    Args:
+      paths: the parameters' tree paths (``a/b/kernel``).
+      nbytes: their whole bytes, in the same order.
+      gather_units: ``none``, ``auto`` or a list of regexes over path prefixes.
+      scanned: the model has a scanned layer stack (``auto`` then chooses none).
+
+    Returns:
+      path -> unit number, in the order the units first appear; empty for no units. A parameter
+      outside every unit is a unit of its own.
+
+    Raises:
+      PlanError: a regex that is not one, matches nothing, or nests one unit inside another.
+    """
+    if gather_units == NONE or (gather_units == AUTO and scanned) or not paths:
+        return {}
+    if isinstance(gather_units, str) and gather_units != AUTO:
+        raise PlanError(KEY, f"must be {AUTO}, {NONE} or a list of regexes, got {gather_units!r}")
+    prefix = _auto(paths, nbytes) if gather_units == AUTO else _matching(paths, list(gather_units))
+    if not prefix:
+        return {}
+    numbers: dict[str, int] = {}
+    return {path: numbers.setdefault(prefix.get(path, path), len(numbers)) for path in paths}

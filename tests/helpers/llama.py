@@ -1,0 +1,69 @@
+"""A Llama-style decoder written as most Flax users write one: unannotated, its layers called one
+after another in Python (no scan), grouped-query attention, RMSNorm and a SwiGLU MLP."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class RMSNorm(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
+
+
+class Layer(nn.Module):
+    d: int
+    heads: int
+    kv_heads: int
+
+    @nn.compact
+    def __call__(self, x):
+        b, t, _ = x.shape
+        hd = self.d // self.heads
+        h = RMSNorm()(x)
+        q = nn.Dense(self.d, use_bias=False, name="q_proj")(h).reshape(b, t, self.heads, hd)
+        k = nn.Dense(self.kv_heads * hd, use_bias=False, name="k_proj")(h).reshape(b, t, self.kv_heads, hd)
+        v = nn.Dense(self.kv_heads * hd, use_bias=False, name="v_proj")(h).reshape(b, t, self.kv_heads, hd)
+        k, v = (jnp.repeat(a, self.heads // self.kv_heads, axis=2) for a in (k, v))
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / hd**0.5
+        logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -1e9)
+        attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v).reshape(b, t, self.d)
+        x = x + nn.Dense(self.d, use_bias=False, name="o_proj")(attn)
+        h = RMSNorm()(x)
+        gate = nn.Dense(4 * self.d, use_bias=False, name="gate_proj")(h)
+        up = nn.Dense(4 * self.d, use_bias=False, name="up_proj")(h)
+        return x + nn.Dense(self.d, use_bias=False, name="down_proj")(nn.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    vocab: int = 256
+    d: int = 64
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, self.d, name="embed_tokens")(tokens)
+        for i in range(self.layers):
+            x = Layer(self.d, self.heads, self.kv_heads, name=f"layers_{i}")(x)
+        return nn.Dense(self.vocab, use_bias=False, name="lm_head")(RMSNorm(name="norm")(x))
+
+
+def llama_parts(seq_len: int = 16, **shape):
+    """``(init_fn, loss_fn)`` of a :class:`Llama` for token batches ``[batch, seq_len + 1]``."""
+    model = Llama(**shape)
+
+    def init_fn(key):
+        return model.init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
+
+    def loss_fn(params, batch):
+        logits = model.apply({"params": params}, batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    return init_fn, loss_fn
