@@ -9,17 +9,19 @@ parameter dict, since all of them are one jaxpr once traced.
 
 Why each piece is there:
 
-- ``with_sharding_constraint`` to the unit's whole spec is the all-gather. Before it, a constraint
-  to the resting spec is a no-op forward and, transposed, the reduce-scatter of the unit's gradient
-  right where the backward finishes the unit (in the reduce dtype, when that differs).
-- ``jax.checkpoint`` with every value saved except the gathered parameters: the forward keeps the
-  unit's activations as usual but not its whole parameters, and the backward gathers them again.
-  Its ``prevent_cse`` barrier runs on the unit's cotangents, so that gather waits for the backward
-  to reach the unit.
-- ``optimization_barrier`` ties the shards to values the gather must wait for: the inputs of the
-  unit ``prefetch`` units back, and one gathered tensor of the previous unit. Without it XLA hoists
-  every gather to the start of the step (measured: about 100 of 112 ops). The second tie orders the
-  gathers, so GPU XLA's combiner cannot merge two units' gathers into one op.
+- A ``custom_vjp`` named ``jzero_gather`` gathers a leaf (``with_sharding_constraint`` to its whole
+  spec, after one to its resting spec). Its backward constrains the gradient straight to the
+  resting spec, so XLA reduce-scatters the devices' partial sums (GPU) instead of all-reducing a
+  whole copy first, in the reduce dtype.
+- ``jax.checkpoint`` with :func:`_saved`: every value is kept for the backward except what
+  ``jzero_gather`` returns and the cheap layout ops of :data:`_REDONE`, so the forward keeps the
+  unit's activations but not its whole parameters (``save_anything_except_these_names`` would keep
+  the named value's input, the same buffer). Its ``prevent_cse`` barrier runs on the unit's
+  cotangents, so the backward's gather waits until the backward reaches the unit.
+- ``optimization_barrier`` ties the shards, inside the checkpoint, to what the gather must wait
+  for: the inputs of the unit ``prefetch`` units back, and a scalar of the previous unit's gathered
+  tensors. Without it XLA hoists every gather to the start of the step; the second tie keeps the
+  gathers in order, so GPU XLA's combiner cannot merge two units' gathers into one op.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ def format_plan(report: dict[str, Any]) -> str:
         f"compiled step, per device: arguments {human_bytes(c['argument'])}, outputs {human_bytes(c['output'])}, "
         f"temporaries {human_bytes(c['temp'])}, peak {human_bytes(c['peak'])} (arguments + temporaries + unaliased outputs)"
         + f"; FLOPs {flops_text(report)} (XLA's cost analysis)",
+        *_gathered_lines(report),
         *_host_lines(report),
         "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
     ]
@@ -132,7 +133,7 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
         f"  compiled step: arguments {human_bytes(c['argument'])}, temporaries {human_bytes(c['temp'])}, "
         f"peak {human_bytes(c['peak'])}, FLOPs {flops_text(report)} per device"
     )
-    lines += ["  " + line for line in _host_lines(report)]
+    lines += ["  " + line for line in [*_gathered_lines(report), *_host_lines(report)]]
     traffic = ", ".join(
         f"{k} {v['count']} ops {'+'.join(v.get('dtypes', []))} {human_bytes(v['bytes'])}"
         for k, v in sorted(report["collectives"].items())
@@ -167,6 +168,18 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
             + f" (remat {a['remat']}{split})"
         )
     return lines
+
+
+def _gathered_lines(report: dict[str, Any]) -> list[str]:
+    """What the step holds gathered at once, against the whole parameters and one layer."""
+    g = report.get("gathered")
+    if not g or not g["peak_bytes"]:
+        return []
+    layers = f", {g['layers']:.2f} layers' worth" if g["layers"] else ""
+    units = f"{g['units']} gathering units, prefetch {g['prefetch']}" if g["units"] else "no gathering units"
+    share = f"{g['share_of_params']:.2f} of the whole parameters{layers}"
+    lines = [f"gathered at once: {human_bytes(g['peak_bytes'])} ({share}; {units})"]
+    return lines + _tensor_list("resting whole below zero.persist_below_bytes (never gathered)", g["persistent"])
 
 
 def _fit_line(report: dict[str, Any]) -> list[str]:

@@ -20,24 +20,26 @@ class Layer(nn.Module):
     d: int
     heads: int
     kv_heads: int
+    mlp: int
+    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x):
         b, t, _ = x.shape
         hd = self.d // self.heads
         h = RMSNorm()(x)
-        q = nn.Dense(self.d, use_bias=False, name="q_proj")(h).reshape(b, t, self.heads, hd)
-        k = nn.Dense(self.kv_heads * hd, use_bias=False, name="k_proj")(h).reshape(b, t, self.kv_heads, hd)
-        v = nn.Dense(self.kv_heads * hd, use_bias=False, name="v_proj")(h).reshape(b, t, self.kv_heads, hd)
+        q = nn.Dense(self.d, use_bias=False, dtype=self.dtype, name="q_proj")(h).reshape(b, t, self.heads, hd)
+        k = nn.Dense(self.kv_heads * hd, use_bias=False, dtype=self.dtype, name="k_proj")(h).reshape(b, t, self.kv_heads, hd)
+        v = nn.Dense(self.kv_heads * hd, use_bias=False, dtype=self.dtype, name="v_proj")(h).reshape(b, t, self.kv_heads, hd)
         k, v = (jnp.repeat(a, self.heads // self.kv_heads, axis=2) for a in (k, v))
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / hd**0.5
         logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -1e9)
         attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v).reshape(b, t, self.d)
-        x = x + nn.Dense(self.d, use_bias=False, name="o_proj")(attn)
+        x = x + nn.Dense(self.d, use_bias=False, dtype=self.dtype, name="o_proj")(attn)
         h = RMSNorm()(x)
-        gate = nn.Dense(4 * self.d, use_bias=False, name="gate_proj")(h)
-        up = nn.Dense(4 * self.d, use_bias=False, name="up_proj")(h)
-        return x + nn.Dense(self.d, use_bias=False, name="down_proj")(nn.silu(gate) * up)
+        gate = nn.Dense(self.mlp, use_bias=False, dtype=self.dtype, name="gate_proj")(h)
+        up = nn.Dense(self.mlp, use_bias=False, dtype=self.dtype, name="up_proj")(h)
+        return x + nn.Dense(self.d, use_bias=False, dtype=self.dtype, name="down_proj")(nn.silu(gate) * up)
 
 
 class Llama(nn.Module):
@@ -46,13 +48,16 @@ class Llama(nn.Module):
     layers: int = 4
     heads: int = 4
     kv_heads: int = 2
+    mlp: int | None = None  # the MLP's hidden width (default 4 d)
+    dtype: jnp.dtype = jnp.float32  # the compute dtype
 
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(self.vocab, self.d, name="embed_tokens")(tokens)
+        x = nn.Embed(self.vocab, self.d, dtype=self.dtype, name="embed_tokens")(tokens)
         for i in range(self.layers):
-            x = Layer(self.d, self.heads, self.kv_heads, name=f"layers_{i}")(x)
-        return nn.Dense(self.vocab, use_bias=False, name="lm_head")(RMSNorm(name="norm")(x))
+            x = Layer(self.d, self.heads, self.kv_heads, self.mlp or 4 * self.d, self.dtype, name=f"layers_{i}")(x)
+        logits = nn.Dense(self.vocab, use_bias=False, dtype=self.dtype, name="lm_head")(RMSNorm(name="norm")(x))
+        return logits.astype(jnp.float32)
 
 
 def llama_parts(seq_len: int = 16, **shape):
