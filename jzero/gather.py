@@ -9,19 +9,19 @@ parameter dict, since all of them are one jaxpr once traced.
 
 Why each piece is there:
 
-- A ``custom_vjp`` named ``jzero_gather`` gathers a leaf (``with_sharding_constraint`` to its whole
+- A ``custom_vjp`` gathers a leaf (``with_sharding_constraint`` to its whole
   spec, after one to its resting spec). Its backward constrains the gradient straight to the
   resting spec, so XLA reduce-scatters the devices' partial sums (GPU) instead of all-reducing a
   whole copy first, in the reduce dtype.
-- ``jax.checkpoint`` with :func:`_saved`: every value is kept for the backward except what
-  ``jzero_gather`` returns and the cheap layout ops of :data:`_REDONE`, so the forward keeps the
-  unit's activations but not its whole parameters (``save_anything_except_these_names`` would keep
-  the named value's input, the same buffer). Its ``prevent_cse`` barrier runs on the unit's
-  cotangents, so the backward's gather waits until the backward reaches the unit.
+- ``jax.checkpoint`` with :data:`_SAVED` (JAX's ``dots_saveable``): the forward keeps the unit's
+  matmul outputs, not its whole parameters, and the backward gathers them again. Its
+  ``prevent_cse`` barrier runs on the unit's cotangents, so that gather waits until the backward
+  reaches the unit.
 - ``optimization_barrier`` ties the shards, inside the checkpoint, to what the gather must wait
   for: the inputs of the unit ``prefetch`` units back, and a scalar of the previous unit's gathered
-  tensors. Without it XLA hoists every gather to the start of the step; the second tie keeps the
-  gathers in order, so GPU XLA's combiner cannot merge two units' gathers into one op.
+  tensors. Without units XLA schedules the gathers early (``benchmarks/units.py``: 6.1 layers'
+  worth of 6 held at once); the first tie stops that, the second keeps the gathers in order, so
+  GPU XLA's combiner cannot merge two units' gathers into one op.
 """
 
 from __future__ import annotations
@@ -80,28 +80,11 @@ def _gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
     return jzero_gather(shard)
 
 
-# Cheap ops the backward redoes rather than keeps: what they make of a gathered parameter (a
-# reshaped LayerNorm scale, a transposed kernel, a cast) would otherwise be saved, and keep the
-# gathered buffer alive from the forward to the backward.
-_REDONE = {
-    "reshape",
-    "broadcast_in_dim",
-    "transpose",
-    "convert_element_type",
-    "squeeze",
-    "expand_dims",
-    "copy",
-    "optimization_barrier",
-}
-
-
-def _saved(prim: Any, *_: Any, **params: Any) -> bool:
-    """The unit's checkpoint policy: every value is saved for the backward except the gathered
-    parameters, which the backward gathers again, and the layout ops of :data:`_REDONE`."""
-    if prim.name in _REDONE:
-        return False
-    inner = params.get("call_jaxpr")
-    return inner is None or inner.jaxpr.debug_info.func_name != "jzero_gather"
+# The unit's checkpoint policy: keep matmul outputs, redo the rest, the gathered parameters included
+# (gathered again). Saving "everything but the gathered parameters" kept what layout ops made of
+# them (a reshaped scale, a transposed kernel), holding the gathered buffers from the forward to the
+# backward, and more activations than XLA keeps by itself (benchmarks/units.py measured both).
+_SAVED = jax.checkpoint_policies.dots_saveable
 
 
 def _token(gathered: Any, specs: Any) -> jax.Array | None:
@@ -144,7 +127,7 @@ def unit_call(fn: Callable[..., Any], shards: Any, specs: Any, *args: Any, after
         gathered = jax.tree.map(_gather, _tie(shards, after), specs)
         return fn(gathered, *args), _token(gathered, specs)
 
-    return jax.checkpoint(unit, policy=_saved, prevent_cse=True)(shards, args, jax.lax.stop_gradient(after))
+    return jax.checkpoint(unit, policy=_SAVED, prevent_cse=True)(shards, args, jax.lax.stop_gradient(after))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,12 +56,20 @@ def test_units_only_at_stage_3_and_not_with_none(devices):
     assert _llama("zero.stage=3", "zero.gather_units=none").plan.units == {}
 
 
+def _bound(s, prefetch: int) -> int:
+    """prefetch + 1 layers, and one tensor gathered alone (the head's gather overlaps the last layer)."""
+    sizes = s.plan.unit_bytes()
+    layer = max(sizes)
+    return (prefetch + 1) * layer + max(b for b in sizes if b < layer)
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_stage_3_holds_at_most_prefetch_plus_one_layers_gathered(devices, prefetch):
-    with_units = plan_report(_llama("zero.stage=3", f"zero.prefetch={prefetch}", layers=4))
+    s = _llama("zero.stage=3", f"zero.prefetch={prefetch}", layers=4)
+    with_units = plan_report(s)
     without = plan_report(_llama("zero.stage=3", "zero.gather_units=none", layers=4))
     g = with_units["gathered"]
-    assert g["layers"] <= prefetch + 1 + 0.05, g
+    assert g["peak_bytes"] <= _bound(s, prefetch), g
     held = without["gathered_peak_bytes"] / g["layer_bytes"]
     assert held > 2.5, f"without units XLA holds most layers at once ({held:.2f})"
     assert with_units["gathered_peak_bytes"] == g["peak_bytes"] > 0
@@ -141,9 +149,10 @@ def test_h100x8_target_bounds_the_gathers_and_keeps_3_psi():
     if not gpu_compiler_available():
         pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
     devices = target_devices("h100x8")
-    with_units = plan_report(_llama("zero.stage=3", devices=devices, layers=4))
+    s = _llama("zero.stage=3", devices=devices, layers=4)
+    with_units = plan_report(s)
     stage_0 = plan_report(_llama("zero.stage=0", devices=devices, layers=4))
-    assert with_units["gathered"]["layers"] <= 2 + 0.05
+    assert with_units["gathered"]["peak_bytes"] <= _bound(s, 1)
     assert 0.95 <= with_units["communication"]["ratio"] <= 1.05
     assert with_units["compiled"]["temp"] < stage_0["compiled"]["temp"]
 
@@ -164,4 +173,4 @@ def test_a_hugging_face_gpt2_gathers_layer_by_layer(devices):
     s = setup(cfg, devices, init_fn=init_fn, loss_fn=loss_fn)
     assert len({s.plan.units[p] for p in s.plan.units if "/h/" in p}) == 12
     g = plan_report(s)["gathered"]
-    assert g["layers"] <= 2.1, g  # measured 2.07: two layers and a few small tensors gathered alone
+    assert g["peak_bytes"] <= _bound(s, 1), g
