@@ -5,8 +5,9 @@ The model is the tests' Llama-style decoder (``tests/helpers/llama.py``: unannot
 Python loop, grouped-query attention, RMSNorm, SwiGLU). Each row compiles one train step from
 shapes: on the CPU's 8 simulated devices and, with the ``gpu-target`` extra, for an ``h100x8``
 target. Then it times stage-3 steps on CPU with ``zero.gather_units`` auto against none, the two
-alternating so that machine noise hits both alike. ``--scale`` adds a 7B-wide model (d 4096, 32
-heads, 8 KV heads, MLP 11008, vocabulary 32000) in bf16 on ``h100x8``.
+alternating so that machine noise hits both alike. ``--scale`` adds a 7B Llama-shaped model (d
+4096, 32 heads, 8 KV heads, MLP 11008, vocabulary 32000, 32 layers) in bf16 on ``h100x8`` at 48 x
+2048 tokens, against an 80 GB H100.
 
     python benchmarks/units.py [--layers 6] [--d 128] [--steps 20] [--scale] [--out benchmarks/results]
 """
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--d", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--scale", action="store_true", help="also the 7B-wide model in bf16 on h100x8")
-    parser.add_argument("--scale-layers", type=int, default=4)
-    parser.add_argument("--scale-batch", type=int, default=8)
+    parser.add_argument("--scale-layers", type=int, default=32)
+    parser.add_argument("--scale-batch", type=int, default=48)
     parser.add_argument("--out", default=None, help="write units.json and units.md here")
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
         bf16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16", "model.seq_len=2048"]
         batch = [f"train.global_batch_size={args.scale_batch}"]
         result["scale"] = [row(big, "h100x8", "data=8", 3, units, [*bf16, *batch]) for units in ("none", "auto")]
+        for r in result["scale"]:
+            r["where"] = f"h100x8, 7B ({args.scale_layers} layers) bf16, {args.scale_batch} x 2048"
     text = render(result)
     print(text)
     if args.out:

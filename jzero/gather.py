@@ -13,8 +13,8 @@ Why each piece is there:
   spec, after one to its resting spec). Its backward constrains the gradient straight to the
   resting spec, so XLA reduce-scatters the devices' partial sums (GPU) instead of all-reducing a
   whole copy first, in the reduce dtype.
-- ``jax.checkpoint`` with :data:`_SAVED` (JAX's ``dots_saveable``): the forward keeps the unit's
-  matmul outputs, not its whole parameters, and the backward gathers them again. Its
+- ``jax.checkpoint`` with :data:`_SAVED` (JAX's ``dots_with_no_batch_dims_saveable``): the forward
+  keeps the unit's projections' outputs, not its whole parameters, and the backward gathers them again. Its
   ``prevent_cse`` barrier runs on the unit's cotangents, so that gather waits until the backward
   reaches the unit.
 - ``optimization_barrier`` ties the shards, inside the checkpoint, to what the gather must wait
@@ -80,11 +80,12 @@ def _gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
     return jzero_gather(shard)
 
 
-# The unit's checkpoint policy: keep matmul outputs, redo the rest, the gathered parameters included
-# (gathered again). Saving "everything but the gathered parameters" kept what layout ops made of
-# them (a reshaped scale, a transposed kernel), holding the gathered buffers from the forward to the
-# backward, and more activations than XLA keeps by itself (benchmarks/units.py measured both).
-_SAVED = jax.checkpoint_policies.dots_saveable
+# The unit's checkpoint policy: keep the projections' outputs (matmuls without batch dimensions),
+# redo the rest, attention's batched products and the gathered parameters included (gathered
+# again). Two others were measured (benchmarks/units.py): saving everything but the gathered
+# parameters kept what layout ops made of them (a reshaped scale, a transposed kernel), which held
+# the gathered buffers into the backward; saving every matmul output kept attention's scores too.
+_SAVED = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 def _token(gathered: Any, specs: Any) -> jax.Array | None:

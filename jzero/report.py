@@ -188,7 +188,9 @@ def _fit_line(report: dict[str, Any]) -> list[str]:
     verdict = "fits" if report["fits"] else "does NOT fit"
     peak = report["device_peak"]
     budget = report["memory_per_device"] / 1e9
-    return [f"verdict: the compiled step {verdict} in {budget:g} GB per device (device peak {peak / 1e9:.3g} GB)"]
+    gathered = report.get("gathered_peak_bytes") or 0
+    of_which = f", of which gathered at once {gathered / 1e9:.3g} GB" if gathered else ""
+    return [f"verdict: the compiled step {verdict} in {budget:g} GB per device (device peak {peak / 1e9:.3g} GB{of_which})"]
 
 
 def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
