@@ -36,6 +36,8 @@ from jax.extend.core import Literal, Var
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jzero.plan import path_str
+
 __all__ = ["Region", "UnitSpec", "regions", "unit_call", "with_units"]
 
 
@@ -224,8 +226,6 @@ def with_units(
     Returns:
       A loss of the resting parameters, with the same value and gradient.
     """
-    from jzero.plan import path_str  # the one spelling of a tree path
-
     def loss(params, batch):
         flat, treedef = jax.tree_util.tree_flatten_with_path(params)
         paths = [path_str(p) for p, _ in flat]

@@ -84,10 +84,13 @@ def test_the_backward_gathers_again_and_the_totals_match_the_ledger(devices):
     assert gathered.gathered_total(hlo) == sum(o.bytes for o in gathers)
     params = sum(t.nbytes for t in s.plan.tensors)
     forward = sum(o.bytes for o in gathers if "transpose" not in _op_name(hlo, o.name))
-    assert forward == pytest.approx(params, rel=0.02)
-    # Once more in the backward, all but the embedding table (a lookup's gradient does not read it).
+    assert forward == params  # every parameter gathered once in the forward
+    # Once more in the backward, all but the embedding table (a lookup's gradient does not read it)
+    # and at most one norm scale whose backward does not read it either (measured: 128 bytes).
     embedding = next(t.nbytes for t in s.plan.tensors if t.path == "embed_tokens/embedding")
-    assert sum(o.bytes for o in gathers) - forward == pytest.approx(params - embedding, rel=0.02)
+    scale = max(t.nbytes for t in s.plan.tensors if len(t.shape) == 1)
+    backward = sum(o.bytes for o in gathers) - forward
+    assert params - embedding - scale <= backward <= params - embedding
 
 
 def _op_name(hlo: str, name: str) -> str:
