@@ -98,14 +98,23 @@ def _op_name(hlo: str, name: str) -> str:
     return line.split('op_name="', 1)[1].split('"', 1)[0]
 
 
+BATCHES = 10
+
+
+@pytest.fixture(scope="module")
+def llama_reference():
+    """One-device optax on the Llama-style model, 10 AdamW steps, with its reordering floor."""
+    s = _llama("zero.stage=0")
+    batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(BATCHES)]
+    return batches, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], BATCHES)
+
+
 @pytest.mark.parametrize(("stage", "axes"), [(0, {}), (1, {}), (2, {}), (3, {}), (3, {"data": 4, "model": 2})])
-def test_params_equal_one_device_optax_with_units(devices, stage, axes):
-    mesh = [f"mesh.axes.{k}={v}" for k, v in axes.items()]
-    s = _llama(f"zero.stage={stage}", *mesh)
-    batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(10)]
-    ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], 10)
+def test_params_equal_one_device_optax_with_units(devices, llama_reference, stage, axes):
+    batches, ref = llama_reference
+    s = _llama(f"zero.stage={stage}", *[f"mesh.axes.{k}={v}" for k, v in axes.items()])
     state, step = s.init_state(), s.make_step()
-    for k in range(10):
+    for k in range(BATCHES):
         state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
     ref.check(params=jax.device_get(state.params))
 
