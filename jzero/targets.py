@@ -31,7 +31,9 @@ from typing import Any
 from jzero.errors import ConfigError
 
 __all__ = [
+    "CPU_UNIT_OPTIONS",
     "GPU_COMPILER_OPTIONS",
+    "GPU_UNIT_OPTIONS",
     "GPUS",
     "Gpu",
     "Target",
@@ -149,13 +151,18 @@ def parse_target(spec: str, hosts: int | None = None, gpus_per_host: int | None 
 # disappears, and every unit stays gathered from the forward to the backward). GPU pipelines remove
 # them only after scheduling.
 CPU_UNIT_OPTIONS: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+# With units, each unit's gradient is reduce-scattered as the backward leaves it: combined, XLA held
+# every unit's gradient for one reduce-scatter at the end (benchmarks/units.py, data=4 x model=2 on
+# h100x8: 3.33 layers' worth gathered at once, 2.20 with this; data=8 unchanged at 2.13).
+GPU_UNIT_OPTIONS: dict[str, int] = {"xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
 
 
 def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
     """The XLA options of a program on ``devices``: :data:`GPU_COMPILER_OPTIONS` on GPUs (real or a
-    target's); on CPUs :data:`CPU_UNIT_OPTIONS` when the step gathers by units; else None."""
+    target's), with :data:`GPU_UNIT_OPTIONS` when the step gathers by units; on CPUs
+    :data:`CPU_UNIT_OPTIONS` when it does; else None."""
     if devices and devices[0].platform in ("gpu", "cuda"):
-        return dict(GPU_COMPILER_OPTIONS)
+        return {**GPU_COMPILER_OPTIONS, **(GPU_UNIT_OPTIONS if units else {})}
     return dict(CPU_UNIT_OPTIONS) if devices and units else None
 
 
