@@ -9,6 +9,7 @@ import pytest
 from conftest import LR, reference_with_floor, tiny_config
 from helpers.llama import llama_parts
 
+import jzero
 from jzero import gathered, ledger
 from jzero.analysis import plan_report
 from jzero.build import setup
@@ -186,3 +187,45 @@ def test_a_hugging_face_gpt2_gathers_layer_by_layer(devices):
     assert len({s.plan.units[p] for p in s.plan.units if "/h/" in p}) == 12
     g = plan_report(s)["gathered"]
     assert g["peak_bytes"] <= _bound(s, 1), g
+
+
+def test_an_nnx_model_with_a_list_of_layers_gets_units_and_the_same_numbers(devices):
+    import optax
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.up, self.down = nnx.Linear(32, 128, rngs=rngs), nnx.Linear(128, 32, rngs=rngs)
+
+        def __call__(self, x):
+            return x + self.down(nnx.gelu(self.up(x)))
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.inp = nnx.Linear(16, 32, rngs=rngs)
+            self.layers = nnx.List([Block(rngs) for _ in range(3)])
+            self.out = nnx.Linear(32, 8, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.inp(x)
+            for layer in self.layers:
+                x = layer(x)
+            return self.out(x)
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Net(nnx.Rngs(0))))
+
+    def init_fn(key):
+        return nnx.state(Net(nnx.Rngs(key)), nnx.Param)
+
+    def loss_fn(params, batch):
+        return jnp.mean((nnx.merge(graphdef, params)(batch[:, :16]) - batch[:, 16:]) ** 2)
+
+    tx, key = optax.adam(1e-3), jax.random.key(0)
+    plan = jzero.make_plan(jzero.abstract_state(init_fn, tx, key), jzero.make_mesh({"data": 8}), 3)  # the README's loop
+    assert len({plan.units[p] for p in plan.units if p.startswith("layers/1/")}) == 1
+    batches = [jax.random.normal(jax.random.key(k), (32, 24)) for k in range(5)]
+    ref = reference_with_floor(init_fn, loss_fn, tx, key, lambda k: batches[k], 5)
+    state, step = jzero.sharded_init(init_fn, tx, plan, key), jzero.make_train_step(loss_fn, tx, plan)
+    for k in range(5):
+        state, _ = step(state, jax.device_put(batches[k], plan.batch))
+    ref.check(params=jax.device_get(state.params))
