@@ -110,10 +110,13 @@ def llama_reference():
     return batches, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], BATCHES)
 
 
-@pytest.mark.parametrize(("stage", "axes"), [(0, {}), (1, {}), (2, {}), (3, {}), (3, {"data": 4, "model": 2})])
-def test_params_equal_one_device_optax_with_units(devices, llama_reference, stage, axes):
+@pytest.mark.parametrize(
+    ("stage", "extra"),
+    [(0, []), (1, []), (2, []), (3, []), (3, ["mesh.axes.data=4", "mesh.axes.model=2"]), (3, ["train.microbatches=2"])],
+)
+def test_params_equal_one_device_optax_with_units(devices, llama_reference, stage, extra):
     batches, ref = llama_reference
-    s = _llama(f"zero.stage={stage}", *[f"mesh.axes.{k}={v}" for k, v in axes.items()])
+    s = _llama(f"zero.stage={stage}", *extra)
     state, step = s.init_state(), s.make_step()
     for k in range(BATCHES):
         state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
