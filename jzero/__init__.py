@@ -48,6 +48,7 @@ _WHERE = {
     "state_from_params": "jzero.step",
     "target_devices": "jzero.targets",
     "parse_target": "jzero.targets",
+    "unit_call": "jzero.gather",
 }
 __all__ = [
     "STAGES",
@@ -76,12 +77,14 @@ __all__ = [
     "state_from_params",
     "target_devices",
     "parse_target",
+    "unit_call",
 ]
 
 if TYPE_CHECKING:
     from jzero.checkpoint import RunCheckpoints
     from jzero.config import load_config
     from jzero.errors import CheckpointError, ConfigError, JzeroError, PlanError
+    from jzero.gather import unit_call
     from jzero.ledger import live_bytes_per_device, parse_collectives
     from jzero.mesh import make_mesh
     from jzero.plan import Plan, default_rules, make_plan
