@@ -142,7 +142,7 @@ class Setup:
         return step, self.compile(step.lower(self.abstract_state(), batch))
 
     def compile(self, lowered):
-        """Compile a lowered program for this mesh's devices (GPUs get :data:`jzero.targets.GPU_COMPILER_OPTIONS`)."""
+        """Compile a lowered step for this mesh's devices (:func:`jzero.targets.compiler_options`)."""
         return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat), units=bool(self.plan.units)))
 
     def init_state(self) -> TrainState:
@@ -188,7 +188,7 @@ class Setup:
             zero=zero,
             mesh=cfg.mesh if mesh is self.mesh else dataclasses.replace(cfg.mesh, axes=axes, dcn={}),
         )
-        plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules, **_offload(config))
+        plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules, **_zero_keys(config))
         fetches_layers = self.fetches_layers and zero.offload_params
         return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers)
 
@@ -231,11 +231,11 @@ def setup(
     rng = jax.random.key(config.seed)
     abstract = abstract_state(init_fn, tx, rng, precision)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
-    plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_offload(config))
+    plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
     return Setup(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers)
 
 
-def _offload(config: Config) -> dict[str, Any]:
+def _zero_keys(config: Config) -> dict[str, Any]:
     """The ``zero:`` keys :func:`jzero.plan.make_plan` takes besides the stage."""
     z = config.zero
     return {

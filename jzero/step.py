@@ -34,7 +34,7 @@ from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.state import TrainState, create_state, unbox_state
-from jzero.targets import compiler_options
+from jzero.targets import unit_options
 
 LossFn = Callable[[Any, Any], jax.Array]
 
@@ -319,7 +319,7 @@ def make_train_step(
         in_shardings=(plan.state, plan.batch),
         out_shardings=(plan.state, scalar),
         donate_argnums=(0,) if donate else (),
-        compiler_options=compiler_options(list(plan.mesh.devices.flat), units=bool(plan.units)),
+        compiler_options=unit_options(list(plan.mesh.devices.flat)) if plan.units else None,
     )
 
 

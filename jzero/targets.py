@@ -46,6 +46,7 @@ __all__ = [
     "parse_target",
     "start_backends",
     "target_devices",
+    "unit_options",
 ]
 
 INSTALL = "pip install 'jzero[gpu-target]' (in a clone: pip install -e '.[gpu-target]')"
@@ -157,13 +158,22 @@ CPU_UNIT_OPTIONS: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expan
 GPU_UNIT_OPTIONS: dict[str, int] = {"xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
 
 
+def _on_gpus(devices: Sequence[Any]) -> bool:
+    return bool(devices) and devices[0].platform in ("gpu", "cuda")
+
+
+def unit_options(devices: Sequence[Any]) -> dict[str, str | int]:
+    """What a step that gathers by units needs from XLA on ``devices``: :data:`GPU_UNIT_OPTIONS`
+    on GPUs, :data:`CPU_UNIT_OPTIONS` on CPUs. The step's own ``jax.jit`` carries them."""
+    return dict(GPU_UNIT_OPTIONS if _on_gpus(devices) else CPU_UNIT_OPTIONS)
+
+
 def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
     """The XLA options of a program on ``devices``: :data:`GPU_COMPILER_OPTIONS` on GPUs (real or a
-    target's), with :data:`GPU_UNIT_OPTIONS` when the step gathers by units; on CPUs
-    :data:`CPU_UNIT_OPTIONS` when it does; else None."""
-    if devices and devices[0].platform in ("gpu", "cuda"):
-        return {**GPU_COMPILER_OPTIONS, **(GPU_UNIT_OPTIONS if units else {})}
-    return dict(CPU_UNIT_OPTIONS) if devices and units else None
+    target's), then :func:`unit_options` when the step gathers by units (given last, since the
+    last value of an option wins); else None."""
+    options = {**(GPU_COMPILER_OPTIONS if _on_gpus(devices) else {}), **(unit_options(devices) if units else {})}
+    return options or None
 
 
 def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:

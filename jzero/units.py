@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from jzero.errors import PlanError
+from jzero.errors import JzeroError, PlanError, show_value
 
-__all__ = ["AUTO", "NONE", "choose_units"]
+__all__ = ["AUTO", "NONE", "check", "choose_units"]
 
 AUTO, NONE = "auto", "none"
 KEY = "zero.gather_units"
@@ -52,14 +53,28 @@ def _auto(paths: Sequence[str], nbytes: Sequence[int]) -> dict[str, str]:
     return {path: prefix for path in paths for prefix in _prefixes(path) if prefix in members}
 
 
-def _matching(paths: Sequence[str], patterns: Sequence[str]) -> dict[str, str]:
-    """path -> unit prefix, from regexes over whole trailing components of the prefixes."""
+def check(gather_units: Any, error: type[JzeroError] = PlanError) -> list[tuple[str, re.Pattern]]:
+    """A ``zero.gather_units`` value's regexes, compiled (none for ``auto`` and ``none``).
+
+    Raises:
+      error: the value is not ``auto``, ``none`` or a non-empty list of regexes, naming the key.
+    """
+    if isinstance(gather_units, str) and gather_units in (AUTO, NONE):
+        return []
+    if isinstance(gather_units, str) or not gather_units or not all(isinstance(p, str) and p for p in gather_units):
+        raise error(KEY, f"must be {AUTO}, {NONE} or a list of regexes, got {show_value(gather_units)}")
     compiled = []
-    for pattern in patterns:
+    for pattern in gather_units:
         try:
             compiled.append((pattern, re.compile(rf"(?:^|/)(?:{pattern})$")))
         except re.error as err:
-            raise PlanError(KEY, f"{pattern!r} is not a regular expression ({err})") from None
+            raise error(KEY, f"{pattern!r} is not a regular expression ({err})") from None
+    return compiled
+
+
+def _matching(paths: Sequence[str], patterns: Sequence[str]) -> dict[str, str]:
+    """path -> unit prefix, from regexes over whole trailing components of the prefixes."""
+    compiled = check(list(patterns))
     units: dict[str, str] = {}
     used = set()
     for path in paths:
@@ -94,10 +109,9 @@ def choose_units(
     Raises:
       PlanError: a regex that is not one, matches nothing, or nests one unit inside another.
     """
+    check(gather_units)
     if gather_units == NONE or (gather_units == AUTO and scanned) or not paths:
         return {}
-    if isinstance(gather_units, str) and gather_units != AUTO:
-        raise PlanError(KEY, f"must be {AUTO}, {NONE} or a list of regexes, got {gather_units!r}")
     prefix = _auto(paths, nbytes) if gather_units == AUTO else _matching(paths, list(gather_units))
     if not prefix:
         return {}

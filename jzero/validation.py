@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 
+from jzero import units
 from jzero.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 from jzero.errors import ConfigError, clip, show_value
 from jzero.schema import (
@@ -103,21 +104,6 @@ def validate_cluster(cluster: ClusterConfig, keys: tuple[str, str, str] | None =
         raise ConfigError(index, f"must be in [0, {last}] (num_processes={cluster.num_processes}), got {cluster.process_id}")
 
 
-def _validate_units(units: str | list[str]) -> None:
-    """``zero.gather_units``: auto, none, or a non-empty list of regexes."""
-    if isinstance(units, str):
-        if units not in ("auto", "none"):
-            raise ConfigError("zero.gather_units", f"must be auto, none or a list of regexes, got {show_value(units)}")
-        return
-    if not units or not all(isinstance(u, str) and u for u in units):
-        raise ConfigError("zero.gather_units", f"must be auto, none or a list of regexes, got {show_value(units)}")
-    for pattern in units:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise ConfigError("zero.gather_units", f"{pattern!r} is not a regular expression ({err})") from None
-
-
 def validate(config: Config) -> None:
     """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`.
 
@@ -150,7 +136,7 @@ def validate(config: Config) -> None:
         raise ConfigError("zero.offload_optimizer", "needs zero.stage 1, 2 or 3 (the optimizer state partitioned), got stage 0")
     if config.zero.offload_params and config.zero.stage != 3:
         raise ConfigError("zero.offload_params", f"needs zero.stage 3 (parameters partitioned), got stage {config.zero.stage}")
-    _validate_units(config.zero.gather_units)
+    units.check(config.zero.gather_units, ConfigError)
     _in_range(config.zero.prefetch, "zero.prefetch", 0, MAX_INT32)
     _in_range(config.zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
 
