@@ -54,10 +54,10 @@ def arguments(doc: str) -> argparse.ArgumentParser:
 
 
 def trained_state(config_path: str, overrides: list[str]):
-    """JAX started for the config, its :class:`~jzero.build.Setup`, and a mid-training state."""
-    from jzero.config import load_config
+    """JAX started for the config, its :class:`~jzero.train.job.Job`, and a mid-training state."""
+    from jzero.config.loading import load_config
+    from jzero.ledger.targets import import_jax, start_backends
     from jzero.mesh import simulate_cpu_devices
-    from jzero.targets import import_jax, start_backends
 
     config = load_config(config_path, overrides)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
@@ -66,9 +66,9 @@ def trained_state(config_path: str, overrides: list[str]):
 
     import jax
 
-    from jzero.build import setup
+    from jzero.train.job import build_job
 
-    s = setup(config)
+    s = build_job(config)
     return s, jax.block_until_ready(mid_training(s.init_state(), s.plan.state))
 
 
@@ -80,12 +80,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
-    from jzero import ledger
-    from jzero.build import setup
-    from jzero.checkpoint import RunCheckpoints
-    from jzero.config import load_config
+    from jzero.checkpoint.runs import RunCheckpoints
+    from jzero.config.loading import load_config
+    from jzero.config.schema import CheckpointConfig
+    from jzero.ledger import hlo as ledger
     from jzero.mesh import mesh_shape
-    from jzero.schema import CheckpointConfig
+    from jzero.train.job import build_job
 
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     per_device = ledger.live_bytes_per_device(state)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
                 times["async_commit"].append(committed)
             print(f"round {r} {mode:5}: loop blocked {times[mode][-1]:.2f} s, committed after {committed:.2f} s", flush=True)
     last = root / f"async-{args.rounds - 1}"
-    target = setup(load_config(args.config, [*args.set, "mesh.axes.data=4", "mesh.axes.model=2", "zero.stage=1"]))
+    target = build_job(load_config(args.config, [*args.set, "mesh.axes.data=4", "mesh.axes.model=2", "zero.stage=1"]))
     t0 = time.perf_counter()
     restored = RunCheckpoints(last).restore(1, target.abstract_state()).state
     jax.block_until_ready(restored)

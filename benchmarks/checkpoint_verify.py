@@ -4,7 +4,7 @@
 
 The state is the config's full train state (by default gpt2-small: 123.7M parameters, fp32 AdamW,
 1.48 GB) with random moments, as in ``checkpoint_save.py``. It compares
-:class:`jzero.checkpoint.RunCheckpoints` as it is (the manifest is hashed in Orbax's commit
+:class:`jzero.checkpoint.runs.RunCheckpoints` as it is (the manifest is hashed in Orbax's commit
 callback, and checked before every read) with the same class minus exactly that work:
 
 - saves: each round saves the state asynchronously both ways, each into a fresh folder: the loop's
@@ -40,8 +40,8 @@ def _time(fn) -> float:
 def _rounds(s, state, root: Path, rounds: int) -> dict[str, list[float]]:
     import jax
 
-    from jzero.checkpoint import RunCheckpoints, verify_step
-    from jzero.schema import CheckpointConfig
+    from jzero.checkpoint.runs import RunCheckpoints, verify_step
+    from jzero.config.schema import CheckpointConfig
 
     class Unverified(RunCheckpoints):
         """jzero's checkpoints with exactly the manifest's work removed: no hashing at the commit,

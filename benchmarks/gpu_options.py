@@ -25,19 +25,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
-    from jzero.targets import GPU_COMPILER_OPTIONS, import_jax, parse_target, start_backends, target_devices
+    from jzero.ledger.targets import GPU_COMPILER_OPTIONS, import_jax, parse_target, start_backends, target_devices
 
     import_jax(target=True)
     start_backends()
     import jax
     import jax.numpy as jnp
 
-    from jzero import ledger
-    from jzero.build import setup
-    from jzero.config import load_config
+    from jzero.config.loading import load_config
+    from jzero.ledger import hlo as ledger
+    from jzero.train.job import build_job
 
     target = parse_target(args.target)
-    s = setup(load_config(args.config, args.set), target_devices(target))
+    s = build_job(load_config(args.config, args.set), target_devices(target))
     batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32, sharding=s.plan.batch)
     lowered = s.make_step().lower(s.abstract_state(), batch)
     thresholds = {k: 0 for k in GPU_COMPILER_OPTIONS if k.endswith("threshold_bytes")}

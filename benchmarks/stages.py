@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results"))
     args = parser.parse_args(argv)
 
-    from jzero.config import load_config
+    from jzero.config.loading import load_config
+    from jzero.ledger.targets import import_jax, start_backends
     from jzero.mesh import simulate_cpu_devices
-    from jzero.targets import import_jax, start_backends
 
     base = load_config(args.config, args.set)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
-    from jzero import ledger
-    from jzero.build import setup
-    from jzero.data import text_batches
+    from jzero.ledger import hlo as ledger
+    from jzero.train.data import text_batches
+    from jzero.train.job import build_job
 
     def overrides(name: str) -> list[str]:
         stage, offload = VARIANTS[name]
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = text_batches(base.data.path, base.data.max_bytes, m.seq_len, t.global_batch_size, base.seed)
     runs = {}
     for name in VARIANTS:
-        s = setup(load_config(args.config, overrides(name)))
+        s = build_job(load_config(args.config, overrides(name)))
         state = s.init_state()
         batch = data.device_batch(0, s.plan.batch)
         compiled = s.make_step().lower(state, batch).compile()
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["model_state_ratio"] = row["model_state_bytes"] / base_row["model_state_bytes"]
         row["temp_ratio"] = row["temp_bytes"] / base_row["temp_bytes"]
 
-    from jzero.estimate import parse_memory
+    from jzero.ledger.estimate import parse_memory
 
     budget = parse_memory(args.budget, "--budget")
     for row in rows:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def split_by_memory(tree) -> dict[str, int]:
     """Bytes per device a live pytree holds in device memory and in pinned host memory."""
-    from jzero import ledger
+    from jzero.ledger import hlo as ledger
     from jzero.offload import DEVICE, HOST
 
     return {"device": ledger.live_bytes_per_device(tree, DEVICE), "host": ledger.live_bytes_per_device(tree, HOST)}
@@ -182,11 +182,11 @@ def split_by_memory(tree) -> dict[str, int]:
 
 def compiled_bytes(config_path: str, overrides: list[str]) -> tuple[int, dict[str, int]]:
     """(parameters, the ledger's compiled memory per device) of a config, compiled from shapes only."""
-    from jzero import ledger
-    from jzero.build import setup
-    from jzero.config import load_config
+    from jzero.config.loading import load_config
+    from jzero.ledger import hlo as ledger
+    from jzero.train.job import build_job
 
-    s = setup(load_config(config_path, overrides))
+    s = build_job(load_config(config_path, overrides))
     _, compiled = s.compile_step()
     return s.plan.num_params, ledger.compiled_memory(compiled)
 
@@ -263,7 +263,7 @@ def chart(result: dict, path: Path) -> None:
               title=f"largest model in {result['budget_bytes'] / mib:.0f} MiB of device memory per device")  # fmt: skip
     for axis in (left, right):
         axis.tick_params(axis="x", labelrotation=20)
-    from jzero.report import mesh_text
+    from jzero.ledger.render import mesh_text
 
     mesh = mesh_text(result["mesh"])
     fig.suptitle(f"jzero on {mesh} ({result['backend']}), fp32 AdamW")
@@ -273,7 +273,7 @@ def chart(result: dict, path: Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    from jzero.report import mesh_text
+    from jzero.ledger.render import mesh_text
 
     mib = 2**20
     mesh = mesh_text(result["mesh"])

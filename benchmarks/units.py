@@ -45,16 +45,16 @@ def _setup(shape: dict, where: str, mesh: str, stage: int, units: str, extra: li
     import jax
     from helpers.llama import llama_parts
 
-    from jzero.build import setup
-    from jzero.config import load_config
-    from jzero.targets import target_devices
+    from jzero.config.loading import load_config
+    from jzero.ledger.targets import target_devices
+    from jzero.train.job import build_job
 
     seq_len = extra_seq(extra)
     init_fn, loss_fn = llama_parts(seq_len, **shape)
     axes = [f"mesh.axes.{kv}" for kv in mesh.split()]
     cfg = load_config(None, [*extra, f"zero.stage={stage}", f"zero.gather_units={units}", *axes])
     devices = jax.devices() if where.startswith("cpu") else target_devices(where)
-    return setup(cfg, devices, init_fn=init_fn, loss_fn=loss_fn)
+    return build_job(cfg, devices, init_fn=init_fn, loss_fn=loss_fn)
 
 
 def extra_seq(extra: list[str]) -> int:
@@ -63,7 +63,7 @@ def extra_seq(extra: list[str]) -> int:
 
 def row(shape: dict, where: str, mesh: str, stage: int, units: str, extra: list[str]) -> dict:
     """One compile's figures against the whole parameters' bytes (4Ψ for fp32)."""
-    from jzero.analysis import plan_report
+    from jzero.train.report import plan_report
 
     s = _setup(shape, where, mesh, stage, units, extra)
     compiled = None
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-    from jzero.targets import gpu_compiler_available, import_jax, start_backends
+    from jzero.ledger.targets import gpu_compiler_available, import_jax, start_backends
 
     gpu = gpu_compiler_available()
     import_jax(target=gpu)

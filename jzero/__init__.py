@@ -22,18 +22,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "RunCheckpoints": "jzero.checkpoint",
-    "CheckpointConfig": "jzero.schema",
-    "Config": "jzero.schema",
+    "RunCheckpoints": "jzero.checkpoint.runs",
+    "CheckpointConfig": "jzero.config.schema",
+    "Config": "jzero.config.schema",
     "ConfigError": "jzero.errors",
     "JzeroError": "jzero.errors",
     "PlanError": "jzero.errors",
     "CheckpointError": "jzero.errors",
     "default_rules": "jzero.plan",
-    "load_config": "jzero.config",
-    "live_bytes_per_device": "jzero.ledger",
+    "load_config": "jzero.config.loading",
+    "live_bytes_per_device": "jzero.ledger.hlo",
     "paper_bytes_per_device": "jzero.stages",
-    "parse_collectives": "jzero.ledger",
+    "parse_collectives": "jzero.ledger.hlo",
     "make_mesh": "jzero.mesh",
     "STAGES": "jzero.stages",
     "Plan": "jzero.plan",
@@ -46,8 +46,8 @@ _WHERE = {
     "sharded_abstract": "jzero.step",
     "sharded_init": "jzero.step",
     "state_from_params": "jzero.step",
-    "target_devices": "jzero.targets",
-    "parse_target": "jzero.targets",
+    "target_devices": "jzero.ledger.targets",
+    "parse_target": "jzero.ledger.targets",
     "unit_call": "jzero.gather",
 }
 __all__ = [
@@ -81,19 +81,19 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from jzero.checkpoint import RunCheckpoints
-    from jzero.config import load_config
+    from jzero.checkpoint.runs import RunCheckpoints
+    from jzero.config.loading import load_config
+    from jzero.config.schema import CheckpointConfig, Config
     from jzero.errors import CheckpointError, ConfigError, JzeroError, PlanError
     from jzero.gather import unit_call
-    from jzero.ledger import live_bytes_per_device, parse_collectives
+    from jzero.ledger.hlo import live_bytes_per_device, parse_collectives
+    from jzero.ledger.targets import parse_target, target_devices
     from jzero.mesh import make_mesh
     from jzero.plan import Plan, default_rules, make_plan
     from jzero.precision import Precision
-    from jzero.schema import CheckpointConfig, Config
     from jzero.stages import STAGES, StageRule, paper_bytes_per_device
     from jzero.state import TrainState
     from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init, state_from_params
-    from jzero.targets import parse_target, target_devices
 
 
 def __getattr__(name: str) -> Any:

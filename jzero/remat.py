@@ -1,7 +1,7 @@
 """Activation rematerialisation by policy name: jzero's GPT and your own layers use the same names.
 
 A policy says which intermediate values of a layer the forward keeps for the backward; the rest is
-recomputed (``jax.checkpoint``). The names are :data:`jzero.schema.REMAT_POLICIES`:
+recomputed (``jax.checkpoint``). The names are :data:`jzero.config.schema.REMAT_POLICIES`:
 
 - ``none``: no rematerialisation; every intermediate is kept.
 - ``full``: only the layer's inputs are kept; the whole layer is recomputed in the backward.
@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import flax.linen as nn
 import jax
 
+from jzero.config.schema import REMAT_POLICIES
 from jzero.offload import DEVICE, HOST
-from jzero.schema import REMAT_POLICIES
 
 __all__ = ["REMAT_POLICIES", "checkpoint_policy", "policy_name", "remat"]
 

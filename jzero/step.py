@@ -30,11 +30,11 @@ from jax.sharding import PartitionSpec as P
 
 from jzero.axes import LAYERS
 from jzero.gather import UnitSpec, with_units
+from jzero.ledger.targets import unit_options
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.state import TrainState, create_state, unbox_state
-from jzero.targets import unit_options
 
 LossFn = Callable[[Any, Any], jax.Array]
 

@@ -11,7 +11,7 @@ FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_lev
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from jzero.targets import import_jax  # noqa: E402
+from jzero.ledger.targets import import_jax  # noqa: E402
 
 import_jax()  # the CUDA plugin (the gpu-target extra) prints no-GPU notices on import; dropped
 
@@ -19,7 +19,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from jzero.config import Config, load_config  # noqa: E402
+from jzero.config.loading import Config, load_config  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -50,7 +50,7 @@ LR = "optimizer.learning_rate=1e-3"
 
 @pytest.fixture(scope="session")
 def data():
-    from jzero.data import text_batches
+    from jzero.train.data import text_batches
 
     cfg = tiny_config()
     return text_batches(None, cfg.data.max_bytes, cfg.model.seq_len, cfg.train.global_batch_size, cfg.seed)
@@ -195,9 +195,9 @@ def reference(data):
     """The tiny GPT trained 20 steps on one device, with its reordering floor."""
     import jax.numpy as jnp
 
-    from jzero.build import setup
+    from jzero.train.job import build_job
 
-    s = setup(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    s = build_job(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
     return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
@@ -208,7 +208,7 @@ def snapshot(folder) -> dict[str, bytes]:
 
 
 def train_sharded(s, batches, steps=STEPS):
-    """Sharded init and ``steps`` compiled steps of a :class:`jzero.build.Setup`; returns the final state."""
+    """Sharded init and ``steps`` compiled steps of a :class:`jzero.train.job.Job`; returns the final state."""
     state = s.init_state()
     step = s.make_step()
     for k in range(steps):

@@ -3,8 +3,8 @@
 import pytest
 from conftest import tiny_config
 
-from jzero import ledger
-from jzero.build import setup
+from jzero.ledger import hlo as ledger
+from jzero.train.job import build_job
 
 PER_DEVICE_BATCH = 2
 
@@ -18,7 +18,7 @@ def _temp_bytes(n_d: int, stage: int = 0) -> int:
         f"train.global_batch_size={PER_DEVICE_BATCH * n_d}",
         f"zero.stage={stage}",
     )
-    _, compiled = setup(cfg).compile_step()
+    _, compiled = build_job(cfg).compile_step()
     return ledger.compiled_memory(compiled)["temp"]
 
 

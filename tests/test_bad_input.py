@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from conftest import TINY, snapshot
 
-import jzero.export
-from jzero.checkpoint import CHECKPOINTS
-from jzero.cli import main
-from jzero.config import ConfigError, load_config
-from jzero.export import read_safetensors
+import jzero.checkpoint.export
+from jzero.checkpoint.export import read_safetensors
+from jzero.checkpoint.runs import CHECKPOINTS
+from jzero.cli.main import main
+from jzero.config.loading import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
@@ -93,7 +93,7 @@ def test_an_unreadable_config_is_one_line(tmp_path, capsys, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
-    monkeypatch.setattr("jzero.config.open", denied, raising=False)  # root reads any file; this cannot
+    monkeypatch.setattr("jzero.config.loading.open", denied, raising=False)  # root reads any file; this cannot
     one_line_error(capsys, ["plan", str(path)], f"config: cannot read {path}: Permission denied")
 
 
@@ -199,7 +199,7 @@ def test_the_largest_seed_works_end_to_end():
     """2**32 - 1 is accepted because grain's shuffle and jax.random.key both take it."""
     import jax
 
-    from jzero.data import TextBatches
+    from jzero.train.data import TextBatches
 
     config = load_config(CONFIG, ["seed=4294967295"])
     assert config.seed == 2**32 - 1
@@ -224,7 +224,7 @@ def test_set_mesh_names_a_mesh_file_as_yaml_does(capsys):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, devices):
-    from jzero.trainer import train
+    from jzero.train.loop import train
 
     run = tmp_path_factory.mktemp("run")
     overrides = [*TINY, "mesh.axes.data=8", "train.steps=2", "checkpoint.every=2", f"run.dir={run}"]
@@ -261,10 +261,10 @@ def test_a_failed_export_keeps_a_users_partial_file(run_dir, tmp_path, capsys, m
     (tmp_path / "model.safetensors.partial").write_bytes(b"my own bytes")
     before = snapshot(tmp_path)
     if failure == "full-disk":
-        monkeypatch.setattr(jzero.export, "write_safetensors", full_disk)
+        monkeypatch.setattr(jzero.checkpoint.export, "write_safetensors", full_disk)
         fragment = f"jzero: error: --out: writing {out} failed: No space left on device"
     else:
-        monkeypatch.setattr(jzero.export, "restore_numpy", unreadable)
+        monkeypatch.setattr(jzero.checkpoint.export, "restore_numpy", unreadable)
         fragment = f"jzero: error: {run_dir / CHECKPOINTS / '2'}: is unreadable (ValueError: DATA_LOSS"
     line = one_line_error(capsys, ["checkpoint", "export", str(run_dir), "--out", str(out)], fragment)
     assert line.startswith(fragment)
@@ -277,7 +277,7 @@ def test_an_interrupted_export_leaves_nothing(run_dir, tmp_path, capsys, monkeyp
 
     (tmp_path / "model.safetensors.partial").write_bytes(b"my own bytes")
     before = snapshot(tmp_path)
-    monkeypatch.setattr(jzero.export, "restore_numpy", interrupted)  # Ctrl-C while reading a tensor
+    monkeypatch.setattr(jzero.checkpoint.export, "restore_numpy", interrupted)  # Ctrl-C while reading a tensor
     assert main(["checkpoint", "export", str(run_dir), "--out", str(tmp_path / "model.safetensors")]) == 130
     assert capsys.readouterr().err.splitlines() == ["jzero: interrupted"]
     assert snapshot(tmp_path) == before

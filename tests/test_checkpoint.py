@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 from conftest import LR, TINY, reference_with_floor, tiny_config
 
-from jzero.build import setup
-from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
-from jzero.cli import main
-from jzero.config import ConfigError, load_config
-from jzero.data import text_batches
+from jzero.checkpoint.export import restore_numpy
+from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
+from jzero.cli.main import main
+from jzero.config.loading import ConfigError, load_config
 from jzero.errors import CheckpointError
-from jzero.export import restore_numpy
-from jzero.trainer import train
+from jzero.train.data import text_batches
+from jzero.train.job import build_job
+from jzero.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = [*TINY, "mesh.axes.data=8", "zero.stage=3", "checkpoint.every=2", "run.log_every=4"]
 
 
 def run_config(run_dir, *overrides):
-    """The run :func:`cli_args` describes, for calling :func:`jzero.trainer.train` in-process."""
+    """The run :func:`cli_args` describes, for calling :func:`jzero.train.loop.train` in-process."""
     return load_config(ROOT / "configs/gpt-tiny.yaml", [*RUN, f"run.dir={run_dir}", *overrides])
 
 
@@ -127,7 +127,7 @@ def test_sigterm_saves_at_the_step_boundary_and_exits_0(devices, tmp_path):
 def test_a_second_sigint_aborts_at_once(capsys):
     """The first SIGINT asks for a save at the step boundary; the second raises at once. Outside
     the context the previous handlers are back."""
-    from jzero.preemption import Preemption
+    from jzero.train.preemption import Preemption
 
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), Preemption() as preemption:
@@ -170,7 +170,7 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         (["mesh.axes.data=4", "mesh.axes.model=2", "zero.stage=1"], None),
         (["mesh.axes.data=1", "zero.stage=0"], jax.devices()[:1]),
     ]
-    first = setup(tiny_config(LR, "zero.stage=3"))
+    first = build_job(tiny_config(LR, "zero.stage=3"))
     state = first.init_state()
     step = first.make_step()
     for k in range(3):
@@ -181,7 +181,7 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         ckpts = RunCheckpoints(tmp_path / str(i - 1))
         assert ckpts.save(3, state, data.state(3), meta)
         ckpts.wait()
-        s = setup(tiny_config(LR, *overrides), devices=devs)
+        s = build_job(tiny_config(LR, *overrides), devices=devs)
         restored = ckpts.restore(3, s.abstract_state())
         for leaf, sharding in zip(jax.tree.leaves(restored.state), jax.tree.leaves(s.plan.state), strict=True):
             assert leaf.sharding == sharding
@@ -190,7 +190,7 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         state = restored.state
     start = jax.device_get((state.params, state.opt_state))  # the step below donates state
     after_one_device, _ = s.make_step()(state, data.device_batch(3, s.plan.batch))
-    original = setup(tiny_config(LR, "zero.stage=3"))
+    original = build_job(tiny_config(LR, "zero.stage=3"))
     ckpts = RunCheckpoints(tmp_path / "0")
     restored = ckpts.restore(3, original.abstract_state()).state
     after_dp8, _ = original.make_step()(restored, data.device_batch(3, original.plan.batch))
@@ -262,7 +262,7 @@ def test_python_api_in_a_users_own_loop(devices, tmp_path):
     """``jzero.RunCheckpoints`` in a loop that is not jzero's: save, then restore onto another stage."""
     import jzero
 
-    s = setup(tiny_config("zero.stage=3"))
+    s = build_job(tiny_config("zero.stage=3"))
     state = s.init_state()
     checkpoints = jzero.RunCheckpoints(tmp_path)
     assert checkpoints.save(7, state)
@@ -276,7 +276,7 @@ def test_python_api_in_a_users_own_loop(devices, tmp_path):
 
 
 def test_non_finite_state_is_never_checkpointed(devices, tmp_path):
-    s = setup(tiny_config())
+    s = build_job(tiny_config())
     state = s.init_state()
     bad = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
     ckpts = RunCheckpoints(tmp_path)
@@ -312,7 +312,7 @@ def test_export_equals_the_live_parameters(devices, tmp_path, capsys, precision)
 
     bf16 = [f"precision.param_dtype={precision}"]
     train(run_config(tmp_path, "train.steps=4", *bf16), progress=False)
-    s = setup(run_config(tmp_path, *bf16))
+    s = build_job(run_config(tmp_path, *bf16))
     live = RunCheckpoints(tmp_path).restore(4, s.abstract_state()).state
     source = live.opt_state.master if precision == "bfloat16" else live.params
     out = tmp_path / "model.safetensors"
@@ -407,8 +407,8 @@ def test_init_from_exported_or_plain_flax_params(devices, tmp_path, form):
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(source, nested)
         checkpointer.wait_until_finished()
-    s = setup(run_config(tmp_path / "b", f"train.init_from={source}"))
-    from jzero.trainer import initial_state
+    s = build_job(run_config(tmp_path / "b", f"train.init_from={source}"))
+    from jzero.train.loop import initial_state
 
     state, start = initial_state(s, RunCheckpoints(tmp_path / "b"), text_batches(None, 200_000, 16, 16, 0), lambda _: None)
     assert start == 0 and int(state.step) == 0

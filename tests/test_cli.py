@@ -10,8 +10,8 @@ import pytest
 import yaml
 from conftest import TINY
 
-from jzero.cli import main
-from jzero.config import load_config
+from jzero.cli.main import main
+from jzero.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")

@@ -19,9 +19,9 @@ from jax._src import clusters
 from jax._src.clusters import k8s_cluster
 
 import jzero.mesh
-from jzero.config import load_config
-from jzero.distributed import Cluster, find_cluster
-from jzero.launch import fit_problem
+from jzero.config.loading import load_config
+from jzero.distributed.launch import fit_problem
+from jzero.distributed.runtime import Cluster, find_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"

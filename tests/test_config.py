@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jzero.config import ConfigError, dump_config, load_config
+from jzero.config.loading import ConfigError, dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

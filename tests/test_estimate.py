@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from jzero.cli import main
-from jzero.estimate import parse_count, parse_memory
+from jzero.cli.main import main
+from jzero.ledger.estimate import parse_count, parse_memory
 
 
 def test_reproduces_the_papers_7_5b_row_at_64(capsys):
@@ -82,8 +82,8 @@ def test_numbers_out_of_range_are_one_line(capsys, argv, message):
 
 
 def test_the_python_api_refuses_non_finite_numbers():
-    from jzero.config import ConfigError
-    from jzero.estimate import estimate
+    from jzero.config.loading import ConfigError
+    from jzero.ledger.estimate import estimate
 
     nan, inf = float("nan"), float("inf")
     for params, memory, key in [(nan, None, "--params"), (inf, None, "--params"), (1e9, nan, "--memory-per-device")]:

@@ -16,10 +16,10 @@ import pytest
 from conftest import snapshot, tiny_config
 from test_checkpoint import cli_args, host, jzero_process, run_config
 
-from jzero.build import setup
-from jzero.checkpoint import CHECKPOINTS, RunCheckpoints, describe
-from jzero.cli import main
-from jzero.trainer import train
+from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe
+from jzero.cli.main import main
+from jzero.train.job import build_job
+from jzero.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def stderr_lines(text: str) -> list[str]:
 def test_save_then_restore_at_once_never_sets_anything_aside(devices, tmp_path):
     """The README's own-loop pattern with async saves (the default): save, then restore at once,
     20 rounds. Every restore waits for the write in flight and reads the step just saved."""
-    s = setup(tiny_config("zero.stage=3"))
+    s = build_job(tiny_config("zero.stage=3"))
     state = s.init_state()
     checkpoints = RunCheckpoints(tmp_path)
     warnings = []
@@ -52,7 +52,7 @@ def test_save_then_restore_at_once_never_sets_anything_aside(devices, tmp_path):
 
 
 def test_restore_of_a_step_being_written_waits_for_it(devices, tmp_path):
-    s = setup(tiny_config())
+    s = build_job(tiny_config())
     checkpoints = RunCheckpoints(tmp_path)
     assert checkpoints.save(5, s.init_state())
     assert checkpoints.restore(5, s.abstract_state()).step == 5
@@ -229,7 +229,7 @@ def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and stderr_lines(err)[-1] == "jzero: interrupted", err[-3000:]
     assert len(stderr_lines(err)) <= 2, err[-3000:]
-    s = setup(run_config(tmp_path))
+    s = build_job(run_config(tmp_path))
     checkpoints = RunCheckpoints(tmp_path, read_only=True)
     for step in checkpoints.steps():
         assert int(checkpoints.restore(step, s.abstract_state()).state.step) == step

@@ -63,7 +63,7 @@ def _jzero(env, *argv, status=0):
 
 def test_plugin_check_without_jax_plugins(no_plugin):
     """``importlib.util.find_spec("jax_plugins.xla_cuda12")`` raised here: its parent was missing."""
-    code = "from jzero.targets import gpu_compiler_available as a, jax_plugin_modules as m; print(a(), m())"
+    code = "from jzero.ledger.targets import gpu_compiler_available as a, jax_plugin_modules as m; print(a(), m())"
     assert _python(no_plugin, code).split() == ["False", "[]"]
 
 
@@ -75,7 +75,7 @@ def test_a_plugin_advertised_only_by_an_entry_point_counts(no_plugin, tmp_path):
     (dist / "entry_points.txt").write_text("[jax_plugins]\nxla_cuda13 = fake_xla_cuda13\n")
     (tmp_path / "fake_xla_cuda13.py").write_text("def initialize():\n    pass\n")
     env = {**no_plugin, "PYTHONPATH": f"{no_plugin['PYTHONPATH']}{os.pathsep}{tmp_path}"}
-    code = "from jzero.targets import gpu_compiler_available as a, jax_plugin_modules as m; print(a(), m())"
+    code = "from jzero.ledger.targets import gpu_compiler_available as a, jax_plugin_modules as m; print(a(), m())"
     assert _python(env, code).split() == ["True", "['fake_xla_cuda13']"]
 
 

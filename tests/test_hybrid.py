@@ -13,15 +13,15 @@ from conftest import LR, STEPS, reference_with_floor, tiny_config, train_sharded
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jzero import ledger
-from jzero.build import setup
-from jzero.cli import main
-from jzero.config import ConfigError, load_config
+from jzero.cli.main import main
+from jzero.config.loading import ConfigError, load_config
 from jzero.errors import PlanError
+from jzero.ledger import hlo as ledger
 from jzero.mesh import make_mesh
 from jzero.plan import make_plan
 from jzero.stages import paper_bytes_per_device
 from jzero.step import abstract_state, make_train_step, sharded_init
+from jzero.train.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT_TINY = ROOT / "configs/gpt-tiny.yaml"
@@ -41,7 +41,7 @@ def _fp32_adam_formula(psi, stage, n_d, n_m=1):
 def test_dp4_mp2_live_bytes_follow_formula_over_n_m(devices, stage):
     cfg = load_config(GPT_TINY, [f"zero.stage={stage}", *DP4_MP2])
     assert cfg.mesh.axes == {"data": 4, "model": 2}
-    s = setup(cfg)
+    s = build_job(cfg)
     state = jax.eval_shape(lambda: sharded_init(s.init_fn, s.tx, s.plan, s.rng))
     live = sum(
         np.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize
@@ -68,7 +68,7 @@ def test_dp4_mp2_mesh_file_and_plan_json(devices, tmp_path, capsys):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_dp4_mp2_matches_reference(devices, data, reference, stage):
-    s = setup(tiny_config(f"zero.stage={stage}", LR, *DP4_MP2))
+    s = build_job(tiny_config(f"zero.stage={stage}", LR, *DP4_MP2))
     specs = {t.path: t.replicated_spec for t in s.plan.tensors}
     assert specs["blocks/mlp_in/kernel"] == P(None, None, "model")  # Megatron: MLP hidden on model
     assert specs["embed/embedding"] == P("model", None)  # vocabulary on model
@@ -152,7 +152,7 @@ def test_path_rules_place_an_unannotated_model_on_model(devices):
 
 def test_path_rules_from_config(devices):
     cfg = tiny_config(*DP4_MP2, "partitioning.path_rules=[['blocks/ln_.*/scale', [null, model]]]")
-    s = setup(cfg)
+    s = build_job(cfg)
     specs = {t.path: t.replicated_spec for t in s.plan.tensors}
     assert specs["blocks/ln_attn/scale"] == P(None, "model")
     with pytest.raises(ConfigError, match=r"partitioning.path_rules\[0\]: names mesh axis 'pipe'"):
@@ -219,7 +219,7 @@ def test_nnx_model_trains_sharded_and_matches_reference(devices, data, axes):
 def test_replica2_data4(devices, data, reference):
     cfg = tiny_config("zero.stage=3", LR, "mesh.axes={replica: 2, data: 4}")
     assert list(cfg.mesh.axes) == ["replica", "data", "model"]
-    s = setup(cfg)
+    s = build_job(cfg)
     assert s.plan.batch.spec == P(("replica", "data"))
     psi = s.plan.num_params
     assert s.plan.per_device_bytes()["total"] == pytest.approx(_fp32_adam_formula(psi, 3, 4), rel=0.02)
@@ -242,7 +242,7 @@ def test_replica_mesh_file_and_dcn(devices, tmp_path):
     config.write_text(f"mesh: {ROOT / 'configs/mesh/replica2-data4.yaml'}\n")
     cfg = load_config(config)
     assert cfg.mesh.dcn == {"replica": 2}
-    s = setup(cfg)  # one process: dcn validates and every device is local
+    s = build_job(cfg)  # one process: dcn validates and every device is local
     assert dict(s.mesh.shape) == {"replica": 2, "data": 4, "model": 1}
     with pytest.raises(ConfigError, match=r"mesh.dcn.data: 3 does not divide the axis size 4"):
         load_config(ROOT / "configs/gpt-tiny.yaml", ["mesh.axes={replica: 2, data: 4}", "mesh.dcn={data: 3}"])

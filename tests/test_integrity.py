@@ -17,12 +17,12 @@ import pytest
 from conftest import snapshot
 from test_checkpoint import host, run_config
 
-from jzero.build import setup
-from jzero.checkpoint import CHECKPOINTS, RunCheckpoints
-from jzero.cli import main
-from jzero.integrity import MANIFEST, DamagedCheckpoint, Unverified, verify, write_manifest
-from jzero.schema import CheckpointConfig
-from jzero.trainer import train
+from jzero.checkpoint.integrity import MANIFEST, DamagedCheckpoint, Unverified, verify, write_manifest
+from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints
+from jzero.cli.main import main
+from jzero.config.schema import CheckpointConfig
+from jzero.train.job import build_job
+from jzero.train.loop import train
 
 KINDS = ("truncate-a-data-file", "flip-a-byte", "delete-a-file", "truncate-_METADATA")
 SEEDS = range(10)
@@ -38,7 +38,7 @@ def pristine(tmp_path_factory, devices):
 @pytest.fixture(scope="module")
 def target(pristine):
     """The run's abstract state, to restore onto (the same for every copy of the run)."""
-    return setup(run_config(pristine)).abstract_state()
+    return build_job(run_config(pristine)).abstract_state()
 
 
 def manifest_files(step_dir: Path) -> list[str]:
@@ -127,7 +127,7 @@ def test_jzero_train_resumes_past_the_damage_in_three_lines(pristine, tmp_path, 
 
 
 def test_the_manifest_commits_with_the_step_sync_or_async(devices, tmp_path):
-    s = setup(run_config(tmp_path))
+    s = build_job(run_config(tmp_path))
     state = s.init_state()
     for mode in (True, False):
         checkpoints = RunCheckpoints(tmp_path / str(mode), CheckpointConfig(every=1, keep=2, async_=mode))
@@ -152,7 +152,7 @@ def test_checkpoints_from_before_manifests_restore_with_one_line(devices, tmp_pa
     (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
     assert isinstance(verify(step_dir), Unverified)
 
-    s = setup(run_config(tmp_path))
+    s = build_job(run_config(tmp_path))
     warnings = []
     restored = RunCheckpoints(tmp_path).restore_latest(s.abstract_state(), warn=warnings.append)
     assert restored.step == 2 and restored.skipped == []
@@ -209,7 +209,7 @@ def test_a_rewritten_manifest_matches_and_restores_the_same_state(pristine, tmp_
     before = (step_dir / MANIFEST).read_text()
     write_manifest(step_dir)
     assert json.loads((step_dir / MANIFEST).read_text()) == json.loads(before)
-    s = setup(run_config(run))
+    s = build_job(run_config(run))
     a = RunCheckpoints(pristine).restore(4, s.abstract_state()).state
     b = RunCheckpoints(run).restore(4, s.abstract_state()).state
     for x, y in zip(host(a), host(b), strict=True):

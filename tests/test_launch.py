@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from conftest import TINY, reference_with_floor, tiny_config
 
-from jzero.build import setup
-from jzero.checkpoint import RunCheckpoints, describe
-from jzero.data import text_batches
-from jzero.launch import fit_problem, free_port, process_env, shrunk_count
-from jzero.trainer import train
+from jzero.checkpoint.runs import RunCheckpoints, describe
+from jzero.distributed.launch import fit_problem, free_port, process_env, shrunk_count
+from jzero.train.data import text_batches
+from jzero.train.job import build_job
+from jzero.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "tests" / "helpers" / "state_digest.py"
@@ -53,7 +53,7 @@ def _launch(n, k, words, *flags, timeout=240):
 
 def _reference(steps, *overrides):
     """One device's optax run over the same batches, with its reordering floor."""
-    s = setup(tiny_config("mesh.axes.data=1", *overrides), devices=jax.devices()[:1])
+    s = build_job(tiny_config("mesh.axes.data=1", *overrides), devices=jax.devices()[:1])
     data = text_batches(None, s.config.data.max_bytes, s.config.model.seq_len, s.config.train.global_batch_size, 0)
     return s, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), steps)
 
@@ -132,10 +132,10 @@ def test_checkpoints_restore_across_process_counts(tmp_path, devices):
     _spawn_job(4, ["save", str(four_saved), "2", str(tmp_path / "four.npz"), *base, "runtime.cpu_devices=2"])
 
     # This process: 1 process x 8 devices. It restores the 2-process checkpoint onto dp4-mp2 at stage 1...
-    s = setup(tiny_config("zero.stage=1", "mesh.axes={data: 4, model: 2}"))
+    s = build_job(tiny_config("zero.stage=1", "mesh.axes={data: 4, model: 2}"))
     _assert_identical(_digest(RunCheckpoints(two_saved).restore(2, s.abstract_state()).state), tmp_path / "two.npz")
     # ...and saves its own, which 2 processes restore, with the 4-process one, onto dp4-mp2 at stage 1.
-    own = setup(tiny_config(*base[len(TINY) :]))
+    own = build_job(tiny_config(*base[len(TINY) :]))
     data = text_batches(None, own.config.data.max_bytes, 16, 16, 0)
     state, step = own.init_state(), own.make_step()
     for k in range(2):
@@ -154,7 +154,7 @@ def test_a_checkpoint_damaged_on_one_process_sends_both_back_to_the_same_step(tm
     """2 processes save steps 2 and 4; one byte of a file of process 1's shards in step 4 is flipped,
     in a file whose checksum process 1 reads (the processes share the hashing). Both processes set
     step 4 aside and resume from step 2: had they disagreed, their collectives would not meet."""
-    from jzero.integrity import MANIFEST
+    from jzero.checkpoint.integrity import MANIFEST
 
     run = tmp_path / "run"
     first = _launch(2, 4, _train_words(run, "checkpoint.every=2", "train.steps=4"))
@@ -220,7 +220,7 @@ def test_a_dead_peer_ends_the_job_and_names_it(tmp_path, devices):
     assert "process 1 (pid" in err and "was killed by SIGKILL" in err
     assert "Traceback" not in err
     # The newest committed checkpoint restores; nothing half-written is taken for it.
-    s = setup(tiny_config())
+    s = build_job(tiny_config())
     restored = RunCheckpoints(run).restore_latest(s.abstract_state())
     assert restored is not None and restored.step >= 2 and int(restored.state.step) == restored.step
 
@@ -329,7 +329,7 @@ def test_an_unreachable_coordinator_fails_within_its_timeout():
 
 
 def test_auto_finds_the_launchers_job_and_off_or_one_process_is_none(monkeypatch):
-    from jzero.distributed import Cluster, find_cluster
+    from jzero.distributed.runtime import Cluster, find_cluster
     from jzero.errors import ConfigError
 
     for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST", "JAX_COORDINATOR_ADDRESS"):
@@ -354,7 +354,7 @@ def test_auto_finds_the_launchers_job_and_off_or_one_process_is_none(monkeypatch
 
 
 def test_the_launcher_drops_only_the_runtimes_chatter():
-    from jzero.launch import runtime_noise
+    from jzero.distributed.launch import runtime_noise
 
     chatter = [
         b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n",

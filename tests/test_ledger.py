@@ -2,7 +2,7 @@
 
 import pytest
 
-from jzero.ledger import group_size, parse_collectives, summarize_collectives
+from jzero.ledger.hlo import group_size, parse_collectives, summarize_collectives
 from jzero.stages import STAGES, paper_bytes_per_device
 
 HLO = """\
@@ -75,17 +75,17 @@ def test_startup_ledger_matches_the_live_arrays(devices, tmp_path, capsys):
 
     from conftest import TINY
 
-    from jzero import ledger as jl
-    from jzero.build import setup
-    from jzero.cli import main
-    from jzero.config import load_config
+    from jzero.cli.main import main
+    from jzero.config.loading import load_config
+    from jzero.ledger import hlo as jl
+    from jzero.train.job import build_job
 
     sets = [*TINY, "train.steps=1", f"run.dir={tmp_path}"]
     assert main(["train", "configs/gpt-tiny.yaml", *(f"--set={o}" for o in sets)]) == 0
     out = capsys.readouterr().err
     assert "ledger: ZeRO stage 3 on data=8 x model=1" in out and f"written to {tmp_path / 'ledger.json'}" in out
     report = json.loads((tmp_path / "ledger.json").read_text())
-    state = setup(load_config("configs/gpt-tiny.yaml", sets)).init_state()
+    state = build_job(load_config("configs/gpt-tiny.yaml", sets)).init_state()
     live = {"params": jl.live_bytes_per_device(state.params), "optimizer": jl.live_bytes_per_device(state.opt_state)}
     assert report["live_bytes_per_device"]["params"] == live["params"]
     assert report["live_bytes_per_device"]["optimizer"] == live["optimizer"]
@@ -141,7 +141,7 @@ ENTRY %main.1 (a: f32[8]) -> f32[8] {
 
 
 def test_loops_multiply_by_their_trip_counts_and_all_reduce_counts_twice():
-    from jzero.ledger import communication_bytes
+    from jzero.ledger.hlo import communication_bytes
 
     ops = {o.kind: o for o in parse_collectives(NESTED)}
     assert ops["all-gather"].executions == 12 and ops["reduce-scatter"].executions == 3
@@ -158,11 +158,11 @@ def test_communication_against_the_papers_volume(devices):
     forward and again for the backward pass, up to 2Ψ of all-gathers."""
     from conftest import tiny_config
 
-    from jzero.analysis import plan_report
-    from jzero.build import setup
+    from jzero.train.job import build_job
+    from jzero.train.report import plan_report
 
     for stage in (0, 3):
-        report = plan_report(setup(tiny_config(f"zero.stage={stage}")))
+        report = plan_report(build_job(tiny_config(f"zero.stage={stage}")))
         comm, psi = report["communication"], report["num_params"]
         assert comm["paper"] == (3 if stage == 3 else 2) * psi * 4
         if stage == 0:
@@ -231,7 +231,7 @@ def _bytes_from_text(text: str) -> int:
 
 def test_async_tuple_collectives_count_their_results_by_dtype():
     """A combined all-gather-start counts all four results (the old parser read only the last)."""
-    from jzero.ledger import communication_by_dtype, communication_bytes
+    from jzero.ledger.hlo import communication_by_dtype, communication_bytes
 
     ops = {o.name: o for o in parse_collectives(GPU_HLO)}
     line = next(line for line in GPU_HLO.splitlines() if "%all-gather-start = " in line)
@@ -256,7 +256,7 @@ def test_async_tuple_collectives_count_their_results_by_dtype():
 
 def test_a_conditional_counts_one_branch():
     """Both branches of the step's finite-gradient cond gather the same parameter: one runs."""
-    from jzero.ledger import communication_bytes
+    from jzero.ledger.hlo import communication_bytes
 
     ops = {o.name: o for o in parse_collectives(GPU_HLO)}
     skip, apply = ops["all-gather-start.1"], ops["all-gather-start.2"]

@@ -9,9 +9,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoint import run_config
 
-from jzero.build import setup
-from jzero.hooks import Hook
-from jzero.trainer import train
+from jzero.train.hooks import Hook
+from jzero.train.job import build_job
+from jzero.train.loop import train
 
 
 class Bigram(nn.Module):
@@ -55,22 +55,22 @@ class Recorder(Hook):
 
 
 def test_a_second_model_trains_through_the_built_run(devices, tmp_path):
-    """A model other than the GPT, through ``setup(init_fn=..., loss_fn=...)`` and ``train(run=...)``:
+    """A model other than the GPT, through ``build_job(init_fn=..., loss_fn=...)`` and ``train(job=...)``:
     no monkeypatching. It is planned (stage 3 shards its two tensors), checkpointed and learns."""
     config = run_config(tmp_path, "train.steps=30", "run.log_every=5", "optimizer.learning_rate=1e-2", "checkpoint.every=10")
     init_fn, loss_fn = bigram_parts()
-    built = setup(config, init_fn=init_fn, loss_fn=loss_fn)
+    built = build_job(config, init_fn=init_fn, loss_fn=loss_fn)
     assert [t.path for t in built.plan.tensors] == ["Dense_0/bias", "Dense_0/kernel", "Embed_0/embedding"]
     assert all("data" in str(t.param_spec) for t in built.plan.tensors if len(t.shape) == 2)
     recorder = Recorder()
-    result = train(config, run=built, progress=False, hooks=[recorder])
+    result = train(config, job=built, progress=False, hooks=[recorder])
     losses = [r["loss"] for r in result.history]
     assert losses[-1] < losses[0] - 1.0, losses  # a bigram table learns byte statistics fast
     assert result.saved == [10, 20, 30]
     assert recorder.steps == list(range(1, 31)) and [r["step"] for r in recorder.records] == [5, 10, 15, 20, 25, 30]
     assert recorder.ended == (30, None) and recorder.closed
     with pytest.raises(TypeError, match="both init_fn and loss_fn"):
-        setup(config, init_fn=init_fn)
+        build_job(config, init_fn=init_fn)
 
 
 def test_tensorboard_holds_what_metrics_jsonl_holds(devices, tmp_path):

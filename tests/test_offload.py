@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from conftest import LR, assert_within_floor, tiny_config, train_sharded
 
-from jzero import ledger
-from jzero.analysis import plan_report
 from jzero.axes import LAYERS
-from jzero.build import partitions_activations, setup
-from jzero.config import load_config
+from jzero.config.loading import load_config
+from jzero.ledger import hlo as ledger
 from jzero.offload import HOST
 from jzero.remat import REMAT_POLICIES, remat
+from jzero.train.job import partitions_activations, build_job
+from jzero.train.report import plan_report
 
 
 def _batches(data):
@@ -36,8 +36,8 @@ OFFLOADS = {
 
 @pytest.mark.parametrize("sets", OFFLOADS.values(), ids=OFFLOADS.keys())
 def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_without(sets, data, reference):
-    offloaded = setup(tiny_config(LR, *sets))
-    plain = setup(tiny_config(LR, *(x for x in sets if "offload" not in x)))
+    offloaded = build_job(tiny_config(LR, *sets))
+    plain = build_job(tiny_config(LR, *(x for x in sets if "offload" not in x)))
     state = train_sharded(offloaded, _batches(data))
     want = train_sharded(plain, _batches(data))
     zero = offloaded.config.zero
@@ -73,7 +73,7 @@ def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_witho
 
 
 def test_each_block_fetches_its_own_parameters_inside_the_layer_loop(data):
-    s = setup(tiny_config("zero.stage=3", "zero.offload_params=true"))
+    s = build_job(tiny_config("zero.stage=3", "zero.offload_params=true"))
     state = s.init_state()
     jaxpr = jax.make_jaxpr(s.make_step())(state, data.device_batch(0, s.plan.batch))
 
@@ -96,14 +96,14 @@ def test_each_block_fetches_its_own_parameters_inside_the_layer_loop(data):
 
 
 def test_offload_needs_the_stage_that_partitions_it():
-    s = setup(tiny_config("zero.stage=3", "zero.offload_params=true", "zero.offload_optimizer=true"))
+    s = build_job(tiny_config("zero.stage=3", "zero.offload_params=true", "zero.offload_optimizer=true"))
     assert s.replan(stage=1).plan.offload_optimizer and not s.replan(stage=1).plan.offload_params
     assert not s.replan(stage=0).plan.offload_optimizer
 
 
 @pytest.mark.parametrize("policy", REMAT_POLICIES)
 def test_every_remat_policy_trains_like_one_device(policy, data, reference):
-    s = setup(tiny_config(LR, "zero.stage=3", f"model.remat={policy}"))
+    s = build_job(tiny_config(LR, "zero.stage=3", f"model.remat={policy}"))
     state = train_sharded(s, _batches(data))
     reference.check(params=jax.device_get(state.params))
 
@@ -111,7 +111,7 @@ def test_every_remat_policy_trains_like_one_device(policy, data, reference):
 def test_remat_policies_in_the_compiled_step():
     reports = {}
     for policy in ("none", "full", "offload_dots"):
-        s = setup(tiny_config("zero.stage=3", f"model.remat={policy}"))
+        s = build_job(tiny_config("zero.stage=3", f"model.remat={policy}"))
         reports[policy] = plan_report(s)
     none, full, offload = reports["none"], reports["full"], reports["offload_dots"]
     assert full["compiled"]["temp"] < 0.7 * none["compiled"]["temp"]
@@ -150,7 +150,7 @@ P_A = ("zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2", "model.n_layers=
 
 
 def test_partitioned_activations_divide_the_saved_inputs_by_the_model_axis():
-    split, whole = (plan_report(setup(tiny_config(*P_A, f"model.partition_activations={on}"))) for on in ("true", "false"))
+    split, whole = (plan_report(build_job(tiny_config(*P_A, f"model.partition_activations={on}"))) for on in ("true", "false"))
     assert split["activations"]["partitioned"] and not whole["activations"]["partitioned"]
     assert split["activations"]["device"] * 2 == whole["activations"]["device"]  # N_m = 2
     # Saved: 64 layers x 8 rows x 256 x 256 float32, over N_m.
@@ -159,7 +159,7 @@ def test_partitioned_activations_divide_the_saved_inputs_by_the_model_axis():
 
 
 def test_partitioned_activations_train_like_one_device(data, reference):
-    s = setup(tiny_config(LR, "zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2"))
+    s = build_job(tiny_config(LR, "zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2"))
     assert s.config.model.partition_activations is None and partitions_activations(s.config.model, 2)  # on by default
     state = train_sharded(s, _batches(data))
     reference.check(params=jax.device_get(state.params))

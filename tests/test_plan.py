@@ -153,10 +153,10 @@ def test_plan_bytes_per_stage_follow_formula(devices):
 def test_tied_embeddings_drop_the_lm_head(devices):
     from conftest import tiny_config
 
-    from jzero.build import setup
+    from jzero.train.job import build_job
 
-    untied = setup(tiny_config()).plan
-    tied = setup(tiny_config("model.tie_embeddings=true")).plan
+    untied = build_job(tiny_config()).plan
+    tied = build_job(tiny_config("model.tie_embeddings=true")).plan
     assert "lm_head/kernel" in {t.path for t in untied.tensors}
     assert "lm_head/kernel" not in {t.path for t in tied.tensors}
     assert untied.num_params - tied.num_params == 256 * 32
@@ -166,8 +166,8 @@ def test_gpt2_small_config_has_124m_parameters(devices):
     """GPT-2 small's 124.4M less its 1024 x 768 learned positions (rotary here)."""
     from pathlib import Path
 
-    from jzero.build import setup
-    from jzero.config import load_config
+    from jzero.config.loading import load_config
+    from jzero.train.job import build_job
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs/gpt2-small.yaml", ["mesh.axes.data=8"])
-    assert setup(cfg).plan.num_params == 124_466_688 - 1024 * 768
+    assert build_job(cfg).plan.num_params == 124_466_688 - 1024 * 768

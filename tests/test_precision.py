@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from conftest import LR, reference_run, reference_with_floor, tiny_config, train_sharded
 
-from jzero import ledger
-from jzero.build import setup
-from jzero.cli import main
-from jzero.config import ConfigError, load_config
-from jzero.data import text_batches
+from jzero.cli.main import main
+from jzero.config.loading import ConfigError, load_config
+from jzero.ledger import hlo as ledger
 from jzero.precision import MasterState
 from jzero.stages import paper_bytes_per_device
+from jzero.train.data import text_batches
+from jzero.train.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
@@ -27,7 +27,7 @@ BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bf16_params_fp32_master_adam_bytes_are_the_papers(devices, stage):
     """2Ψ params + 2Ψ grads + 12Ψ optimizer (master, momentum, variance): the paper's K = 12."""
-    s = setup(load_config(ROOT / "configs/gpt-tiny.yaml", [f"zero.stage={stage}", *BF16]))
+    s = build_job(load_config(ROOT / "configs/gpt-tiny.yaml", [f"zero.stage={stage}", *BF16]))
     psi = s.plan.num_params
     state = s.init_state()
     assert isinstance(state.opt_state, MasterState)
@@ -44,7 +44,7 @@ def test_bf16_params_fp32_master_adam_bytes_are_the_papers(devices, stage):
 def test_bf16_training_tracks_fp32(devices, data):
     runs = {}
     for name, extra in (("fp32", []), ("bf16", BF16)):
-        s = setup(tiny_config("zero.stage=3", "optimizer.learning_rate=3e-3", *extra))
+        s = build_job(tiny_config("zero.stage=3", "optimizer.learning_rate=3e-3", *extra))
         state = train_sharded(s, data.device_batch, steps=20)
         runs[name] = (s, state, float(jax.jit(s.loss_fn)(state.params, data.device_batch(20, s.plan.batch))))
     (_, _, fp32_loss), (_, bf16, bf16_loss) = runs["fp32"], runs["bf16"]
@@ -61,7 +61,7 @@ CLIP = ["optimizer.clip_norm=0.05", LR]
 @pytest.fixture(scope="module")
 def clipped_reference(data):
     """20 steps of optax.clip_by_global_norm + AdamW on one device, with their reordering floor."""
-    ref = setup(tiny_config(*CLIP, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    ref = build_job(tiny_config(*CLIP, "mesh.axes.data=1"), devices=jax.devices()[:1])
     init = reference_run(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, None, steps=0).params
     grads = jax.grad(ref.loss_fn)(init, jnp.asarray(data.global_batch(0)))
     norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
@@ -73,7 +73,7 @@ def clipped_reference(data):
     "stage, mesh", [(0, DP8), (1, DP8), (2, DP8), (3, DP8), (3, DP4_MP2)], ids=["dp8-0", "dp8-1", "dp8-2", "dp8-3", "dp4-mp2-3"]
 )
 def test_clipping_equals_single_device_optax(devices, data, clipped_reference, stage, mesh):
-    s = setup(tiny_config(f"zero.stage={stage}", *CLIP, *mesh))
+    s = build_job(tiny_config(f"zero.stage={stage}", *CLIP, *mesh))
     state = train_sharded(s, data.device_batch)
     clipped_reference.check(params=state.params, opt_state=state.opt_state)
 
@@ -86,7 +86,7 @@ def _one_step(s, batch):
 
 
 def test_nan_gradient_is_skipped_bit_identically(devices, data):
-    s = setup(tiny_config("zero.stage=3", LR))
+    s = build_job(tiny_config("zero.stage=3", LR))
     real_loss = s.loss_fn
     s = dataclasses.replace(s, loss_fn=lambda params, batch: real_loss(params, batch) * jnp.nan)  # every gradient is NaN
     before, after, metrics = _one_step(s, data.device_batch(0, s.plan.batch))
@@ -99,14 +99,14 @@ def test_nan_gradient_is_skipped_bit_identically(devices, data):
 
 
 def test_fp16_overflow_is_skipped_and_the_scale_drops(devices, data):
-    s = setup(tiny_config("zero.stage=2", "precision.param_dtype=float16", "precision.loss_scale=1.0e30"))
+    s = build_job(tiny_config("zero.stage=2", "precision.param_dtype=float16", "precision.loss_scale=1.0e30"))
     before, after, metrics = _one_step(s, data.device_batch(0, s.plan.batch))
     assert int(metrics["skipped"]) == 1
     assert float(metrics["loss_scale"]) == pytest.approx(0.5e30)
     for a, b in zip(jax.tree.leaves(before.params), jax.tree.leaves(after.params), strict=True):
         np.testing.assert_array_equal(a, b)
     # A sane scale applies the step and counts towards doubling.
-    s = setup(tiny_config("zero.stage=2", "precision.param_dtype=float16", "precision.loss_scale=1024",
+    s = build_job(tiny_config("zero.stage=2", "precision.param_dtype=float16", "precision.loss_scale=1024",
                           "precision.loss_scale_window=1"))  # fmt: skip
     before, after, metrics = _one_step(s, data.device_batch(0, s.plan.batch))
     assert int(metrics["skipped"]) == 0 and float(metrics["loss_scale"]) == 2048.0
@@ -134,7 +134,7 @@ def test_halt_names_the_step(devices, tmp_path, capsys):
 
 @pytest.mark.parametrize("name, lr", [("adafactor", 0.1), ("lion", 3e-3)])  # adafactor's steps are relative to param scale
 def test_other_optimizers_train_at_stage3(devices, data, name, lr):
-    s = setup(tiny_config("zero.stage=3", f"optimizer.name={name}", f"optimizer.learning_rate={lr}"))
+    s = build_job(tiny_config("zero.stage=3", f"optimizer.name={name}", f"optimizer.learning_rate={lr}"))
     planned = s.plan.per_device_bytes()["optimizer"]
     ideal = s.plan.ideal_per_device_bytes()["optimizer"]
     assert planned == pytest.approx(ideal, rel=0.05), (planned, ideal)  # the plan reports them partitioned
@@ -149,7 +149,7 @@ def test_other_optimizers_train_at_stage3(devices, data, name, lr):
 
 
 def test_schedules(devices):
-    from jzero.build import build_schedule
+    from jzero.train.job import build_schedule
 
     cfg = tiny_config("optimizer.schedule=cosine", "optimizer.warmup_steps=10", "train.steps=110",
                       "optimizer.learning_rate=1e-3").optimizer  # fmt: skip
@@ -173,7 +173,7 @@ def one_step_reference(batch_32):
     from zero moments Adam moves each element by lr * g / (|g| + eps): the rounding of any |g| near
     eps becomes a fraction of lr, so a fixed tolerance fails on some machine (5.5e-6 on one EPYC).
     Measured here: parameter floors up to 3.9e-6 per leaf; the sharded steps within 2.4x of them."""
-    ref = setup(tiny_config(LR, "mesh.axes.data=1", *BATCH_32), devices=jax.devices()[:1])
+    ref = build_job(tiny_config(LR, "mesh.axes.data=1", *BATCH_32), devices=jax.devices()[:1])
     return reference_with_floor(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, lambda k: jnp.asarray(batch_32.global_batch(0)), 1)
 
 
@@ -188,7 +188,7 @@ def test_microbatches_equal_one_step_on_the_whole_batch(devices, batch_32, one_s
     only), so one AdamW step lands where one-device optax does, as one whole-batch step does: both
     within 10x the measured reordering floor."""
     for m in (1, 4):
-        s = setup(tiny_config(f"zero.stage={stage}", LR, f"train.microbatches={m}", *BATCH_32))
+        s = build_job(tiny_config(f"zero.stage={stage}", LR, f"train.microbatches={m}", *BATCH_32))
         state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
         _check_step(one_step_reference, state, metrics)
 
@@ -209,7 +209,7 @@ def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_st
     all-reduce per tensor, as the gradient norm is taken over the update's slices). The step equals
     one-device optax's within 10x the reordering floor, with and without microbatches."""
     for m in (1, 4):
-        s = setup(tiny_config("zero.stage=1", LR, f"train.microbatches={m}", *BATCH_32, *MESHES[mesh]))
+        s = build_job(tiny_config("zero.stage=1", LR, f"train.microbatches={m}", *BATCH_32, *MESHES[mesh]))
         state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
         _check_step(one_step_reference, state, metrics)
     hlo = s.compile_step()[1].as_text()
@@ -233,7 +233,7 @@ def test_microbatch_buffer_is_sharded_from_stage_2(devices):
     the compiled temporaries differ by about 7/8 of the fp32 gradient."""
     temp = {}
     for stage in (1, 2):
-        s = setup(tiny_config(f"zero.stage={stage}", "train.microbatches=4", "train.global_batch_size=32"))
+        s = build_job(tiny_config(f"zero.stage={stage}", "train.microbatches=4", "train.global_batch_size=32"))
         temp[stage] = ledger.compiled_memory(s.compile_step()[1])["temp"]
     grads = 4 * s.plan.num_params
     assert temp[1] - temp[2] >= 0.5 * grads * 7 / 8, (temp, grads)

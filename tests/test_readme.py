@@ -10,8 +10,8 @@ import jax
 import numpy as np
 from conftest import tiny_config
 
-from jzero.build import setup
-from jzero.checkpoint import RunCheckpoints
+from jzero.checkpoint.runs import RunCheckpoints
+from jzero.train.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -65,7 +65,7 @@ def test_checkpoints_page_plain_orbax(devices, tmp_path, monkeypatch):
     (plain_orbax,) = python_blocks("docs/checkpoints.md")
     monkeypatch.chdir(tmp_path)
     # A jzero GPT checkpoint at the path the snippet names, read back with plain Orbax.
-    s = setup(tiny_config())
+    s = build_job(tiny_config())
     state = s.init_state()
     gpt = RunCheckpoints(tmp_path / "runs" / "gpt-tiny")
     gpt.save(300, state)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import LR, STEPS, reference_run, reference_with_floor, tiny_config, train_sharded
 
-from jzero import ledger
-from jzero.analysis import lowering_notes
-from jzero.build import setup
+from jzero.ledger import hlo as ledger
 from jzero.step import sharded_init
+from jzero.train.job import build_job
+from jzero.train.report import lowering_notes
 
 N_D = 8
 
@@ -23,7 +23,7 @@ def _config(stage):
 @pytest.fixture(scope="module", params=[0, 1, 2, 3], ids=lambda s: f"stage{s}")
 def run(request, data):
     stage = request.param
-    s = setup(_config(stage))
+    s = build_job(_config(stage))
     state = s.init_state()
     grads = jax.jit(jax.grad(s.loss_fn), out_shardings=s.plan.grads)(state.params, data.device_batch(0, s.plan.batch))
     live = {
@@ -63,7 +63,7 @@ def test_matches_single_device_reference(run, reference):
 
 def test_the_floor_check_catches_a_real_difference(data, reference):
     """The tolerance has teeth: one device with the learning rate 0.1% off (1.001e-3) is refused."""
-    s = setup(tiny_config("optimizer.learning_rate=1.001e-3", "mesh.axes.data=1"), devices=jax.devices()[:1])
+    s = build_job(tiny_config("optimizer.learning_rate=1.001e-3", "mesh.axes.data=1"), devices=jax.devices()[:1])
     off = reference_run(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
     with pytest.raises(AssertionError, match="max gap"):
         reference.check(params=off.params)
@@ -113,7 +113,7 @@ def test_gradient_reduction_is_reported_as_observed(run):
 def test_sharded_init_never_holds_the_whole_state(devices):
     """Stage 3's init program, per device, needs far less than the whole state: each device
     generates only its own slices (threefry is partitionable)."""
-    s = setup(_config(3))
+    s = build_job(_config(3))
     init = jax.jit(lambda key: sharded_init(s.init_fn, s.tx, s.plan, key))
     mem = ledger.compiled_memory(init.lower(s.rng).compile())
     whole = sum(np.dtype(d).itemsize * math.prod(shape) for _, shape, d, _ in s.plan.opt_leaves)
@@ -130,12 +130,12 @@ TIED = "model.tie_embeddings=true"
 
 @pytest.fixture(scope="module")
 def tied_reference(data):
-    s = setup(tiny_config(LR, TIED, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    s = build_job(tiny_config(LR, TIED, "mesh.axes.data=1"), devices=jax.devices()[:1])
     return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_tied_embeddings_match_the_reference(stage, data, tied_reference):
-    s = setup(tiny_config(f"zero.stage={stage}", LR, TIED, "mesh.axes.data=8"))
+    s = build_job(tiny_config(f"zero.stage={stage}", LR, TIED, "mesh.axes.data=8"))
     state = train_sharded(s, data.device_batch)
     tied_reference.check(params=state.params, opt_state=state.opt_state)

@@ -9,12 +9,12 @@ import json
 import pytest
 from conftest import TINY, tiny_config
 
-from jzero import ledger
-from jzero.build import setup
-from jzero.cli import main
-from jzero.config import load_config
+from jzero.cli.main import main
+from jzero.config.loading import load_config
 from jzero.errors import ConfigError
-from jzero.targets import GPU_COMPILER_OPTIONS, Target, gpu_compiler_available, parse_target, target_devices
+from jzero.ledger import hlo as ledger
+from jzero.ledger.targets import GPU_COMPILER_OPTIONS, Target, gpu_compiler_available, parse_target, target_devices
+from jzero.train.job import build_job
 
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
 
@@ -27,7 +27,7 @@ def h100x8():
 
 
 def _compiled(config, devices):
-    s = setup(config, devices)
+    s = build_job(config, devices)
     _, compiled = s.compile_step()
     return s, compiled
 
@@ -80,7 +80,7 @@ def test_bf16_parameters_are_gathered_in_bf16(h100x8):
 )
 def test_communication_at_the_papers_volume(h100x8, config, stage):
     """Bytes sent per device per step, from the GPU program, over the paper's 2Ψ or 3Ψ (bf16)."""
-    from jzero.analysis import plan_report
+    from jzero.train.report import plan_report
 
     s, compiled = _compiled(load_config(config, [f"zero.stage={stage}", "mesh.axes.data=8", *BF16]), h100x8)
     report = plan_report(s, compiled)
@@ -154,7 +154,7 @@ def test_a_cpu_host_with_the_extra_prints_no_cuda_noise():
     import subprocess
     import sys
 
-    from jzero.targets import cuda_driver_present
+    from jzero.ledger.targets import cuda_driver_present
 
     if cuda_driver_present():
         pytest.skip("this host has a CUDA driver: the case is a host without one")
@@ -180,13 +180,13 @@ def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
 
 
 def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
-    """``Setup.compile`` passes GPU_COMPILER_OPTIONS for GPU devices and nothing for the CPU: with the
+    """``Job.compile`` passes GPU_COMPILER_OPTIONS for GPU devices and nothing for the CPU: with the
     combining thresholds at 0, the same step compiles to many more (uncombined) all-gathers."""
-    import jzero.targets
-    from jzero.targets import compiler_options
+    import jzero.ledger.targets
+    from jzero.ledger.targets import compiler_options
 
     assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
-    s = setup(tiny_config("zero.stage=3", *BF16), h100x8)
+    s = build_job(tiny_config("zero.stage=3", *BF16), h100x8)
 
     def gathers():
         ops = ledger.parse_collectives(s.compile_step()[1].as_text())
@@ -194,14 +194,14 @@ def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
 
     combined = gathers()
     no_combining = {k: (0 if k.endswith("threshold_bytes") else v) for k, v in GPU_COMPILER_OPTIONS.items()}
-    monkeypatch.setattr(jzero.targets, "GPU_COMPILER_OPTIONS", no_combining)
+    monkeypatch.setattr(jzero.ledger.targets, "GPU_COMPILER_OPTIONS", no_combining)
     assert gathers() > 2 * combined, combined
 
 
 def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8):
     """The GPU compiler places what the CPU one ignores: offloaded state as host-memory arguments
     (its memory analysis counts them apart) and offload_dots' saved matmul outputs in host memory."""
-    from jzero.analysis import plan_report
+    from jzero.train.report import plan_report
 
     sets = ("zero.stage=3", "zero.offload_optimizer=true", "zero.offload_params=true", "model.remat=offload_dots")
     s, compiled = _compiled(tiny_config(*sets), h100x8)

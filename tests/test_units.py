@@ -10,13 +10,14 @@ from conftest import LR, reference_with_floor, tiny_config
 from helpers.llama import llama_parts
 
 import jzero
-from jzero import gathered, ledger
-from jzero.analysis import plan_report
-from jzero.build import setup
-from jzero.cli import main
-from jzero.config import load_config
+from jzero.cli.main import main
+from jzero.config.loading import load_config
 from jzero.errors import PlanError
-from jzero.targets import gpu_compiler_available, target_devices
+from jzero.ledger import gathered
+from jzero.ledger import hlo as ledger
+from jzero.ledger.targets import gpu_compiler_available, target_devices
+from jzero.train.job import build_job
+from jzero.train.report import plan_report
 from jzero.units import choose_units
 
 SHAPE = {"d": 32, "layers": 3, "heads": 4, "kv_heads": 2}
@@ -26,7 +27,7 @@ LLAMA = ["model.seq_len=16", "train.global_batch_size=16", LR]
 def _llama(*overrides, devices=None, **shape):
     init_fn, loss_fn = llama_parts(16, **{**SHAPE, **shape})
     cfg = load_config(None, [*LLAMA, *overrides])
-    return setup(cfg, devices or jax.devices()[:8], init_fn=init_fn, loss_fn=loss_fn)
+    return build_job(cfg, devices or jax.devices()[:8], init_fn=init_fn, loss_fn=loss_fn)
 
 
 def _paths(s):
@@ -44,7 +45,7 @@ def test_auto_picks_the_repeated_layers_and_the_rest_alone(devices):
 
 
 def test_a_scanned_stack_keeps_the_loops_gather(devices):
-    s = setup(tiny_config("zero.stage=3"), devices)
+    s = build_job(tiny_config("zero.stage=3"), devices)
     assert s.plan.units == {}
     g = plan_report(s)["gathered"]
     # One layer per loop step, beside what XLA gathers of the tensors outside the stack.
@@ -186,7 +187,7 @@ def test_a_hugging_face_gpt2_gathers_layer_by_layer(devices):
         return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, batch[:, 1:, None], -1)[..., 0])
 
     cfg = load_config(None, [*LLAMA, "zero.stage=3"])
-    s = setup(cfg, devices, init_fn=init_fn, loss_fn=loss_fn)
+    s = build_job(cfg, devices, init_fn=init_fn, loss_fn=loss_fn)
     assert len({s.plan.units[p] for p in s.plan.units if "/h/" in p}) == 12
     g = plan_report(s)["gathered"]
     assert g["peak_bytes"] <= _bound(s, 1), g

@@ -1,0 +1,1 @@
+"""Models that jzero trains out of the box: the GPT."""

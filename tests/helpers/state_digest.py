@@ -13,10 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from jzero.config import load_config
-from jzero.distributed import finish, initialize
+from jzero.config.loading import load_config
+from jzero.distributed.runtime import finish, initialize
+from jzero.ledger.targets import import_jax, start_backends
 from jzero.mesh import simulate_cpu_devices
-from jzero.targets import import_jax, start_backends
 
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "save":
@@ -37,11 +37,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from jzero.build import setup  # noqa: E402
-from jzero.checkpoint import RunCheckpoints  # noqa: E402
-from jzero.data import text_batches  # noqa: E402
+from jzero.checkpoint.runs import RunCheckpoints  # noqa: E402
+from jzero.train.data import text_batches  # noqa: E402
+from jzero.train.job import build_job  # noqa: E402
 
-s = setup(config)
+s = build_job(config)
 for run_dir, steps, out in jobs:
     checkpoints = RunCheckpoints(run_dir)
     if mode == "save":

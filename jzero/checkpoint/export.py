@@ -36,9 +36,17 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jzero.checkpoint import array_metadata, committed_steps, error_line, failure_reported, step_folder, tree_paths, verify_step
+from jzero.checkpoint.runs import (
+    array_metadata,
+    committed_steps,
+    error_line,
+    failure_reported,
+    step_folder,
+    tree_paths,
+    verify_step,
+)
+from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, clip, show_value
-from jzero.schema import EXPORT_DTYPES
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
@@ -195,7 +203,7 @@ def export_checkpoint(
     """Write one checkpoint's parameters to ``out`` as safetensors; returns what was written.
 
     The step's files are verified against its manifest first (a damaged step raises
-    :class:`~jzero.integrity.DamagedCheckpoint`, and nothing is written); ``warn`` is told, in one
+    :class:`~jzero.checkpoint.integrity.DamagedCheckpoint`, and nothing is written); ``warn`` is told, in one
     line, of a step written before manifests.
     """
     if dtype not in EXPORT_DTYPES:

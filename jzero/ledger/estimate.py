@@ -11,8 +11,8 @@ import math
 import re
 from typing import Any
 
+from jzero.config.schema import MAX_INT32, MAX_PARAMS
 from jzero.errors import ConfigError, show_value
-from jzero.schema import MAX_INT32, MAX_PARAMS
 from jzero.stages import STAGES, paper_parts_per_device
 
 STAGES_PARTITIONING_OPTIMIZER = tuple(stage for stage, rule in STAGES.items() if rule.optimizer)

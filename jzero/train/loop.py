@@ -1,7 +1,7 @@
-"""The training loop: a built run (:mod:`jzero.build`) stepped under ``run.dir``.
+"""The training loop: a built run (:mod:`jzero.train.job`) stepped under ``run.dir``.
 
 The loop restores or initialises the state, compiles the step, writes the start-up ledger, then
-steps. Its outputs are hooks (:mod:`jzero.hooks`): the progress bar, ``metrics.jsonl``, TensorBoard,
+steps. Its outputs are hooks (:mod:`jzero.train.hooks`): the progress bar, ``metrics.jsonl``, TensorBoard,
 the checkpoint cadence and preemption.
 """
 
@@ -23,24 +23,24 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from jzero.analysis import startup_ledger
-from jzero.build import Setup, build_schedule, setup
-from jzero.checkpoint import CHECKPOINTS, RunCheckpoints, changes, run_meta
-from jzero.config import dump_config
-from jzero.data import TextBatches, text_batches
-from jzero.distributed import is_primary
+from jzero.checkpoint.export import load_params, match_params
+from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, changes, run_meta
+from jzero.config.loading import dump_config
+from jzero.config.schema import Config
+from jzero.distributed.runtime import is_primary
 from jzero.errors import ConfigError
-from jzero.export import load_params, match_params
-from jzero.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
+from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
-from jzero.preemption import Preemption
-from jzero.progress import TrainProgress
-from jzero.report import format_ledger_summary
-from jzero.schema import Config
 from jzero.state import TrainState
 from jzero.step import state_from_params
+from jzero.train.data import TextBatches, text_batches
+from jzero.train.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
+from jzero.train.job import Job, build_schedule, build_job
+from jzero.train.preemption import Preemption
+from jzero.train.progress import TrainProgress
+from jzero.train.report import startup_ledger
 
-__all__ = ["MetricsLog", "RunResult", "TrainingHalted", "initial_state", "train", "trim_metrics"]
+__all__ = ["MetricsLog", "TrainResult", "TrainingHalted", "initial_state", "train", "trim_metrics"]
 
 
 class TrainingHalted(RuntimeError):
@@ -97,7 +97,7 @@ def trim_metrics(path: Path, last_step: int) -> int:
 
 
 @dataclasses.dataclass
-class RunResult:
+class TrainResult:
     """What :func:`train` did: its logged records, where it started and stopped, what it saved."""
 
     history: list[dict[str, Any]]
@@ -108,7 +108,7 @@ class RunResult:
 
 
 def initial_state(
-    s: Setup, checkpoints: RunCheckpoints | None, data: TextBatches, note: Callable[[str], None]
+    s: Job, checkpoints: RunCheckpoints | None, data: TextBatches, note: Callable[[str], None]
 ) -> tuple[TrainState, int]:
     """The latest committed checkpoint (onto this run's mesh and stage), else ``train.init_from``,
     else a fresh init. Returns the state and the step it is at."""
@@ -185,9 +185,9 @@ def train(
     progress: bool = True,
     data: TextBatches | None = None,
     resume: bool = True,
-    run: Setup | None = None,
+    job: Job | None = None,
     hooks: Sequence[Hook] = (),
-) -> RunResult:
+) -> TrainResult:
     """Train per ``config`` under ``run.dir``.
 
     Writes ``config.yaml``, ``metrics.jsonl``, ``ledger.json``, Orbax checkpoints in
@@ -200,12 +200,12 @@ def train(
       progress: draw the progress bar.
       data: the batches (default: ``data:`` of the config).
       resume: False refuses a ``run.dir`` that already holds a run.
-      run: a built run (:func:`jzero.build.setup`), e.g. of your own model (default: built from
+      job: a built job (:func:`jzero.train.job.build_job`), e.g. of your own model (default: built from
         ``config``, jzero's GPT).
-      hooks: more :class:`~jzero.hooks.Hook` objects, called after jzero's own.
+      hooks: more :class:`~jzero.train.hooks.Hook` objects, called after jzero's own.
 
     Returns:
-      A :class:`RunResult`.
+      A :class:`TrainResult`.
 
     Raises:
       ConfigError: the run is refused; nothing has been written then.
@@ -213,7 +213,7 @@ def train(
       CheckpointWriteError: a checkpoint write failed.
       OutputWriteError: another output (ledger, metrics, TensorBoard, config) could not be written.
     """
-    s = run if run is not None else setup(config)
+    s = job if job is not None else build_job(config)
     if data is None:
         m, t = config.model, config.train
         data = text_batches(config.data.path, config.data.max_bytes, m.seq_len, t.global_batch_size, config.seed)
@@ -251,7 +251,7 @@ def train(
         with TrainProgress(steps, enabled=progress, silent=not primary) as bar, Preemption() as preemption:
             for line in notes:
                 bar.announce(line)
-            result = RunResult([], start, start, [])
+            result = TrainResult([], start, start, [])
             if start >= steps:
                 bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
                 checkpoints.close()

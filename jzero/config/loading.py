@@ -1,5 +1,5 @@
 """Typed run configuration: YAML files plus dotted ``--set`` overrides, read into the frozen
-dataclasses of :mod:`jzero.schema` and checked by :mod:`jzero.validation`.
+dataclasses of :mod:`jzero.config.schema` and checked by :mod:`jzero.config.validation`.
 
 Loading never imports JAX, so the CLI can read ``runtime.cpu_devices`` before JAX starts.
 Every problem is raised as one :class:`ConfigError` that names the dotted key.
@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from jzero.axes import MODEL
+from jzero.config.schema import Config
+from jzero.config.validation import validate
 from jzero.errors import ConfigError, clip, show_value
-from jzero.schema import Config
-from jzero.validation import validate
 
 MAX_YAML_BYTES = 1 << 20  # configs are a few KB; a bigger file is the wrong path (data, a checkpoint)
 
@@ -107,7 +107,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
       overrides: ``KEY=VALUE`` strings, dotted keys, values read as YAML scalars.
 
     Returns:
-      The validated, frozen :class:`~jzero.schema.Config`.
+      The validated, frozen :class:`~jzero.config.schema.Config`.
 
     Raises:
       ConfigError: one line naming the key or file and what is wrong.

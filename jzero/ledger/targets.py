@@ -1,7 +1,7 @@
 """GPU targets: compile jzero's step for NVIDIA GPUs on a host that has none (deviceless AOT).
 
 ``h100x8`` names a GPU kind and a count. :func:`target_devices` returns compile-only devices for it,
-from JAX's CUDA plugin and a ``GpuTargetConfig`` in ``jzero/gpu_targets/``; a mesh over them lowers
+from JAX's CUDA plugin and a ``GpuTargetConfig`` in ``jzero/ledger/gpu_targets/``; a mesh over them lowers
 and compiles with XLA's real GPU pipeline, so the HLO, its collectives and ``memory_analysis()`` are
 the GPU program's. Nothing runs: compile-only devices hold no memory.
 
@@ -302,7 +302,7 @@ def start_backends() -> None:
 
 
 def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host: int | None = None) -> list:
-    """Compile-only devices of a GPU target, for :func:`jzero.mesh.make_mesh` or ``jzero.setup(devices=)``.
+    """Compile-only devices of a GPU target, for :func:`jzero.mesh.make_mesh` or ``jzero.build_job(devices=)``.
 
     Args:
       target: ``"h100x8"`` and the like, or a :class:`Target`.

@@ -1,7 +1,7 @@
 """``jzero launch``: one jzero command as N processes of one ``jax.distributed`` job on this machine.
 
 Each process gets K simulated CPU devices (``runtime.cpu_devices``) and the job's coordinator in its
-environment (:data:`jzero.distributed.ENV_COORDINATOR` and the others), which
+environment (:data:`jzero.distributed.runtime.ENV_COORDINATOR` and the others), which
 ``runtime.distributed: auto`` reads; the collectives use gloo. Output lines are prefixed with the
 process index, and the exit status is the worst of the processes'. With ``--max-restarts`` a failed
 job is started again, on the same count or (``--shrink-on-failure``) the largest smaller one the mesh
@@ -31,11 +31,11 @@ from types import FrameType
 from typing import BinaryIO
 
 from jzero.axes import resolve_axes
-from jzero.config import load_config
-from jzero.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from jzero.config.loading import load_config
+from jzero.config.schema import CHECKPOINTS, MAX_CPU_DEVICES, Config
+from jzero.config.validation import check_batch_divides
+from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jzero.errors import ConfigError
-from jzero.schema import CHECKPOINTS, MAX_CPU_DEVICES, Config
-from jzero.validation import check_batch_divides
 
 __all__ = [
     "LaunchSpec",
@@ -119,7 +119,7 @@ def last_logged_step(run_dir: Path) -> int | None:
 
 def parse_spec(words: Sequence[str], processes: int, devices_per_process: int, max_restarts: int = 0) -> LaunchSpec:
     """Check a launch before anything starts; every refusal is one :class:`ConfigError`."""
-    from jzero.cli import build_parser
+    from jzero.cli.main import build_parser
 
     if max_restarts < 0:
         raise ConfigError("--max-restarts", f"must be >= 0, got {max_restarts}")
@@ -188,7 +188,7 @@ def _say(text: str) -> None:
     print(f"jzero launch: {text}", file=sys.stderr, flush=True)
 
 
-class Job:
+class Processes:
     """N processes of one command, their output prefixed, watched until all have exited."""
 
     def __init__(self, spec: LaunchSpec, processes: int):
@@ -267,7 +267,7 @@ def _pump(stream: BinaryIO, out: object, prefix: bytes) -> None:
 
 
 @contextlib.contextmanager
-def _forwarding(job_of: list[Job | None], interrupted: list[bool]) -> Iterator[None]:
+def _forwarding(job_of: list[Processes | None], interrupted: list[bool]) -> Iterator[None]:
     """SIGTERM and SIGINT to the launcher go to every process of the current job (which save and
     stop, as one process would); the launcher then restarts nothing."""
 
@@ -294,11 +294,11 @@ def launch(spec: LaunchSpec, max_restarts: int = 0, shrink_on_failure: bool = Fa
     processes, restarts = spec.processes, 0
     run_dir = Path(spec.config.run.dir)
     bound = spec.config.runtime.heartbeat_timeout_s + GRACE_S
-    current: list[Job | None] = [None]
+    current: list[Processes | None] = [None]
     interrupted = [False]
     with _forwarding(current, interrupted):
         while True:
-            job = current[0] = Job(spec, processes)
+            job = current[0] = Processes(spec, processes)
             pids = " ".join(str(c.pid) for c in job.children)
             _say(f"{processes} processes x {spec.devices_per_process} CPU devices, coordinator localhost:{job.port}; pids {pids}")
             codes = job.wait(bound)

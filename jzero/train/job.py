@@ -1,6 +1,6 @@
-"""From a :class:`~jzero.config.Config` to a built run: mesh, model, optimizer, precision and plan.
+"""From a :class:`~jzero.config.loading.Config` to a built run: mesh, model, optimizer, precision and plan.
 
-Nothing here allocates on devices or compiles. :func:`setup` is what ``jzero train`` and ``jzero
+Nothing here allocates on devices or compiles. :func:`build_job` is what ``jzero train`` and ``jzero
 plan`` start from; it takes any ``init_fn``/``loss_fn`` pair, with jzero's GPT as the default.
 """
 
@@ -17,19 +17,19 @@ import optax
 from jax.sharding import Mesh
 
 from jzero.axes import model_ways
+from jzero.config.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
+from jzero.config.validation import check_batch_divides
+from jzero.ledger.targets import compiler_options
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.models.gpt import GPT, lm_loss
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
 from jzero.remat import policy_name
-from jzero.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
 from jzero.stages import stage_rule
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init
-from jzero.targets import compiler_options
-from jzero.validation import check_batch_divides
 
-__all__ = ["Setup", "build_model", "build_optimizer", "build_precision", "build_schedule", "setup"]
+__all__ = ["Job", "build_model", "build_optimizer", "build_precision", "build_schedule", "setup"]
 
 InitFn = Callable[[jax.Array], Any]
 LossFn = Callable[[Any, jax.Array], jax.Array]
@@ -99,7 +99,7 @@ def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTra
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
+class Job:
     """Everything a run needs, built from a config; nothing allocated on devices yet.
 
     Attributes:
@@ -142,7 +142,7 @@ class Setup:
         return step, self.compile(step.lower(self.abstract_state(), batch))
 
     def compile(self, lowered):
-        """Compile a lowered step for this mesh's devices (:func:`jzero.targets.compiler_options`)."""
+        """Compile a lowered step for this mesh's devices (:func:`jzero.ledger.targets.compiler_options`)."""
         return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat), units=bool(self.plan.units)))
 
     def init_state(self) -> TrainState:
@@ -160,7 +160,7 @@ class Setup:
             fetched_by_model=self.fetches_layers,
         )
 
-    def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Setup:
+    def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Job:
         """The same model and optimizer planned for another stage or mesh; the abstract state is
         reused, so nothing is traced again.
 
@@ -169,7 +169,7 @@ class Setup:
           mesh: the mesh (default: this one).
 
         Returns:
-          A new :class:`Setup`; its config records the stage and the mesh's axes.
+          A new :class:`Job`; its config records the stage and the mesh's axes.
         """
         stage = self.plan.stage if stage is None else stage
         mesh = self.mesh if mesh is None else mesh
@@ -193,17 +193,17 @@ class Setup:
         return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers)
 
 
-def setup(
+def build_job(
     config: Config,
     devices: Sequence[jax.Device] | None = None,
     *,
     init_fn: InitFn | None = None,
     loss_fn: LossFn | None = None,
-) -> Setup:
+) -> Job:
     """Build a run from a config: resolve the mesh on the devices and plan the stage.
 
     Args:
-      config: a validated config (:func:`jzero.config.load_config`).
+      config: a validated config (:func:`jzero.config.loading.load_config`).
       devices: the devices to build the mesh on (default: all of them).
       init_fn: ``init_fn(key)`` returning fp32 parameters (boxed with logical names or not); with
         ``loss_fn``, any model instead of jzero's GPT. Both or neither.
@@ -211,10 +211,10 @@ def setup(
         ``[batch, model.seq_len + 1]``.
 
     Returns:
-      The :class:`Setup`; nothing is allocated on devices.
+      The :class:`Job`; nothing is allocated on devices.
     """
     if (init_fn is None) != (loss_fn is None):
-        raise TypeError("setup: pass both init_fn and loss_fn, or neither (jzero's GPT)")
+        raise TypeError("build_job: pass both init_fn and loss_fn, or neither (jzero's GPT)")
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)
@@ -232,7 +232,7 @@ def setup(
     abstract = abstract_state(init_fn, tx, rng, precision)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
     plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
-    return Setup(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers)
+    return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers)
 
 
 def _zero_keys(config: Config) -> dict[str, Any]:

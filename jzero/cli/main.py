@@ -2,7 +2,7 @@
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
-imports only the standard library and :mod:`jzero.config` (no JAX); the commands import JAX and
+imports only the standard library and :mod:`jzero.config.loading` (no JAX); the commands import JAX and
 Orbax (seconds) inside :func:`main`, with its handlers in place.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import NoReturn
 
-from jzero.config import load_config
+from jzero.config.loading import load_config
+from jzero.config.schema import EXPORT_DTYPES, Config
 from jzero.errors import ConfigError, JzeroError
-from jzero.schema import EXPORT_DTYPES, Config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,9 +34,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(args: argparse.Namespace) -> Config:
     """The config, with JAX started for it: simulated CPU devices and the multi-process job first."""
-    from jzero.distributed import initialize
+    from jzero.distributed.runtime import initialize
+    from jzero.ledger.targets import start_backends
     from jzero.mesh import simulate_cpu_devices
-    from jzero.targets import start_backends
 
     config = load_config(args.config, args.set)
     # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
@@ -51,11 +51,11 @@ def _load(args: argparse.Namespace) -> Config:
 @contextlib.contextmanager
 def _watched(config: Config) -> Iterator[None]:
     """Run a command as one process of a multi-process job: a lost peer ends this process with a
-    line naming it (:class:`~jzero.distributed.Watchdog`), and at the end the processes leave in order."""
+    line naming it (:class:`~jzero.distributed.runtime.Watchdog`), and at the end the processes leave in order."""
     import jax
 
-    from jzero.checkpoint import error_line
-    from jzero.distributed import Watchdog, exit_now, finish
+    from jzero.checkpoint.runs import error_line
+    from jzero.distributed.runtime import Watchdog, exit_now, finish
 
     if jax.process_count() == 1:
         yield
@@ -82,10 +82,10 @@ def _watched(config: Config) -> Iterator[None]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from jzero.checkpoint import CHECKPOINTS, CheckpointWriteError
-    from jzero.distributed import is_primary
-    from jzero.hooks import OutputWriteError
-    from jzero.trainer import TrainingHalted, train
+    from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError
+    from jzero.distributed.runtime import is_primary
+    from jzero.train.hooks import OutputWriteError
+    from jzero.train.loop import TrainingHalted, train
 
     config = _load(args)
     try:
@@ -109,8 +109,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_info(args: argparse.Namespace) -> int:
-    from jzero.checkpoint import describe
-    from jzero.report import human_bytes, mesh_text
+    from jzero.checkpoint.runs import describe
+    from jzero.ledger.render import human_bytes, mesh_text
 
     rows = describe(args.run_dir)
     if args.json:
@@ -135,10 +135,10 @@ def _to_stderr(line: str) -> None:
 
 
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
-    from jzero.checkpoint import verify_run
+    from jzero.checkpoint.integrity import DamagedCheckpoint, Unverified
+    from jzero.checkpoint.runs import verify_run
     from jzero.errors import CheckpointError
-    from jzero.integrity import DamagedCheckpoint, Unverified
-    from jzero.report import human_bytes
+    from jzero.ledger.render import human_bytes
 
     verdicts = verify_run(args.run_dir, args.step)
     for step, verdict in verdicts:
@@ -157,8 +157,8 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_export(args: argparse.Namespace) -> int:
-    from jzero.export import export_checkpoint
-    from jzero.report import human_bytes
+    from jzero.checkpoint.export import export_checkpoint
+    from jzero.ledger.render import human_bytes
 
     with _interrupt_raises():  # so that the export removes its temporary file
         done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype, warn=_to_stderr)
@@ -170,13 +170,13 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from jzero.analysis import one_group_reference, plan_report, with_scaling, with_verdict
-    from jzero.build import setup
-    from jzero.distributed import is_primary
-    from jzero.estimate import parse_memory
-    from jzero.report import format_all_stages, format_plan
+    from jzero.distributed.runtime import is_primary
+    from jzero.ledger.estimate import parse_memory
+    from jzero.ledger.render import format_all_stages, format_plan
+    from jzero.ledger.targets import check_target_fits_mesh, parse_target, target_devices
     from jzero.stages import STAGES
-    from jzero.targets import check_target_fits_mesh, parse_target, target_devices
+    from jzero.train.job import build_job
+    from jzero.train.report import one_group_reference, plan_report, with_scaling, with_verdict
 
     target = parse_target(args.target, args.hosts, args.gpus_per_host) if args.target else None
     if target is None and (args.hosts or args.gpus_per_host):
@@ -189,7 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_target_fits_mesh(target, config.mesh.axes)
         memory = target.memory_bytes if memory is None else memory
     with _watched(config):
-        built = setup(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
+        built = build_job(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
         reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
         stages = STAGES if args.all_stages else [config.zero.stage]
         reports = {}
@@ -206,7 +206,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from jzero.estimate import estimate, format_estimate, parse_count, parse_memory
+    from jzero.ledger.estimate import estimate, format_estimate, parse_count, parse_memory
 
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     result = estimate(
@@ -217,7 +217,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from jzero.launch import launch, parse_spec
+    from jzero.distributed.launch import launch, parse_spec
 
     spec = parse_spec(args.words, args.n, args.devices_per_process, args.max_restarts)
     return launch(spec, args.max_restarts, args.shrink_on_failure)
@@ -233,7 +233,7 @@ def version_line() -> str:
     """``jzero 0.1.0 (jax 0.10.2, ..., CUDA plugin: none)``: what a bug report needs, importing no JAX."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from jzero.targets import cuda_plugins
+    from jzero.ledger.targets import cuda_plugins
 
     def of(name: str) -> str:
         try:
@@ -252,7 +252,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jzero.estimate import OPTIMIZER_STATE_BYTES, PRECISIONS  # no JAX here
+    from jzero.ledger.estimate import OPTIMIZER_STATE_BYTES, PRECISIONS  # no JAX here
 
     parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
     parser.add_argument("--version", action=_Version, nargs=0, help="jzero's version and its stack's, then exit")
@@ -346,7 +346,7 @@ def _exit_interrupted() -> NoReturn:
             stream.flush()
         except Exception:  # a flush re-entered from the signal handler; the line below still goes out
             pass
-    from jzero import targets  # already imported whenever fd 2 can be diverted
+    from jzero.ledger import targets  # already imported whenever fd 2 can be diverted
 
     os.write(targets.stderr_fd or 2, b"jzero: interrupted\n")
     os._exit(130)
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         if args.command not in ("estimate", "launch"):  # the commands that need no JAX
-            from jzero.targets import import_jax, start_backends
+            from jzero.ledger.targets import import_jax, start_backends
 
             import_jax(target=bool(getattr(args, "target", None)))
             if args.command == "checkpoint":  # train and plan start them in _load, after sizing the CPU
@@ -406,7 +406,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

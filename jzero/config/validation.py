@@ -9,8 +9,7 @@ import re
 
 from jzero import units
 from jzero.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
-from jzero.errors import ConfigError, clip, show_value
-from jzero.schema import (
+from jzero.config.schema import (
     DISTRIBUTED_MODES,
     DTYPE_NAMES,
     MAX_CPU_DEVICES,
@@ -27,6 +26,7 @@ from jzero.schema import (
     ModelConfig,
     RuntimeConfig,
 )
+from jzero.errors import ConfigError, clip, show_value
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 

@@ -1,6 +1,6 @@
 """What the training loop does besides stepping, as hooks it calls (Levanter's pattern).
 
-The loop (:func:`jzero.trainer.train`) steps and, at logged steps, turns the device metrics into
+The loop (:func:`jzero.train.loop.train`) steps and, at logged steps, turns the device metrics into
 one host-side record. Everything else is a :class:`Hook`: the progress bar, ``metrics.jsonl``,
 TensorBoard, the checkpoint cadence and preemption. A Python caller adds its own with
 ``train(config, hooks=[...])``.
@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jzero.checkpoint import RunCheckpoints
-from jzero.preemption import Preemption
-from jzero.progress import TrainProgress
+from jzero.checkpoint.runs import RunCheckpoints
 from jzero.state import TrainState
+from jzero.train.preemption import Preemption
+from jzero.train.progress import TrainProgress
 
 __all__ = [
     "CheckpointHook",

@@ -23,9 +23,9 @@ import threading
 import time
 from typing import NoReturn
 
+from jzero.config.schema import ClusterConfig, RuntimeConfig
+from jzero.config.validation import check_coordinator, validate_cluster
 from jzero.errors import ConfigError
-from jzero.schema import ClusterConfig, RuntimeConfig
-from jzero.validation import check_coordinator, validate_cluster
 
 __all__ = [
     "ENV_COORDINATOR",
@@ -258,7 +258,7 @@ def _has_left(client, process: int) -> bool:
 def exit_now(message: str, status: int = LOST_PEER_STATUS) -> NoReturn:
     """``jzero: message`` and exit at once, without Python's shutdown: that would wait for
     threads and barriers that peers which are gone will never join."""
-    from jzero import targets  # where stderr really is while fd 2 is diverted
+    from jzero.ledger import targets  # where stderr really is while fd 2 is diverted
 
     for stream in (sys.stdout, sys.stderr):
         try:

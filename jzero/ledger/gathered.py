@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from jzero.ledger import _array_bytes, _callees, _computations, _Instruction, _results
+from jzero.ledger.hlo import _array_bytes, _callees, _computations, _Instruction, _results
 
 __all__ = ["gathered_peak", "gathered_total"]
 

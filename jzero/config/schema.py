@@ -1,6 +1,6 @@
 """What a run config is: its sections as frozen dataclasses, the names each key accepts, and the
-limits its numbers must keep. No JAX and no I/O here: :mod:`jzero.config` reads a config from YAML
-and flags, :mod:`jzero.validation` checks its values.
+limits its numbers must keep. No JAX and no I/O here: :mod:`jzero.config.loading` reads a config from YAML
+and flags, :mod:`jzero.config.validation` checks its values.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class MeshConfig:
     dcn: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-CHECKPOINTS = "checkpoints"  # <run.dir>/checkpoints/<step>/: read by jzero.checkpoint and jzero launch
+CHECKPOINTS = "checkpoints"  # <run.dir>/checkpoints/<step>/: read by jzero.checkpoint.runs and jzero launch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,12 +5,12 @@ A run's checkpoints live in ``<run.dir>/checkpoints/<step>/`` and are written by
 
 - ``state``: the :class:`~jzero.state.TrainState` (step, parameters, fp32 master and optimizer
   state, skipped-step count, loss scale). Every process writes only the shards it owns.
-- ``data``: the data iterator's state (:meth:`jzero.data.TextBatches.state`).
+- ``data``: the data iterator's state (:meth:`jzero.train.data.TextBatches.state`).
 - ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON.
 
 Orbax writes into a temporary folder and renames it when every item is complete, so a folder named
 by its step alone is committed and anything else is ignored. Before the rename jzero writes a
-manifest of every file's checksum into it (:mod:`jzero.integrity`), and every read checks the files
+manifest of every file's checksum into it (:mod:`jzero.checkpoint.integrity`), and every read checks the files
 against it first. Restore reads straight into the
 target shardings (each device reads only its own slices), so a checkpoint restores onto any mesh,
 stage or device count; only the model's shapes must match.
@@ -35,9 +35,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jzero import integrity
+from jzero.checkpoint import integrity
+from jzero.config.schema import CHECKPOINTS, CheckpointConfig
 from jzero.errors import CheckpointError, ConfigError, JzeroError
-from jzero.schema import CHECKPOINTS, CheckpointConfig
 from jzero.state import TrainState
 
 ITEMS = ("state", "data", "meta")
@@ -380,9 +380,9 @@ def step_folder(run_dir: str | Path, step: int) -> Path:
 def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> integrity.Unverified | int:
     """Check a committed step's files against its manifest, with every process agreeing.
 
-    The processes share the hashing (:func:`jzero.integrity.verify`'s ``part``); a file found bad by
+    The processes share the hashing (:func:`jzero.checkpoint.integrity.verify`'s ``part``); a file found bad by
     one makes the step damaged on all. A step whose ``meta`` says it was written with a manifest
-    and has none is damaged; one written before manifests is :class:`~jzero.integrity.Unverified`,
+    and has none is damaged; one written before manifests is :class:`~jzero.checkpoint.integrity.Unverified`,
     and ``warn`` (if given) is told so in one line.
 
     Returns:

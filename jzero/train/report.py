@@ -1,8 +1,8 @@
 """What a compiled plan shows: the ``jzero plan --json`` report and the start-up ledger.
 
-Each report is a plain dict (rendered by :mod:`jzero.report`): the plan's specs and bytes against
+Each report is a plain dict (rendered by :mod:`jzero.ledger.render`): the plan's specs and bytes against
 the paper's formulas (:mod:`jzero.stages`), the compiled step's memory, FLOPs and collectives
-(:mod:`jzero.ledger`), and how per-device work scales against one batch group's.
+(:mod:`jzero.ledger.hlo`), and how per-device work scales against one batch group's.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jzero import ledger
 from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
-from jzero.build import Setup, partitions_activations
-from jzero.gathered import gathered_peak
+from jzero.ledger import hlo as ledger
+from jzero.ledger.gathered import gathered_peak
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, shard_bytes
@@ -26,6 +25,7 @@ from jzero.remat import policy_name
 from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
 from jzero.state import TrainState
 from jzero.step import activation_rules, sharded_abstract
+from jzero.train.job import Job, partitions_activations
 
 __all__ = [
     "communication",
@@ -65,23 +65,23 @@ def device_description(mesh: Any) -> dict[str, Any]:
     }
 
 
-def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
+def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
     """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives.
     ``compiled`` is the compiled step when the caller has it already."""
     if compiled is None:
-        _, compiled = s.compile_step()
+        _, compiled = job.compile_step()
     hlo = compiled.as_text()
     ops = ledger.parse_collectives(hlo)
-    table = paper_table(s.plan)
+    table = paper_table(job.plan)
     collectives = ledger.summarize_collectives(ops)
-    plan = s.plan
+    plan = job.plan
     mem = ledger.compiled_memory(compiled, hlo)
-    activations = saved_activations(s, hlo)
-    device = device_description(s.mesh)
+    activations = saved_activations(job, hlo)
+    device = device_description(job.mesh)
     return {
-        "devices": int(s.mesh.size),
+        "devices": int(job.mesh.size),
         **device,
-        "mesh": mesh_shape(s.mesh),
+        "mesh": mesh_shape(job.mesh),
         "stage": plan.stage,
         "num_params": plan.num_params,
         "per_device_bytes": plan.per_device_bytes(),
@@ -89,7 +89,7 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
         "activations": activations,
         "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
-        "gathered_peak_bytes": (gathered := gathered_at_once(s, hlo))["peak_bytes"],
+        "gathered_peak_bytes": (gathered := gathered_at_once(job, hlo))["peak_bytes"],
         "gathered": gathered,
         # What rests in host memory among the arguments and outputs, and the peak without it.
         "compiled_host": {"argument": mem["host_argument"], "output": mem["host_output"]},
@@ -137,15 +137,15 @@ def plan_report(s: Setup, compiled: Any = None) -> dict[str, Any]:
     }
 
 
-def gathered_at_once(s: Setup, hlo_text: str) -> dict[str, Any]:
-    """What the step holds gathered at once (:func:`jzero.gathered.gathered_peak`), against the whole
+def gathered_at_once(job: Job, hlo_text: str) -> dict[str, Any]:
+    """What the step holds gathered at once (:func:`jzero.ledger.gathered.gathered_peak`), against the whole
     parameters and one layer, with the units that bound it.
 
     A layer is a gathering unit (the largest) or, for a scanned stack, one slice of the ``layers``
     dimension, in the dtype the loss reads parameters in; ``layers`` is None when neither exists.
     """
-    plan = s.plan
-    dtype = s.precision.compute_dtype
+    plan = job.plan
+    dtype = job.precision.compute_dtype
     peak = gathered_peak(hlo_text)
     whole = sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in plan.tensors)
     layer = max(plan.unit_bytes(dtype), default=0) or _scanned_layer_bytes(plan, dtype)
@@ -169,19 +169,19 @@ def _scanned_layer_bytes(plan: Plan, dtype: Any) -> int:
     return sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in stacked) // layers
 
 
-def saved_activations(s: Setup, hlo_text: str) -> dict[str, Any]:
-    """What the layer loops save for the backward, per device (:func:`jzero.ledger.saved_activations`),
+def saved_activations(job: Job, hlo_text: str) -> dict[str, Any]:
+    """What the layer loops save for the backward, per device (:func:`jzero.ledger.hlo.saved_activations`),
     with the remat policy and whether the saved inputs are partitioned over ``model``.
 
     Host bytes come from the compiled layout when the backend places them (``S(5)``). The CPU
     backend ignores an offloading policy's placement, so there the share the policy sends to host
     memory is read from the program's own residuals (the layer loop's outputs in host memory space).
     """
-    cfg = s.config
-    rows = cfg.train.global_batch_size // batch_ways(mesh_shape(s.mesh)) // cfg.train.microbatches
+    cfg = job.config
+    rows = cfg.train.global_batch_size // batch_ways(mesh_shape(job.mesh)) // cfg.train.microbatches
     saved = ledger.saved_activations(hlo_text, rows)
     source = "compiled"
-    if not saved["host"] and saved["device"] and (share := _host_residual_share(s)):
+    if not saved["host"] and saved["device"] and (share := _host_residual_share(job)):
         saved["host"] = round(saved["device"] * share)
         saved["device"] -= saved["host"]
         source = "policy"
@@ -189,18 +189,18 @@ def saved_activations(s: Setup, hlo_text: str) -> dict[str, Any]:
         "device": saved["device"],
         "host": saved["host"],
         "remat": policy_name(cfg.model.remat),
-        "partitioned": partitions_activations(cfg.model, model_ways(s.mesh.shape)),
+        "partitioned": partitions_activations(cfg.model, model_ways(job.mesh.shape)),
         "host_from": source,
     }
 
 
-def _host_residual_share(s: Setup) -> float:
+def _host_residual_share(job: Job) -> float:
     """The share of the layer loops' saved bytes (global shapes) that the program asks to keep in
     host memory; traced, not compiled."""
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), sharded_abstract(s.abstract, s.plan).params)
-    batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32)
-    with activation_rules(s.plan):
-        jaxpr = jax.make_jaxpr(lambda p, b: jax.vjp(lambda q: s.loss_fn(q, b), p)[1])(params, batch)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), sharded_abstract(job.abstract, job.plan).params)
+    batch = jax.ShapeDtypeStruct(job.batch_shape, jnp.int32)
+    with activation_rules(job.plan):
+        jaxpr = jax.make_jaxpr(lambda p, b: jax.vjp(lambda q: job.loss_fn(q, b), p)[1])(params, batch)
     host = total = 0
     for eqn in _all_eqns(jaxpr.jaxpr):
         if eqn.primitive.name == "scan":
@@ -221,16 +221,16 @@ def _all_eqns(jaxpr: Any):
                     yield from _all_eqns(inner)
 
 
-def one_group_reference(s: Setup) -> dict[str, float | None]:
+def one_group_reference(job: Job) -> dict[str, float | None]:
     """The same model and global batch compiled for one batch group (``data`` = ``replica`` = 1,
     stage 0): what each device's work and temporaries should be divided by N_d.
 
     Returns:
       ``{"flops", "temp"}`` per device of that program.
     """
-    axes = {name: (1 if name in BATCH_AXES else size) for name, size in mesh_shape(s.mesh).items()}
-    mesh = make_mesh(axes, list(s.mesh.devices.flat)[: math.prod(axes.values())])
-    _, compiled = s.replan(stage=0, mesh=mesh).compile_step()
+    axes = {name: (1 if name in BATCH_AXES else size) for name, size in mesh_shape(job.mesh).items()}
+    mesh = make_mesh(axes, list(job.mesh.devices.flat)[: math.prod(axes.values())])
+    _, compiled = job.replan(stage=0, mesh=mesh).compile_step()
     return {"flops": ledger.flops_per_device(compiled), "temp": ledger.compiled_memory(compiled)["temp"]}
 
 
@@ -265,22 +265,22 @@ def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dic
     return report
 
 
-def startup_ledger(s: Setup, compiled: Any, state: TrainState) -> dict[str, Any]:
+def startup_ledger(job: Job, compiled: Any, state: TrainState) -> dict[str, Any]:
     """The plan report of the step this run compiled, with the bytes its live state really holds."""
-    report = plan_report(s, compiled)
+    report = plan_report(job, compiled)
     for key, kind in (("live_bytes_per_device", DEVICE), ("live_host_bytes_per_device", HOST)):
         params = ledger.live_bytes_per_device(state.params, kind)
         optimizer = ledger.live_bytes_per_device(state.opt_state, kind)
         report[key] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
-    report["processes"] = process_figures(s, state, report["per_device_bytes"]["total"])
+    report["processes"] = process_figures(job, state, report["per_device_bytes"]["total"])
     return report
 
 
-def process_figures(s: Setup, state: TrainState, planned_per_device: int) -> dict[str, Any]:
+def process_figures(job: Job, state: TrainState, planned_per_device: int) -> dict[str, Any]:
     """The job's processes and what their devices hold: the planned model states of one process's
     devices and of all of them, and the live parameters and optimizer state each process holds
     (measured in every process and gathered, a collective when there are several)."""
-    devices = list(s.mesh.devices.flat)
+    devices = list(job.mesh.devices.flat)
     local = sum(1 for d in devices if d.process_index == jax.process_index())
     live = ledger.live_bytes_per_process(state.params) + ledger.live_bytes_per_process(state.opt_state)
     if jax.process_count() > 1:

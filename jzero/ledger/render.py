@@ -1,5 +1,5 @@
 """Human-readable renderings of the plan and ledger reports (``jzero plan``, ``jzero train``'s
-startup summary). The reports themselves are plain dicts built in :mod:`jzero.trainer`."""
+startup summary). The reports themselves are plain dicts built in :mod:`jzero.train.loop`."""
 
 from __future__ import annotations
 

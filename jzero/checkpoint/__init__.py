@@ -1,0 +1,1 @@
+"""Checkpoints: a run's Orbax checkpoints, their integrity manifests, and safetensors export."""

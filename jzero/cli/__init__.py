@@ -1,0 +1,1 @@
+"""The ``jzero`` command line: its parser and its commands. Nothing in the package imports it."""

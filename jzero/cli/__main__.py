@@ -1,0 +1,7 @@
+"""``python -m jzero.cli``: the ``jzero`` command."""
+
+import sys
+
+from jzero.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""More than one process: this process's start and exit, ``jax.distributed``, and the launcher."""
