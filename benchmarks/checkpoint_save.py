@@ -56,7 +56,7 @@ def arguments(doc: str) -> argparse.ArgumentParser:
 def trained_state(config_path: str, overrides: list[str]):
     """JAX started for the config, its :class:`~jzero.train.job.Job`, and a mid-training state."""
     from jzero.config.loading import load_config
-    from jzero.ledger.targets import import_jax, start_backends
+    from jzero.distributed.process import import_jax, start_backends
     from jzero.mesh import simulate_cpu_devices
 
     config = load_config(config_path, overrides)

@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
-    from jzero.ledger.targets import GPU_COMPILER_OPTIONS, import_jax, parse_target, start_backends, target_devices
+    from jzero.distributed.process import import_jax, start_backends
+    from jzero.ledger.targets import GPU_COMPILER_OPTIONS, parse_target, target_devices
 
     import_jax(target=True)
     start_backends()

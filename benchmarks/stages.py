@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from jzero.config.loading import load_config
-    from jzero.ledger.targets import import_jax, start_backends
+    from jzero.distributed.process import import_jax, start_backends
     from jzero.mesh import simulate_cpu_devices
 
     base = load_config(args.config, args.set)

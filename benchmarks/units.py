@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-    from jzero.ledger.targets import gpu_compiler_available, import_jax, start_backends
+    from jzero.distributed.process import import_jax, start_backends
+    from jzero.ledger.targets import gpu_compiler_available
 
     gpu = gpu_compiler_available()
     import_jax(target=gpu)

@@ -1,17 +1,40 @@
-"""jzero's errors, by kind. Each is bad input that jzero can name: ``str(err)`` is one line,
-``"<where>: <what is wrong>"``, and the command line prints it and exits with status 2.
+"""jzero's errors, every kind in one place; ``str(err)`` is always one line.
+
+Bad input, under :class:`JzeroError` (``"<where>: <what is wrong>"``; the command line prints it and
+exits with status 2):
 
 - :class:`ConfigError`: a config key or a command-line flag (``zero.stage``, ``--out``);
 - :class:`PlanError`: a sharding plan asked of the Python API (a stage, a mesh, a tensor's spec);
-- :class:`CheckpointError`: a checkpoint folder or file, named by its path.
+- :class:`CheckpointError`: a checkpoint folder or file, named by its path;
+  :class:`DamagedCheckpoint` is one whose files are not what was written.
+
+A run that stops, under :class:`RunError` (the command line prints it and exits with status 1):
+
+- :class:`TrainingHalted`: ``train.nonfinite: halt`` met a non-finite gradient;
+- :class:`CheckpointWriteError`: a checkpoint could not be written;
+- :class:`OutputWriteError`: another of the run's outputs could not be written.
 """
 
 from __future__ import annotations
 
 import reprlib
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointError", "ConfigError", "JzeroError", "PlanError", "clip", "show_value"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
+    "ConfigError",
+    "DamagedCheckpoint",
+    "JzeroError",
+    "OutputWriteError",
+    "PlanError",
+    "RunError",
+    "TrainingHalted",
+    "clip",
+    "error_line",
+    "show_value",
+]
 
 
 class JzeroError(ValueError):
@@ -37,6 +60,47 @@ class PlanError(JzeroError):
 
 class CheckpointError(JzeroError):
     """A checkpoint that cannot be used: missing, unreadable, not jzero's, or of another model."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A step whose files are not what was written: ``where`` is the step folder, ``file`` the first bad one."""
+
+    def __init__(self, step_dir: Path, file: str, problem: str):
+        self.step_dir, self.file, self.problem = step_dir, file, problem
+        super().__init__(str(step_dir), f"checkpoint step {step_dir.name} is damaged: {file} {problem}")
+
+
+class RunError(RuntimeError):
+    """A run that stopped before its last step, for a reason that is not bad input."""
+
+
+class TrainingHalted(RunError):
+    """``train.nonfinite: halt`` met a step with a NaN or Inf gradient (its update was not applied)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
+
+
+class CheckpointWriteError(RunError):
+    """A checkpoint write failed (disk full, permissions...); raised in the training thread."""
+
+    def __init__(self, step: int, path: Path, cause: BaseException):
+        self.step, self.path, self.cause = step, path, cause
+        super().__init__(f"checkpoint: writing step {step} to {path} failed: {error_line(cause)}")
+
+
+class OutputWriteError(RunError):
+    """Writing one of the run's outputs failed (a full disk, permissions): one line naming it."""
+
+    def __init__(self, path: str | Path, cause: OSError):
+        super().__init__(f"writing {path} failed: {cause.strerror or cause}")
+
+
+def error_line(err: BaseException) -> str:
+    """``Type: first sentence`` of an error: tensorstore appends pages of spec to its messages."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text.split('. ')[0][:160]}"
 
 
 _REPR = reprlib.Repr()

@@ -36,9 +36,10 @@ from jax.extend.core import Literal, Var
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jzero.mesh import on_gpus
 from jzero.plan import path_str
 
-__all__ = ["Region", "UnitSpec", "regions", "unit_call", "with_units"]
+__all__ = ["CPU_UNIT_OPTIONS", "GPU_UNIT_OPTIONS", "Region", "UnitSpec", "regions", "unit_call", "unit_options", "with_units"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,3 +280,20 @@ def _replay(jaxpr: Any, env: dict, found: list[Region], specs_of: list[list[Unit
     _run(jaxpr.eqns[done:], env)
     out = [a.val if isinstance(a, Literal) else env[a] for a in jaxpr.outvars]
     return out[0] if len(out) == 1 else out
+
+
+# XLA's CPU pipeline removes optimization barriers before its last CSE pass, which then merges each
+# rematerialised computation with the forward's (measured: a gathering unit's backward all-gather
+# disappears, and every unit stays gathered from the forward to the backward). GPU pipelines remove
+# them only after scheduling.
+CPU_UNIT_OPTIONS: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+# With units, each unit's gradient is reduce-scattered as the backward leaves it: combined, XLA held
+# every unit's gradient for one reduce-scatter at the end (benchmarks/units.py, data=4 x model=2 on
+# h100x8: 3.33 layers' worth gathered at once, 2.20 with this; data=8 unchanged at 2.13).
+GPU_UNIT_OPTIONS: dict[str, int] = {"xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
+
+
+def unit_options(devices: Sequence[Any]) -> dict[str, str | int]:
+    """What a step that gathers by units needs from XLA on ``devices``: :data:`GPU_UNIT_OPTIONS`
+    on GPUs, :data:`CPU_UNIT_OPTIONS` on CPUs. The step's own ``jax.jit`` carries them."""
+    return dict(GPU_UNIT_OPTIONS if on_gpus(devices) else CPU_UNIT_OPTIONS)

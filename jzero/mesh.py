@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 from jax.experimental import mesh_utils
@@ -74,3 +75,8 @@ def simulate_cpu_devices(count: int) -> None:
             raise ConfigError(
                 "runtime.cpu_devices", f"JAX already started with {jax.device_count()} CPU devices, not {count}"
             ) from None
+
+
+def on_gpus(devices: Sequence[Any]) -> bool:
+    """Whether ``devices`` are GPUs, real ones or a GPU target's compile-only devices."""
+    return bool(devices) and devices[0].platform in ("gpu", "cuda")

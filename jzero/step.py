@@ -29,8 +29,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.axes import LAYERS
-from jzero.gather import UnitSpec, with_units
-from jzero.ledger.targets import unit_options
+from jzero.gather import UnitSpec, unit_options, with_units
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast

@@ -11,7 +11,7 @@ FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_lev
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from jzero.ledger.targets import import_jax  # noqa: E402
+from jzero.distributed.process import import_jax  # noqa: E402
 
 import_jax()  # the CUDA plugin (the gpu-target extra) prints no-GPU notices on import; dropped
 

@@ -13,7 +13,7 @@ from jzero.config.loading import load_config
 from jzero.ledger import hlo as ledger
 from jzero.offload import HOST
 from jzero.remat import REMAT_POLICIES, remat
-from jzero.train.job import partitions_activations, build_job
+from jzero.train.job import build_job, partitions_activations
 from jzero.train.report import plan_report
 
 

@@ -154,7 +154,7 @@ def test_a_cpu_host_with_the_extra_prints_no_cuda_noise():
     import subprocess
     import sys
 
-    from jzero.ledger.targets import cuda_driver_present
+    from jzero.distributed.process import cuda_driver_present
 
     if cuda_driver_present():
         pytest.skip("this host has a CUDA driver: the case is a host without one")
@@ -183,7 +183,7 @@ def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
     """``Job.compile`` passes GPU_COMPILER_OPTIONS for GPU devices and nothing for the CPU: with the
     combining thresholds at 0, the same step compiles to many more (uncombined) all-gathers."""
     import jzero.ledger.targets
-    from jzero.ledger.targets import compiler_options
+    from jzero.train.job import compiler_options
 
     assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
     s = build_job(tiny_config("zero.stage=3", *BF16), h100x8)

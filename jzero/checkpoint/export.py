@@ -36,17 +36,16 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.checkpoint.runs import (
     array_metadata,
     committed_steps,
-    error_line,
-    failure_reported,
     step_folder,
     tree_paths,
     verify_step,
 )
 from jzero.config.schema import EXPORT_DTYPES
-from jzero.errors import CheckpointError, ConfigError, clip, show_value
+from jzero.errors import CheckpointError, ConfigError, clip, error_line, show_value
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
@@ -76,7 +75,7 @@ def write_safetensors(
         for name, shape, dtype in tensors:
             array = np.ascontiguousarray(produce(name), dtype=jnp.dtype(dtype))
             if array.shape != tuple(shape):
-                raise ConfigError(name, f"read shape {list(array.shape)}, expected {list(shape)}")
+                raise CheckpointError(name, f"read shape {list(array.shape)}, expected {list(shape)}")
             f.write(array.tobytes())
     return 8 + len(raw) + offset
 
@@ -173,6 +172,7 @@ def read_safetensors(path: Path, key: str | None = None) -> dict[str, np.ndarray
 def restore_numpy(pytree_dir: Path, paths: list[str] | None = None) -> dict[str, np.ndarray]:
     """A saved pytree's arrays as host arrays: all of them, or only ``paths`` (``/``-joined, each
     under nested dicts, as parameters are), reading nothing else."""
+    quiet_orbax()
     if paths is None:
         tree = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata.tree
         restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import xxhash
 
-from jzero.errors import CheckpointError
+from jzero.errors import DamagedCheckpoint
 
 __all__ = ["MANIFEST", "DamagedCheckpoint", "Unverified", "verify", "write_manifest"]
 
@@ -33,14 +33,6 @@ _TMP = f".{MANIFEST}.tmp"  # a manifest being written
 _ALGORITHM = "xxh3_64"
 _ORBAX_STEP_RECORD = ("_CHECKPOINT_METADATA", "commit_success.txt")  # rewritten by Orbax after the commit
 _THREADS = min(8, os.cpu_count() or 1)
-
-
-class DamagedCheckpoint(CheckpointError):
-    """A step whose files are not what was written: ``where`` is the step folder, ``file`` the first bad one."""
-
-    def __init__(self, step_dir: Path, file: str, problem: str):
-        self.step_dir, self.file, self.problem = step_dir, file, problem
-        super().__init__(str(step_dir), f"checkpoint step {step_dir.name} is damaged: {file} {problem}")
 
 
 @dataclasses.dataclass(frozen=True)

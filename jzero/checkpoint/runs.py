@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import os
 import re
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,89 +33,18 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jzero.checkpoint import integrity
+from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.config.schema import CHECKPOINTS, CheckpointConfig
-from jzero.errors import CheckpointError, ConfigError, JzeroError
+from jzero.errors import CheckpointError, CheckpointWriteError, ConfigError, DamagedCheckpoint, JzeroError, error_line
 from jzero.state import TrainState
 
 ITEMS = ("state", "data", "meta")
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
-_ORBAX = f"{os.sep}orbax{os.sep}"
-
-
-def _code_of(tb: Any) -> list[tuple[str, str]]:
-    """``(file, function)`` of each frame of a traceback, read without ``linecache`` (which may
-    not import any more while Python shuts down)."""
-    frames = []
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    return frames
-
-
-def _quiet_orbax_leftovers(previous: Callable[[Any], None], is_finalizing: Callable[[], bool]) -> Callable[[Any], None]:
-    """An unraisable-exception hook that drops two kinds of Orbax leftovers and passes on the rest.
-
-    - Orbax runs each read or write in an asyncio loop of its own and closes it as soon as one
-      TensorStore operation fails. The operations still in flight then finish on TensorStore's
-      threads and try to wake the closed loop, each raising "Event loop is closed" here: thousands
-      of tracebacks after one unreadable checkpoint, with jzero's one-line answer among them.
-    - After a failed write (a full disk), the write's other coroutines are never finished; Python
-      collects them as it shuts down and reports each ("Exception ignored in <coroutine ...>"). The
-      failure itself has reached the caller once, as a :class:`CheckpointWriteError`.
-
-    Everything it uses is bound now: module globals may be gone by the time it runs at shutdown.
-    """
-    code_of, orbax = _code_of, _ORBAX
-
-    def hook(unraisable: Any) -> None:
-        exc, frames = unraisable.exc_value, code_of(unraisable.exc_traceback)
-        woke_closed_loop = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-        if woke_closed_loop and any(name == "call_soon_threadsafe" for _, name in frames):
-            return
-        if is_finalizing() and any(orbax in file for file, _ in frames):
-            return
-        previous(unraisable)
-
-    return hook
-
-
-class _QuietOrbaxOrphans(logging.Filter):
-    """Drops asyncio's "... exception was never retrieved" for Orbax's own tasks and TensorStore's
-    futures: when one read or write of a checkpoint fails, its sibling operations fail the same way
-    and are never awaited. jzero reports the failure itself once (:func:`failure_reported`), and
-    from then on drops them all: their tracebacks do not always pass through Orbax."""
-
-    reported = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "exception was never retrieved" not in record.getMessage():
-            return True
-        if self.reported:
-            return False
-        return not any(_ORBAX in file for file, _ in _code_of(record.exc_info[2] if record.exc_info else None))
-
-
-_ORPHANS = _QuietOrbaxOrphans()
-
-
-def failure_reported() -> None:
-    """A checkpoint read or write failed and jzero has said so: its orphaned operations are noise."""
-    _ORPHANS.reported = True
-
-
-sys.unraisablehook = _quiet_orbax_leftovers(sys.unraisablehook, sys.is_finalizing)
-logging.getLogger("asyncio").addFilter(_ORPHANS)
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint write failed (disk full, permissions...); raised in the training thread."""
-
-    def __init__(self, step: int, path: Path, cause: BaseException):
-        self.step, self.path, self.cause = step, path, cause
-        failure_reported()  # this error is the failure's one report
-        super().__init__(f"checkpoint: writing step {step} to {path} failed: {error_line(cause)}")
+def _write_failed(step: int, path: Path, cause: BaseException) -> CheckpointWriteError:
+    failure_reported()  # this error is the failure's one report
+    return CheckpointWriteError(step, path, cause)
 
 
 @dataclasses.dataclass
@@ -142,9 +68,10 @@ def _is_array_metadata(x: Any) -> bool:
 
 def array_metadata(pytree_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Each array of a saved pytree as ``path -> (shape, dtype)``, read from its metadata alone."""
+    quiet_orbax()
     metadata = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata
     if metadata is None:
-        raise ValueError(f"{pytree_dir} has no readable metadata")
+        raise CheckpointError(str(pytree_dir), "has no readable metadata")
     return {p: (tuple(m.shape), str(m.dtype)) for p, m in tree_paths(metadata.tree, _is_array_metadata).items()}
 
 
@@ -178,6 +105,7 @@ class RunCheckpoints:
     """
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig | None = None, *, read_only: bool = False):
+        quiet_orbax()
         cfg = cfg or CheckpointConfig()
         self.every = cfg.every
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
@@ -225,7 +153,7 @@ class RunCheckpoints:
         try:
             self.manager.save(step, args=args, force=True)
         except Exception as err:
-            raise CheckpointWriteError(step, self.step_dir(step), err) from err
+            raise _write_failed(step, self.step_dir(step), err) from err
         self._pending = step
         if not self.async_:
             self.wait()
@@ -249,7 +177,7 @@ class RunCheckpoints:
             self.manager.check_for_errors()
         except Exception as err:
             step, self._pending = self._pending, None
-            raise CheckpointWriteError(step, self.step_dir(step), err) from err
+            raise _write_failed(step, self.step_dir(step), err) from err
 
     def wait(self) -> None:
         """Block until the write in flight is committed; raise its failure."""
@@ -260,7 +188,7 @@ class RunCheckpoints:
             self.manager.check_for_errors()
         except Exception as err:
             step, self._pending = self._pending, None
-            raise CheckpointWriteError(step, self.step_dir(step), err) from err
+            raise _write_failed(step, self.step_dir(step), err) from err
         self._pending = None
 
     def close(self) -> None:
@@ -406,12 +334,6 @@ def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> in
     return verdict
 
 
-def error_line(err: BaseException) -> str:
-    """``Type: first sentence`` of an error: tensorstore appends pages of spec to its messages."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {text.split('. ')[0][:160]}"
-
-
 def committed_steps(run_dir: str | Path, step: int | None = None) -> list[int]:
     """A run's committed steps, oldest first; with ``step``, just that one.
 
@@ -427,7 +349,7 @@ def committed_steps(run_dir: str | Path, step: int | None = None) -> list[int]:
     return steps if step is None else [step]
 
 
-Verdict = int | integrity.Unverified | integrity.DamagedCheckpoint  # bytes verified, no manifest, or the damage
+Verdict = int | integrity.Unverified | DamagedCheckpoint  # bytes verified, no manifest, or the damage
 
 
 def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, Verdict]]:

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import NoReturn
 
 from jzero.config.loading import load_config
 from jzero.config.schema import EXPORT_DTYPES, Config
+from jzero.distributed.process import BAD_INPUT, INTERRUPTED, RUN_FAILED
 from jzero.errors import ConfigError, JzeroError
 
 
@@ -34,8 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(args: argparse.Namespace) -> Config:
     """The config, with JAX started for it: simulated CPU devices and the multi-process job first."""
+    from jzero.distributed.process import start_backends
     from jzero.distributed.runtime import initialize
-    from jzero.ledger.targets import start_backends
     from jzero.mesh import simulate_cpu_devices
 
     config = load_config(args.config, args.set)
@@ -54,8 +54,9 @@ def _watched(config: Config) -> Iterator[None]:
     line naming it (:class:`~jzero.distributed.runtime.Watchdog`), and at the end the processes leave in order."""
     import jax
 
-    from jzero.checkpoint.runs import error_line
-    from jzero.distributed.runtime import Watchdog, exit_now, finish
+    from jzero.distributed.process import exit_now
+    from jzero.distributed.runtime import Watchdog, finish
+    from jzero.errors import error_line
 
     if jax.process_count() == 1:
         yield
@@ -82,18 +83,18 @@ def _watched(config: Config) -> Iterator[None]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError
+    from jzero.checkpoint.runs import CHECKPOINTS
     from jzero.distributed.runtime import is_primary
-    from jzero.train.hooks import OutputWriteError
-    from jzero.train.loop import TrainingHalted, train
+    from jzero.errors import RunError
+    from jzero.train.loop import train
 
     config = _load(args)
     try:
         with _watched(config):
             result = train(config, progress=not args.quiet, resume=not args.no_resume)
-    except (TrainingHalted, CheckpointWriteError, OutputWriteError) as err:
+    except RunError as err:
         print(f"jzero: {err}", file=sys.stderr)
-        return 1
+        return RUN_FAILED
     if not is_primary():  # process 0 speaks for the job
         return 0
     history = result.history
@@ -135,9 +136,9 @@ def _to_stderr(line: str) -> None:
 
 
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
-    from jzero.checkpoint.integrity import DamagedCheckpoint, Unverified
+    from jzero.checkpoint.integrity import Unverified
     from jzero.checkpoint.runs import verify_run
-    from jzero.errors import CheckpointError
+    from jzero.errors import CheckpointError, DamagedCheckpoint
     from jzero.ledger.render import human_bytes
 
     verdicts = verify_run(args.run_dir, args.step)
@@ -337,19 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exit_interrupted() -> NoReturn:
-    """``jzero: interrupted`` and exit 130 at once, not through interpreter shutdown: after an
-    interrupt inside JAX's tracing or compiling, shutdown crashed (SIGSEGV) here. Nothing is lost
-    that a kill would keep: checkpoints commit atomically, and an export removes its temporary file
-    before it gets here."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a flush re-entered from the signal handler; the line below still goes out
-            pass
-    from jzero.ledger import targets  # already imported whenever fd 2 can be diverted
+    from jzero.distributed.process import exit_now  # imported already whenever fd 2 can be diverted
 
-    os.write(targets.stderr_fd or 2, b"jzero: interrupted\n")
-    os._exit(130)
+    exit_now("interrupted", INTERRUPTED)
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -389,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         if args.command not in ("estimate", "launch"):  # the commands that need no JAX
-            from jzero.ledger.targets import import_jax, start_backends
+            from jzero.distributed.process import import_jax, start_backends
 
             import_jax(target=bool(getattr(args, "target", None)))
             if args.command == "checkpoint":  # train and plan start them in _load, after sizing the CPU
@@ -397,12 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it
         print(f"jzero: error: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except KeyboardInterrupt:
         if program:
             _exit_interrupted()
         print("jzero: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

@@ -34,6 +34,7 @@ from jzero.axes import resolve_axes
 from jzero.config.loading import load_config
 from jzero.config.schema import CHECKPOINTS, MAX_CPU_DEVICES, Config
 from jzero.config.validation import check_batch_divides
+from jzero.distributed.process import BAD_INPUT, INTERRUPTED
 from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jzero.errors import ConfigError
 
@@ -49,8 +50,6 @@ __all__ = [
 ]
 
 LAUNCHABLE = ("train", "plan")
-BAD_INPUT = 2
-INTERRUPTED = 130
 GRACE_S = 30  # beyond runtime.heartbeat_timeout_s, before the launcher kills a survivor itself
 
 

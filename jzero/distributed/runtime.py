@@ -8,7 +8,7 @@ NCCL on GPUs, gloo on CPUs.
 
 A dead peer must not leave the others hanging in a collective. JAX's coordinator notices a process
 that stops sending heartbeats; :class:`Watchdog` asks it which processes are alive and, when one is
-lost, ends this process at once with a line naming it (exit status :data:`LOST_PEER_STATUS`). The
+lost, ends this process at once with a line naming it (exit status :data:`jzero.distributed.process.LOST_PEER`). The
 runtime runs in JAX's recoverable mode, so that this line, not a native crash, is how a survivor
 ends; the price is that the processes must leave in order (:func:`finish`).
 """
@@ -18,23 +18,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import sys
 import threading
 import time
-from typing import NoReturn
 
 from jzero.config.schema import ClusterConfig, RuntimeConfig
 from jzero.config.validation import check_coordinator, validate_cluster
+from jzero.distributed.process import LOST_PEER, exit_now
 from jzero.errors import ConfigError
 
 __all__ = [
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
-    "LOST_PEER_STATUS",
     "Cluster",
     "Watchdog",
-    "exit_now",
     "find_cluster",
     "finish",
     "initialize",
@@ -45,7 +42,6 @@ __all__ = [
 ENV_COORDINATOR = "JZERO_COORDINATOR"
 ENV_NUM_PROCESSES = "JZERO_NUM_PROCESSES"
 ENV_PROCESS_ID = "JZERO_PROCESS_ID"
-LOST_PEER_STATUS = 3  # a peer process was lost; this one ended without finishing the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +181,7 @@ class Watchdog:
     made it, and the coordinator declares a process dead after ``runtime.heartbeat_timeout_s``
     without a heartbeat. A process missing from the answer that did not say it was leaving
     (:func:`finish`) is lost: this process ends at once with one line naming it, exit status
-    :data:`LOST_PEER_STATUS`. Nothing half-written is committed (Orbax renames a checkpoint only
+    :data:`jzero.distributed.process.LOST_PEER`. Nothing half-written is committed (Orbax renames a checkpoint only
     when it is complete). A lost process 0 takes the coordinator with it; JAX itself then ends the
     others, naming "the leader task".
 
@@ -229,7 +225,7 @@ class Watchdog:
             except Exception as err:  # the coordinator itself is gone
                 if self._stop.is_set() or _has_left(client, 0):
                     return
-                exit_now(f"the coordinator (process 0) stopped answering: {str(err).splitlines()[0][:160]}")
+                exit_now(f"the coordinator (process 0) stopped answering: {str(err).splitlines()[0][:160]}", LOST_PEER)
             if self._stop.is_set():
                 return
             missing = [p for p in self.processes if p not in alive]
@@ -237,7 +233,7 @@ class Watchdog:
             if lost:
                 names = ", ".join(map(str, lost))
                 exit_now(f"lost process {names} (no heartbeat for runtime.heartbeat_timeout_s); "
-                         f"process {self.me} stops without finishing the run")  # fmt: skip
+                         f"process {self.me} stops without finishing the run", LOST_PEER)  # fmt: skip
             if len(missing) == len(self.processes) - 1:
                 self.alone.set()
             self._stop.wait(self.interval_s)
@@ -253,20 +249,6 @@ def _has_left(client, process: int) -> bool:
         return client.key_value_try_get(_left_key(process)) == "1"
     except Exception:  # not found
         return False
-
-
-def exit_now(message: str, status: int = LOST_PEER_STATUS) -> NoReturn:
-    """``jzero: message`` and exit at once, without Python's shutdown: that would wait for
-    threads and barriers that peers which are gone will never join."""
-    from jzero.ledger import targets  # where stderr really is while fd 2 is diverted
-
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os.write(targets.stderr_fd or 2, f"jzero: {message}\n".encode())
-    os._exit(status)
 
 
 def finish(timeout_s: float, watchdog: Watchdog | None = None) -> None:

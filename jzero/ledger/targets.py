@@ -13,40 +13,28 @@ line sets ``JAX_PLATFORMS=cpu`` itself for ``--target``; from Python, set it bef
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import importlib.metadata
 import importlib.util
 import math
-import os
 import pkgutil
 import re
-import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from jzero.errors import ConfigError
 
 __all__ = [
-    "CPU_UNIT_OPTIONS",
     "GPU_COMPILER_OPTIONS",
-    "GPU_UNIT_OPTIONS",
     "GPUS",
     "Gpu",
     "Target",
     "check_target_fits_mesh",
-    "compiler_options",
     "cuda_plugins",
     "gpu_compiler_available",
-    "import_jax",
     "jax_plugin_modules",
     "parse_target",
-    "start_backends",
     "target_devices",
-    "unit_options",
 ]
 
 INSTALL = "pip install 'jzero[gpu-target]' (in a clone: pip install -e '.[gpu-target]')"
@@ -147,35 +135,6 @@ def parse_target(spec: str, hosts: int | None = None, gpus_per_host: int | None 
     return Target(match.group("gpu"), hosts, per_host)
 
 
-# XLA's CPU pipeline removes optimization barriers before its last CSE pass, which then merges each
-# rematerialised computation with the forward's (measured: a gathering unit's backward all-gather
-# disappears, and every unit stays gathered from the forward to the backward). GPU pipelines remove
-# them only after scheduling.
-CPU_UNIT_OPTIONS: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
-# With units, each unit's gradient is reduce-scattered as the backward leaves it: combined, XLA held
-# every unit's gradient for one reduce-scatter at the end (benchmarks/units.py, data=4 x model=2 on
-# h100x8: 3.33 layers' worth gathered at once, 2.20 with this; data=8 unchanged at 2.13).
-GPU_UNIT_OPTIONS: dict[str, int] = {"xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
-
-
-def _on_gpus(devices: Sequence[Any]) -> bool:
-    return bool(devices) and devices[0].platform in ("gpu", "cuda")
-
-
-def unit_options(devices: Sequence[Any]) -> dict[str, str | int]:
-    """What a step that gathers by units needs from XLA on ``devices``: :data:`GPU_UNIT_OPTIONS`
-    on GPUs, :data:`CPU_UNIT_OPTIONS` on CPUs. The step's own ``jax.jit`` carries them."""
-    return dict(GPU_UNIT_OPTIONS if _on_gpus(devices) else CPU_UNIT_OPTIONS)
-
-
-def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
-    """The XLA options of a program on ``devices``: :data:`GPU_COMPILER_OPTIONS` on GPUs (real or a
-    target's), then :func:`unit_options` when the step gathers by units (given last, since the
-    last value of an option wins); else None."""
-    options = {**(GPU_COMPILER_OPTIONS if _on_gpus(devices) else {}), **(unit_options(devices) if units else {})}
-    return options or None
-
-
 def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
     """The mesh must use every GPU of the target: a plan for 64 GPUs that uses 8 would mislead.
 
@@ -225,80 +184,6 @@ def gpu_compiler_available() -> bool:
 def cuda_plugins() -> list[str]:
     """The CUDA plugins among :func:`jax_plugin_modules`."""
     return [name for name in jax_plugin_modules() if "cuda" in name]
-
-
-# What the CUDA plugin's native code prints on stderr whenever JAX starts on a host without a GPU.
-_NO_GPU_NOTICES = ("cudart_stub.cc", "All log messages before absl::InitializeLog() is called")
-stderr_fd: int | None = None  # the real stderr while fd 2 is diverted (for the Ctrl-C line)
-
-
-@contextlib.contextmanager
-def _dropping_no_gpu_notices() -> Iterator[None]:
-    """Divert fd 2 (native code writes there directly) and pass on every line but the notices;
-    without the plugin there are none, and nothing is diverted."""
-    global stderr_fd
-    if not gpu_compiler_available():
-        yield
-        return
-    sys.stderr.flush()
-    stderr_fd = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(stderr_fd, 2)
-            os.close(stderr_fd)
-            stderr_fd = None
-            caught.seek(0)
-            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
-                if not any(notice in line for notice in _NO_GPU_NOTICES):
-                    sys.stderr.write(line)
-
-
-def cuda_driver_present() -> bool:
-    """Whether this host has NVIDIA's driver library, without which no GPU can be used."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
-def platforms_for(target: bool) -> str | None:
-    """The ``jax_platforms`` the command line sets before JAX starts, or None to leave JAX's own.
-
-    ``cpu`` when compiling for a target (its devices are compile-only), and when the CUDA plugin is
-    installed on a host without a driver and ``JAX_PLATFORMS`` is unset: JAX would try the plugin,
-    log its failed CUDA check with a traceback, and use the CPU anyway.
-    """
-    if target:
-        return "cpu"
-    if gpu_compiler_available() and not os.environ.get("JAX_PLATFORMS") and not cuda_driver_present():
-        return "cpu"
-    return None
-
-
-def import_jax(target: bool = False) -> None:
-    """Import JAX and set its platforms (:func:`platforms_for`) before its backends start.
-
-    With the ``gpu-target`` extra on a host without a GPU, the CUDA plugin's native code prints
-    notices that there is no GPU when JAX is imported and when its backends start; the command line
-    drops exactly those lines (see :func:`start_backends`).
-    """
-    with _dropping_no_gpu_notices():
-        import jax
-    platforms = platforms_for(target)
-    if platforms and jax.config.jax_platforms != platforms:
-        jax.config.update("jax_platforms", platforms)
-
-
-def start_backends() -> None:
-    """Start JAX's backends now, dropping the CUDA plugin's no-GPU notices (:func:`import_jax`)."""
-    import jax
-
-    with _dropping_no_gpu_notices():
-        jax.devices()
 
 
 def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host: int | None = None) -> list:

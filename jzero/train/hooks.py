@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jzero.checkpoint.runs import RunCheckpoints
+from jzero.errors import OutputWriteError
 from jzero.state import TrainState
 from jzero.train.preemption import Preemption
 from jzero.train.progress import TrainProgress
@@ -23,19 +24,11 @@ __all__ = [
     "CheckpointHook",
     "Hook",
     "JsonlHook",
-    "OutputWriteError",
     "PreemptionHook",
     "ProgressHook",
     "TensorBoardHook",
     "writing",
 ]
-
-
-class OutputWriteError(RuntimeError):
-    """Writing one of the run's outputs failed (a full disk, permissions): one line naming it."""
-
-    def __init__(self, path: str | Path, cause: OSError):
-        super().__init__(f"writing {path} failed: {cause.strerror or cause}")
 
 
 @contextlib.contextmanager

@@ -19,8 +19,9 @@ from jax.sharding import Mesh
 from jzero.axes import model_ways
 from jzero.config.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
-from jzero.ledger.targets import compiler_options
-from jzero.mesh import make_mesh, mesh_shape
+from jzero.gather import unit_options
+from jzero.ledger import targets
+from jzero.mesh import make_mesh, mesh_shape, on_gpus
 from jzero.models.gpt import GPT, lm_loss
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
@@ -29,7 +30,7 @@ from jzero.stages import stage_rule
 from jzero.state import TrainState
 from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init
 
-__all__ = ["Job", "build_model", "build_optimizer", "build_precision", "build_schedule", "setup"]
+__all__ = ["Job", "compiler_options", "build_model", "build_optimizer", "build_precision", "build_job", "build_schedule"]
 
 InitFn = Callable[[jax.Array], Any]
 LossFn = Callable[[Any, jax.Array], jax.Array]
@@ -98,6 +99,14 @@ def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTra
     return tx
 
 
+def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
+    """The XLA options of a program on ``devices``: :data:`jzero.ledger.targets.GPU_COMPILER_OPTIONS` on GPUs (real or a
+    target's), then :func:`jzero.gather.unit_options` when the step gathers by units (given last, since the
+    last value of an option wins); else None."""
+    options = {**(targets.GPU_COMPILER_OPTIONS if on_gpus(devices) else {}), **(unit_options(devices) if units else {})}
+    return options or None
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
     """Everything a run needs, built from a config; nothing allocated on devices yet.
@@ -142,7 +151,7 @@ class Job:
         return step, self.compile(step.lower(self.abstract_state(), batch))
 
     def compile(self, lowered):
-        """Compile a lowered step for this mesh's devices (:func:`jzero.ledger.targets.compiler_options`)."""
+        """Compile a lowered step for this mesh's devices (:func:`compiler_options`)."""
         return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat), units=bool(self.plan.units)))
 
     def init_state(self) -> TrainState:

@@ -28,27 +28,19 @@ from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, changes, run_meta
 from jzero.config.loading import dump_config
 from jzero.config.schema import Config
 from jzero.distributed.runtime import is_primary
-from jzero.errors import ConfigError
+from jzero.errors import ConfigError, TrainingHalted
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
 from jzero.state import TrainState
 from jzero.step import state_from_params
 from jzero.train.data import TextBatches, text_batches
 from jzero.train.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
-from jzero.train.job import Job, build_schedule, build_job
+from jzero.train.job import Job, build_job, build_schedule
 from jzero.train.preemption import Preemption
 from jzero.train.progress import TrainProgress
 from jzero.train.report import startup_ledger
 
-__all__ = ["MetricsLog", "TrainResult", "TrainingHalted", "initial_state", "train", "trim_metrics"]
-
-
-class TrainingHalted(RuntimeError):
-    """``train.nonfinite: halt`` met a step with a NaN or Inf gradient (its update was not applied)."""
-
-    def __init__(self, step: int):
-        self.step = step
-        super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
+__all__ = ["MetricsLog", "TrainResult", "initial_state", "train", "trim_metrics"]
 
 
 def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:

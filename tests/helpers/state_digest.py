@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from jzero.config.loading import load_config
+from jzero.distributed.process import import_jax, start_backends
 from jzero.distributed.runtime import finish, initialize
-from jzero.ledger.targets import import_jax, start_backends
 from jzero.mesh import simulate_cpu_devices
 
 mode, rest = sys.argv[1], sys.argv[2:]

@@ -1,0 +1,121 @@
+"""This process: starting JAX quietly, and exiting at once.
+
+JAX is imported with its platforms set before its backends start (:func:`import_jax`); with the
+``gpu-target`` extra on a host without a GPU, the CUDA plugin's native no-GPU notices are dropped
+from fd 2, which is diverted meanwhile. :func:`exit_now` is the one way out that skips Python's
+shutdown, and it writes to the real stderr even while fd 2 is diverted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import NoReturn
+
+from jzero.ledger.targets import gpu_compiler_available
+
+__all__ = [
+    "BAD_INPUT",
+    "INTERRUPTED",
+    "LOST_PEER",
+    "RUN_FAILED",
+    "cuda_driver_present", "exit_now", "import_jax", "platforms_for", "start_backends",
+]
+
+# Exit statuses of a jzero process, which the launcher reads from each of its processes.
+RUN_FAILED = 1  # a run stopped (a RunError)
+BAD_INPUT = 2  # a JzeroError: one line naming the key or path
+LOST_PEER = 3  # a peer process was lost; this one ended without finishing the run
+INTERRUPTED = 130  # Ctrl-C
+
+
+# What the CUDA plugin's native code prints on stderr whenever JAX starts on a host without a GPU.
+_NO_GPU_NOTICES = ("cudart_stub.cc", "All log messages before absl::InitializeLog() is called")
+_stderr_fd: int | None = None  # the real stderr while fd 2 is diverted (for exit_now)
+
+
+@contextlib.contextmanager
+def _dropping_no_gpu_notices() -> Iterator[None]:
+    """Divert fd 2 (native code writes there directly) and pass on every line but the notices;
+    without the plugin there are none, and nothing is diverted."""
+    global _stderr_fd
+    if not gpu_compiler_available():
+        yield
+        return
+    sys.stderr.flush()
+    _stderr_fd = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(_stderr_fd, 2)
+            os.close(_stderr_fd)
+            _stderr_fd = None
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
+                if not any(notice in line for notice in _NO_GPU_NOTICES):
+                    sys.stderr.write(line)
+
+
+def cuda_driver_present() -> bool:
+    """Whether this host has NVIDIA's driver library, without which no GPU can be used."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def platforms_for(target: bool) -> str | None:
+    """The ``jax_platforms`` the command line sets before JAX starts, or None to leave JAX's own.
+
+    ``cpu`` when compiling for a target (its devices are compile-only), and when the CUDA plugin is
+    installed on a host without a driver and ``JAX_PLATFORMS`` is unset: JAX would try the plugin,
+    log its failed CUDA check with a traceback, and use the CPU anyway.
+    """
+    if target:
+        return "cpu"
+    if gpu_compiler_available() and not os.environ.get("JAX_PLATFORMS") and not cuda_driver_present():
+        return "cpu"
+    return None
+
+
+def import_jax(target: bool = False) -> None:
+    """Import JAX and set its platforms (:func:`platforms_for`) before its backends start.
+
+    With the ``gpu-target`` extra on a host without a GPU, the CUDA plugin's native code prints
+    notices that there is no GPU when JAX is imported and when its backends start; the command line
+    drops exactly those lines (see :func:`start_backends`).
+    """
+    with _dropping_no_gpu_notices():
+        import jax
+    platforms = platforms_for(target)
+    if platforms and jax.config.jax_platforms != platforms:
+        jax.config.update("jax_platforms", platforms)
+
+
+def start_backends() -> None:
+    """Start JAX's backends now, dropping the CUDA plugin's no-GPU notices (:func:`import_jax`)."""
+    import jax
+
+    with _dropping_no_gpu_notices():
+        jax.devices()
+
+
+def exit_now(message: str, status: int) -> NoReturn:
+    """``jzero: message`` on the real stderr, and exit with ``status`` at once, skipping Python's
+    shutdown: that would wait for threads and barriers that lost peers never join, and after an
+    interrupt inside JAX's tracing or compiling it crashed (SIGSEGV). Nothing is lost that a kill
+    would keep: checkpoints commit atomically, and an export removes its temporary file first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a flush re-entered from a signal handler; the line below still goes out
+            pass
+    os.write(_stderr_fd or 2, f"jzero: {message}\n".encode())
+    os._exit(status)
