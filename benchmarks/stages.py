@@ -263,7 +263,7 @@ def chart(result: dict, path: Path) -> None:
               title=f"largest model in {result['budget_bytes'] / mib:.0f} MiB of device memory per device")  # fmt: skip
     for axis in (left, right):
         axis.tick_params(axis="x", labelrotation=20)
-    from jzero.ledger.render import mesh_text
+    from jzero.axes import mesh_text
 
     mesh = mesh_text(result["mesh"])
     fig.suptitle(f"jzero on {mesh} ({result['backend']}), fp32 AdamW")
@@ -273,7 +273,7 @@ def chart(result: dict, path: Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    from jzero.ledger.render import mesh_text
+    from jzero.axes import mesh_text
 
     mib = 2**20
     mesh = mesh_text(result["mesh"])

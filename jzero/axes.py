@@ -10,7 +10,18 @@ from collections.abc import Mapping
 
 from jzero.errors import ConfigError
 
-__all__ = ["BATCH_AXES", "DATA", "KNOWN_MESH_AXES", "LAYERS", "MODEL", "REPLICA", "batch_ways", "model_ways", "resolve_axes"]
+__all__ = [
+    "BATCH_AXES",
+    "DATA",
+    "KNOWN_MESH_AXES",
+    "LAYERS",
+    "MODEL",
+    "REPLICA",
+    "batch_ways",
+    "mesh_text",
+    "model_ways",
+    "resolve_axes",
+]
 
 REPLICA = "replica"  # hierarchical partitioning: whole model-state copies per replica group
 DATA = "data"  # ZeRO's partitioning and the batch
@@ -45,6 +56,10 @@ def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
             axes[name] = device_count // known
     total = math.prod(axes.values())
     if total > device_count or device_count % total:
-        shape = " x ".join(f"{k}={v}" for k, v in axes.items())
-        raise ConfigError("mesh.axes", f"{shape} = {total} devices does not divide the {device_count} available")
+        raise ConfigError("mesh.axes", f"{mesh_text(axes)} = {total} devices does not divide the {device_count} available")
     return axes
+
+
+def mesh_text(axes: Mapping[str, int]) -> str:
+    """A mesh's axes as text: ``data=4 x model=2``."""
+    return " x ".join(f"{k}={v}" for k, v in axes.items())

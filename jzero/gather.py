@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.mesh import on_gpus
-from jzero.plan import path_str
+from jzero.trees import path_str
 
 __all__ = ["CPU_UNIT_OPTIONS", "GPU_UNIT_OPTIONS", "Region", "UnitSpec", "regions", "unit_call", "unit_options", "with_units"]
 

@@ -17,7 +17,7 @@ __all__ = ["DEVICE", "HOST", "fetching", "memory_kind", "on_device", "on_host", 
 
 HOST = "pinned_host"
 DEVICE = "device"
-Target = TypeVar("Target")
+ModuleT = TypeVar("ModuleT")
 
 
 def on_host(shardings: Any) -> Any:
@@ -45,7 +45,7 @@ def to_host(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Host), tree)
 
 
-def fetching(module: type[Target]) -> type[Target]:
+def fetching(module: type[ModuleT]) -> type[ModuleT]:
     """A Flax linen module class whose parameters come from host memory to the device where it runs.
 
     Wrap the layer a scan repeats (before ``nn.remat`` and ``nn.scan``): each step of the loop then

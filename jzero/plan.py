@@ -32,8 +32,9 @@ from jax.sharding import PartitionSpec as P
 from jzero.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
 from jzero.errors import PlanError
 from jzero.offload import on_host
-from jzero.stages import StageRule, per_device_parts, stage_rule
+from jzero.stages import StageRule, check_offload, per_device_parts, stage_rule
 from jzero.state import TrainState
+from jzero.trees import path_str
 from jzero.units import AUTO, choose_units
 
 
@@ -74,7 +75,7 @@ class TensorPlan:
     data_dim: int | None  # the dimension ``data`` splits in D; None if none divides
     param_spec: P
     grad_spec: P
-    update_spec: P  # the optimizer state's spec, and where the update runs
+    optimizer_spec: P  # the optimizer state's spec, and where the update runs
 
     @property
     def nbytes(self) -> int:
@@ -90,7 +91,7 @@ class Plan:
     rules: tuple[tuple[str, str | None], ...]
     params: Any  # NamedSharding tree: parameters at rest
     grads: Any  # gradients after reduction
-    update: Any  # parameters and gradients while the optimizer updates them
+    optimizer: Any  # parameters and gradients where the optimizer updates them: as its state is sharded
     opt_state: Any
     batch: NamedSharding
     state: TrainState  # shardings of the whole train state (for jit in/out_shardings)
@@ -146,7 +147,7 @@ class Plan:
     def num_params(self) -> int:
         return sum(math.prod(t.shape) for t in self.tensors)
 
-    def shard_bytes(self) -> dict[str, int]:
+    def state_bytes(self) -> dict[str, int]:
         """Model-state bytes of each device's shards, wherever they rest (the largest shard of each tensor)."""
         params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
         grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors)
@@ -163,7 +164,7 @@ class Plan:
 
     def _split(self, on_host: bool) -> dict[str, int]:
         offloaded = {"params": self.offload_params, "grads": False, "optimizer": self.offload_optimizer}
-        parts = {k: (v if offloaded[k] == on_host else 0) for k, v in self.shard_bytes().items() if k != "total"}
+        parts = {k: (v if offloaded[k] == on_host else 0) for k, v in self.state_bytes().items() if k != "total"}
         return {**parts, "total": sum(parts.values())}
 
     def ideal_per_device_bytes(self) -> dict[str, int]:
@@ -182,13 +183,6 @@ class Plan:
 def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
     shard = NamedSharding(mesh, spec).shard_shape(tuple(shape))
     return math.prod(shard) * np.dtype(dtype).itemsize
-
-
-def path_str(path: Sequence[Any]) -> str:
-    """``a/b/kernel`` for a tree path; NNX's trailing ``.value`` attribute is left out."""
-    if path and getattr(path[-1], "name", None) == "value":
-        path = path[:-1]
-    return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
 
 
 def logical_names(params: Any) -> dict[str, tuple | None]:
@@ -329,10 +323,7 @@ def make_plan(
         offload the stage does not partition for.
     """
     rule = stage_rule(stage)
-    if offload_optimizer and not rule.optimizer:
-        raise PlanError("zero.offload_optimizer", f"needs a stage that partitions the optimizer state (1-3), got {stage}")
-    if offload_params and not rule.params:
-        raise PlanError("zero.offload_params", f"needs stage 3 (parameters partitioned), got {stage}")
+    check_offload(stage, optimizer=offload_optimizer, params=offload_params)
     for key, value in (("zero.prefetch", prefetch), ("zero.persist_below_bytes", persist_below_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise PlanError(key, f"must be a whole number >= 0, got {value!r}")
@@ -364,7 +355,7 @@ def make_plan(
                 data_dim=dim,
                 param_spec=dspec if rule.params and _nbytes(shape, leaf.dtype) >= persist_below_bytes else rspec,
                 grad_spec=dspec if rule.grads else rspec,
-                update_spec=dspec if rule.optimizer else rspec,
+                optimizer_spec=dspec if rule.optimizer else rspec,
             )
         )
 
@@ -375,7 +366,7 @@ def make_plan(
     if offload_params:
         param_shardings = on_host(param_shardings)
     grad_shardings = tree(t.grad_spec for t in tensors)
-    update_shardings = tree(t.update_spec for t in tensors)
+    optimizer_shardings = tree(t.optimizer_spec for t in tensors)
 
     opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
     if offload_optimizer:
@@ -396,7 +387,7 @@ def make_plan(
         rules=rules,
         params=param_shardings,
         grads=grad_shardings,
-        update=update_shardings,
+        optimizer=optimizer_shardings,
         opt_state=opt_shardings,
         batch=NamedSharding(mesh, P(batch_axes)),
         state=state,
@@ -434,7 +425,7 @@ def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, 
         matches = (by_path.get(keys[-n:]) for n in lengths if len(keys) >= n)
         owner = next((t for t in matches if t is not None and t.shape == shape), None)
         if owner is not None:
-            spec = owner.update_spec
+            spec = owner.optimizer_spec
         elif not shape or not rule.optimizer:
             spec = P()
         else:

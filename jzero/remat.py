@@ -1,7 +1,7 @@
 """Activation rematerialisation by policy name: jzero's GPT and your own layers use the same names.
 
 A policy says which intermediate values of a layer the forward keeps for the backward; the rest is
-recomputed (``jax.checkpoint``). The names are :data:`jzero.config.schema.REMAT_POLICIES`:
+recomputed (``jax.checkpoint``). The names are :data:`REMAT_POLICIES`:
 
 - ``none``: no rematerialisation; every intermediate is kept.
 - ``full``: only the layer's inputs are kept; the whole layer is recomputed in the backward.
@@ -21,15 +21,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import flax.linen as nn
-import jax
-
-from jzero.config.schema import REMAT_POLICIES
-from jzero.offload import DEVICE, HOST
-
 __all__ = ["REMAT_POLICIES", "checkpoint_policy", "policy_name", "remat"]
 
-Target = TypeVar("Target")
+Wrapped = TypeVar("Wrapped")
+
+# Each policy's jax.checkpoint policy, from ``jax.checkpoint_policies`` (None: save only the inputs).
+# JAX is imported where a policy is built: config validation reads the names here without it.
+_POLICIES: dict[str, Callable[[Any], Any]] = {
+    "full": lambda policies: None,
+    "dots_saveable": lambda policies: policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": lambda policies: policies.dots_with_no_batch_dims_saveable,
+    "offload_dots": lambda policies: policies.offload_dot_with_no_batch_dims(*_memory_kinds()),
+}
+REMAT_POLICIES = ("none", *_POLICIES)
+
+
+def _memory_kinds() -> tuple[str, str]:
+    from jzero.offload import DEVICE, HOST
+
+    return DEVICE, HOST
 
 
 def policy_name(value: str | bool) -> str:
@@ -47,20 +57,15 @@ def checkpoint_policy(name: str | bool) -> Callable[..., Any] | None:
     Raises:
       ValueError: ``none`` (no checkpoint at all) or an unknown name.
     """
-    policies = jax.checkpoint_policies
-    table = {
-        "full": None,
-        "dots_saveable": policies.dots_saveable,
-        "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
-        "offload_dots": policies.offload_dot_with_no_batch_dims(DEVICE, HOST),
-    }
+    import jax
+
     name = policy_name(name)
-    if name not in table:
+    if name not in _POLICIES:
         raise ValueError(f"remat policy {name!r} has no checkpoint (the layer is not rematerialised)")
-    return table[name]
+    return _POLICIES[name](jax.checkpoint_policies)
 
 
-def remat(target: Target, policy: str | bool = "full", *, prevent_cse: bool = True) -> Target:
+def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = True) -> Wrapped:
     """Rematerialise a layer function or a Flax linen module class with a named policy.
 
     Args:
@@ -78,6 +83,9 @@ def remat(target: Target, policy: str | bool = "full", *, prevent_cse: bool = Tr
         Block = jzero.remat(MyBlock, "dots_saveable", prevent_cse=False)
         Stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=12)
     """
+    import flax.linen as nn
+    import jax
+
     name = policy_name(policy)
     if name == "none":
         return target

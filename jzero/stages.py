@@ -8,12 +8,15 @@ module reads a stage through :func:`stage_rule`, never by comparing its number.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
-from jzero.errors import PlanError
+from jzero.errors import JzeroError, PlanError
 
 __all__ = [
+    "OFFLOADABLE",
     "STAGES",
     "StageRule",
+    "check_offload",
     "paper_bytes_per_device",
     "paper_communication_bytes",
     "paper_parts_per_device",
@@ -44,6 +47,11 @@ class StageRule:
         an all-gather, or an all-reduce), 3Ψ when parameters are gathered in forward and backward."""
         return 3 if self.params else 2
 
+    def can_offload(self, part: str) -> bool:
+        """Whether ``part`` (one of :data:`OFFLOADABLE`) may rest in host memory at this stage: only a
+        part that the stage partitions, since ZeRO-Offload moves each device's own shard."""
+        return getattr(self, part)
+
 
 STAGES: dict[int, StageRule] = {
     0: StageRule(params=False, grads=False, optimizer=False, partitioned="nothing"),  # plain data parallelism
@@ -53,6 +61,11 @@ STAGES: dict[int, StageRule] = {
 }
 
 
+# The model states that can rest in pinned host memory, as ``zero.offload_<part>`` names them.
+OFFLOADABLE = ("optimizer", "params")
+_PART_WORDS = {"optimizer": "optimizer state", "params": "parameters"}
+
+
 def stage_rule(stage: int) -> StageRule:
     """The rule of ``stage``.
 
@@ -60,8 +73,27 @@ def stage_rule(stage: int) -> StageRule:
       PlanError: ``stage`` is not a ZeRO stage.
     """
     if stage not in STAGES or isinstance(stage, bool):
-        raise PlanError("stage", f"must be one of {', '.join(map(str, STAGES))}, got {stage!r}")
+        raise PlanError("stage", f"must be {_spoken(STAGES)}, got {stage!r}")
     return STAGES[stage]
+
+
+def _spoken(stages: Iterable[int]) -> str:
+    """``0, 1, 2 or 3``."""
+    *rest, last = map(str, stages)
+    return f"{', '.join(rest)} or {last}" if rest else last
+
+
+def check_offload(stage: int, *, optimizer: bool = False, params: bool = False, error: type[JzeroError] = PlanError) -> None:
+    """Refuse an offload that ``stage`` cannot have (:meth:`StageRule.can_offload`).
+
+    Raises:
+      PlanError (or ``error``): naming ``zero.offload_optimizer`` or ``zero.offload_params``.
+    """
+    for part, wanted in (("optimizer", optimizer), ("params", params)):
+        if wanted and not stage_rule(stage).can_offload(part):
+            able = _spoken(s for s, rule in STAGES.items() if rule.can_offload(part))
+            needs = f"needs zero.stage {able} (the {_PART_WORDS[part]} partitioned)"
+            raise error(f"zero.offload_{part}", f"{needs}, got stage {stage}")
 
 
 def per_device_parts(params: float, grads: float, optimizer: float, stage: int, n_d: int, n_m: int = 1) -> dict[str, float]:

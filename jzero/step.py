@@ -284,10 +284,10 @@ def make_train_step(
                 grads = jax.tree.map(lambda g: g / scale, grads)
             # The norm of the update's slices: at stage 1, a norm of the whole reduced gradient would
             # need it whole on every device, and the reduction would stay an all-reduce.
-            grads = _constrain(grads, plan.update)
+            grads = _constrain(grads, plan.optimizer)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(grad_norm)
-            params = _constrain(to_device(state.params) if plan.offload_params else state.params, plan.update)
+            params = _constrain(to_device(state.params) if plan.offload_params else state.params, plan.optimizer)
             # Offloaded optimizer state streams in for the update and back out after it.
             opt_state = to_device(state.opt_state) if plan.offload_optimizer else state.opt_state
             # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the

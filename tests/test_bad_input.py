@@ -18,9 +18,9 @@ from conftest import TINY, snapshot
 
 import jzero.checkpoint.export
 from jzero.checkpoint.export import read_safetensors
-from jzero.checkpoint.runs import CHECKPOINTS
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
+from jzero.config.rundir import CHECKPOINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")

@@ -18,8 +18,9 @@ from conftest import snapshot
 from test_checkpoint import host, run_config
 
 from jzero.checkpoint.integrity import MANIFEST, DamagedCheckpoint, Unverified, verify, write_manifest
-from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints
+from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
+from jzero.config.rundir import CHECKPOINTS
 from jzero.config.schema import CheckpointConfig
 from jzero.train.job import build_job
 from jzero.train.loop import train

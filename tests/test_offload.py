@@ -54,7 +54,7 @@ def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_witho
     # program's host-memory arguments are exactly those.
     _, compiled = offloaded.compile_step()
     report = plan_report(offloaded, compiled)
-    shards = offloaded.plan.shard_bytes()
+    shards = offloaded.plan.state_bytes()
     for part, on in (("optimizer", zero.offload_optimizer), ("params", zero.offload_params)):
         assert report["per_device_bytes"][part] == (0 if on else shards[part])
         assert report["host_bytes"][part] == (shards[part] if on else 0)

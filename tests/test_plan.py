@@ -56,7 +56,7 @@ def test_specs_follow_the_stage(devices, stage):
     assert a.grad_spec == (P("data", None) if rule.grads else P(None, None))
     assert plan.params["a"].spec == a.param_spec
     assert plan.grads["a"].spec == a.grad_spec
-    assert plan.update["a"].spec == (a.sharded_spec if rule.optimizer else a.replicated_spec)
+    assert plan.optimizer["a"].spec == (a.sharded_spec if rule.optimizer else a.replicated_spec)
 
 
 def test_undividable_tensor_is_replicated_and_reported(devices):

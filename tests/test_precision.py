@@ -149,7 +149,7 @@ def test_other_optimizers_train_at_stage3(devices, data, name, lr):
 
 
 def test_schedules(devices):
-    from jzero.train.job import build_schedule
+    from jzero.optimizers import build_schedule
 
     cfg = tiny_config("optimizer.schedule=cosine", "optimizer.warmup_steps=10", "train.steps=110",
                       "optimizer.learning_rate=1e-3").optimizer  # fmt: skip

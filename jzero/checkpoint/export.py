@@ -40,12 +40,13 @@ from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.checkpoint.runs import (
     array_metadata,
     committed_steps,
+    shape_differences,
     step_folder,
-    tree_paths,
     verify_step,
 )
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, clip, error_line, show_value
+from jzero.trees import tree_paths
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
@@ -352,15 +353,12 @@ def _strip_params(flat: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+_INIT_WORDS = {"missing": "missing", "extra": "not in this model", "shape": "shape {found}, the model has {want}"}
+
+
 def match_params(loaded: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], source: str) -> None:
     """Refuse parameters whose names or shapes are not the model's, listing what differs."""
-    lines = [f"{p}: missing" for p in expected if p not in loaded]
-    lines += [f"{p}: not in this model" for p in loaded if p not in expected]
-    lines += [
-        f"{p}: shape {list(loaded[p].shape)}, the model has {list(expected[p])}"
-        for p in expected
-        if p in loaded and tuple(loaded[p].shape) != tuple(expected[p])
-    ]
-    if lines:
-        more = f"; and {len(lines) - 4} more" if len(lines) > 4 else ""
-        raise ConfigError("train.init_from", f"{source} does not fit the model: {'; '.join(lines[:4])}{more}")
+    found = {p: array.shape for p, array in loaded.items()}
+    differ = shape_differences(found, expected, words=_INIT_WORDS)
+    if differ:
+        raise ConfigError("train.init_from", f"{source} does not fit the model: {differ}")

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ from jax.experimental import multihost_utils
 
 from jzero.checkpoint import integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
-from jzero.config.schema import CHECKPOINTS, CheckpointConfig
+from jzero.config.rundir import CHECKPOINTS
+from jzero.config.schema import CheckpointConfig
 from jzero.errors import CheckpointError, CheckpointWriteError, ConfigError, DamagedCheckpoint, JzeroError, error_line
 from jzero.state import TrainState
+from jzero.trees import tree_paths
 
 ITEMS = ("state", "data", "meta")
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
@@ -56,12 +58,6 @@ class Restored:
     skipped: list[tuple[int, str]]  # newer steps that could not be read, and why
 
 
-def tree_paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[str, Any]:
-    """``{"params/blocks/mlp_in/kernel": leaf, ...}`` for any pytree (dicts, lists, dataclasses)."""
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-    return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf for path, leaf in leaves}
-
-
 def _is_array_metadata(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
@@ -75,18 +71,27 @@ def array_metadata(pytree_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return {p: (tuple(m.shape), str(m.dtype)) for p, m in tree_paths(metadata.tree, _is_array_metadata).items()}
 
 
-def shape_mismatches(saved: dict[str, tuple], target: TrainState) -> list[str]:
-    """What differs between a checkpoint's arrays and a target state, one short line per path."""
-    want = {p: (tuple(x.shape), str(x.dtype)) for p, x in tree_paths(target).items()}
-    problems = {p: "missing from the checkpoint" for p in want if p not in saved}
-    problems |= {p: "in the checkpoint, not in this model" for p in saved if p not in want}
+def shape_differences(found: Mapping[str, Sequence[int]], want: Mapping[str, Sequence[int]], *, words: Mapping[str, str]) -> str:
+    """What differs between two sets of arrays by path, as one line ("" if nothing): the paths
+    missing from ``found``, those only in it, and those of another shape, parameters first; the
+    first four, and how many more. ``words`` has ``missing``, ``extra`` and ``shape`` (a format of
+    ``found`` and ``want``)."""
+    problems = {p: words["missing"] for p in want if p not in found}
+    problems |= {p: words["extra"] for p in found if p not in want}
     problems |= {
-        p: f"shape {list(saved[p][0])} in the checkpoint, {list(want[p][0])} now"
+        p: words["shape"].format(found=list(found[p]), want=list(want[p]))
         for p in want
-        if p in saved and saved[p][0] != want[p][0]
+        if p in found and tuple(found[p]) != tuple(want[p])
     }
-    order = sorted(problems, key=lambda p: (not p.startswith("params/"), p))  # parameters first
-    return [f"{p}: {problems[p]}" for p in order]
+    lines = [f"{p}: {problems[p]}" for p in sorted(problems, key=lambda p: (not p.startswith("params/"), p))]
+    return "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
+
+
+_RESTORE_WORDS = {
+    "missing": "missing from the checkpoint",
+    "extra": "in the checkpoint, not in this model",
+    "shape": "shape {found} in the checkpoint, {want} now",
+}
 
 
 @jax.jit
@@ -214,10 +219,10 @@ class RunCheckpoints:
         if step not in self.steps():  # waits for a write in flight
             raise CheckpointError(str(self.step_dir(step)), "is not a committed checkpoint")
         self._verify(step, warn)
-        mismatched = shape_mismatches(array_metadata(self.step_dir(step) / "state"), target)
-        if mismatched:
-            shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more" if len(mismatched) > 4 else "")
-            raise CheckpointError(str(self.step_dir(step)), f"the model's shapes differ from the checkpoint's: {shown}")
+        found = {p: shape for p, (shape, _) in array_metadata(self.step_dir(step) / "state").items()}
+        differ = shape_differences(found, {p: x.shape for p, x in tree_paths(target).items()}, words=_RESTORE_WORDS)
+        if differ:
+            raise CheckpointError(str(self.step_dir(step)), f"the model's shapes differ from the checkpoint's: {differ}")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
         )

@@ -83,7 +83,7 @@ def _watched(config: Config) -> Iterator[None]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from jzero.checkpoint.runs import CHECKPOINTS
+    from jzero.config.rundir import CHECKPOINTS
     from jzero.distributed.runtime import is_primary
     from jzero.errors import RunError
     from jzero.train.loop import train
@@ -110,8 +110,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_info(args: argparse.Namespace) -> int:
+    from jzero.axes import mesh_text
     from jzero.checkpoint.runs import describe
-    from jzero.ledger.render import human_bytes, mesh_text
+    from jzero.ledger.render import human_bytes
 
     rows = describe(args.run_dir)
     if args.json:

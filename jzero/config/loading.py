@@ -20,6 +20,7 @@ from jzero.axes import MODEL
 from jzero.config.schema import Config
 from jzero.config.validation import validate
 from jzero.errors import ConfigError, clip, show_value
+from jzero.remat import policy_name
 
 MAX_YAML_BYTES = 1 << 20  # configs are a few KB; a bigger file is the wrong path (data, a checkpoint)
 
@@ -259,7 +260,7 @@ def _with_defaults(config: Config) -> Config:
     if config.runtime.distributed is False:
         config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, distributed="off"))
     if isinstance(config.model.remat, bool):
-        remat = "full" if config.model.remat else "none"
+        remat = policy_name(config.model.remat)
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, remat=remat))
     return config
 

@@ -37,7 +37,6 @@ class MeshConfig:
     dcn: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-CHECKPOINTS = "checkpoints"  # <run.dir>/checkpoints/<step>/: read by jzero.checkpoint.runs and jzero launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +187,6 @@ def _yaml_names(tree: Any) -> Any:
     return tree
 
 
-OPTIMIZERS = ("adamw", "adam", "adafactor", "lion", "sgd")
 SCHEDULES = ("constant", "cosine")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtype`` writes
@@ -205,6 +203,5 @@ MAX_FLOAT32 = 3.4028234663852886e38  # the loss scale is a float32
 # Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
 # 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
 MAX_CPU_DEVICES = 4096
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload_dots")
 DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: any longer is a typo

@@ -18,15 +18,16 @@ from jzero.config.schema import (
     MAX_PARAMS,
     MAX_SEED,
     MAX_TIMEOUT_S,
-    OPTIMIZERS,
-    REMAT_POLICIES,
     SCHEDULES,
     ClusterConfig,
     Config,
-    ModelConfig,
     RuntimeConfig,
 )
-from jzero.errors import ConfigError, clip, show_value
+from jzero.errors import ConfigError, PlanError, clip, show_value
+from jzero.models.sizes import gpt_param_count
+from jzero.optimizers import OPTIMIZERS
+from jzero.remat import REMAT_POLICIES
+from jzero.stages import check_offload, stage_rule
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 
@@ -49,12 +50,6 @@ def _positive(value: float, key: str, high: float = MAX_INT32) -> None:
 
 def _num(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
-
-
-def _param_count(m: ModelConfig) -> int:
-    """The GPT's parameter count, to the leading terms: embedding and head, then per layer the
-    attention (4 d^2) and MLP (2 r d^2) kernels."""
-    return 2 * m.vocab_size * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2
 
 
 def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatches: int = 1) -> None:
@@ -130,12 +125,12 @@ def validate(config: Config) -> None:
     if sum(1 for s in axes.values() if s == -1) > 1:
         raise ConfigError("mesh.axes", "only one axis size may be -1")
 
-    if config.zero.stage not in (0, 1, 2, 3):
-        raise ConfigError("zero.stage", f"must be 0, 1, 2 or 3, got {config.zero.stage}")
-    if config.zero.offload_optimizer and config.zero.stage == 0:
-        raise ConfigError("zero.offload_optimizer", "needs zero.stage 1, 2 or 3 (the optimizer state partitioned), got stage 0")
-    if config.zero.offload_params and config.zero.stage != 3:
-        raise ConfigError("zero.offload_params", f"needs zero.stage 3 (parameters partitioned), got stage {config.zero.stage}")
+    try:
+        stage_rule(config.zero.stage)
+    except PlanError as err:
+        raise ConfigError("zero.stage", str(err).partition(": ")[2]) from None
+    zero = config.zero
+    check_offload(zero.stage, optimizer=zero.offload_optimizer, params=zero.offload_params, error=ConfigError)
     units.check(config.zero.gather_units, ConfigError)
     _in_range(config.zero.prefetch, "zero.prefetch", 0, MAX_INT32)
     _in_range(config.zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
@@ -156,9 +151,10 @@ def validate(config: Config) -> None:
         raise ConfigError("model.remat", f"must be one of {policies} (or true, false), got {show_value(m.remat)}")
     if m.vocab_size < 256:
         raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
-    if _param_count(m) > MAX_PARAMS:
+    count = gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
+    if count > MAX_PARAMS:
         sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, mlp_ratio={m.mlp_ratio}, vocab_size={m.vocab_size}"
-        raise ConfigError("model", f"{sizes} make {_param_count(m):.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
+        raise ConfigError("model", f"{sizes} make {count:.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
 
     o = config.optimizer
     if o.name not in OPTIMIZERS:

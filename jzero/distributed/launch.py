@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import json
 import math
 import os
 import re
@@ -30,9 +29,10 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
-from jzero.axes import resolve_axes
+from jzero.axes import mesh_text, resolve_axes
 from jzero.config.loading import load_config
-from jzero.config.schema import CHECKPOINTS, MAX_CPU_DEVICES, Config
+from jzero.config.rundir import RunDir
+from jzero.config.schema import MAX_CPU_DEVICES, Config
 from jzero.config.validation import check_batch_divides
 from jzero.distributed.process import BAD_INPUT, INTERRUPTED
 from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
@@ -43,7 +43,6 @@ __all__ = [
     "fit_problem",
     "free_port",
     "launch",
-    "newest_committed_step",
     "parse_spec",
     "process_env",
     "shrunk_count",
@@ -66,10 +65,6 @@ class LaunchSpec:
         return [sys.executable, "-m", "jzero.cli", *self.words, "--set", f"runtime.cpu_devices={self.devices_per_process}"]
 
 
-def _mesh_text(axes: dict[str, int]) -> str:
-    return " x ".join(f"{k}={v}" for k, v in axes.items())
-
-
 def fit_problem(config: Config, processes: int, devices_per_process: int) -> str | None:
     """Why ``processes`` x ``devices_per_process`` devices cannot run ``config``'s mesh and batch,
     or None: the mesh must use every device (each process holds part of it), ``mesh.dcn`` must
@@ -82,7 +77,7 @@ def fit_problem(config: Config, processes: int, devices_per_process: int) -> str
         return f"{err} ({launched} launched)"
     used = math.prod(axes.values())
     if used != total:
-        return f"mesh.axes: {_mesh_text(axes)} uses {used} of the {launched} devices launched; every process needs its part"
+        return f"mesh.axes: {mesh_text(axes)} uses {used} of the {launched} devices launched; every process needs its part"
     ways = math.prod(config.mesh.dcn.values())
     if config.mesh.dcn and ways != processes:
         return f"mesh.dcn: the dcn sizes multiply to {ways}, not the {processes} processes launched"
@@ -96,24 +91,6 @@ def fit_problem(config: Config, processes: int, devices_per_process: int) -> str
 def shrunk_count(config: Config, processes: int, devices_per_process: int) -> int | None:
     """The largest count below ``processes`` that :func:`fit_problem` accepts, or None."""
     return next((n for n in range(processes - 1, 0, -1) if fit_problem(config, n, devices_per_process) is None), None)
-
-
-def newest_committed_step(run_dir: Path) -> int | None:
-    """The newest checkpoint Orbax committed (a folder named by its step alone), or None."""
-    folder = run_dir / CHECKPOINTS
-    steps = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.is_dir() else []
-    return max(steps, default=None)
-
-
-def last_logged_step(run_dir: Path) -> int | None:
-    """The step of the last whole record in ``metrics.jsonl``, or None."""
-    path = run_dir / "metrics.jsonl"
-    steps = []
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                steps.append(int(json.loads(line)["step"]))
-    return max(steps, default=None)
 
 
 def parse_spec(words: Sequence[str], processes: int, devices_per_process: int, max_restarts: int = 0) -> LaunchSpec:
@@ -317,11 +294,12 @@ def launch(spec: LaunchSpec, max_restarts: int = 0, shrink_on_failure: bool = Fa
 
 def _restart_line(spec: LaunchSpec, run_dir: Path, restart: int, of: int, before: int, after: int) -> str:
     k = spec.devices_per_process
-    old, new = (_mesh_text(resolve_axes(spec.config.mesh.axes, n * k)) for n in (before, after))
+    old, new = (mesh_text(resolve_axes(spec.config.mesh.axes, n * k)) for n in (before, after))
     layout = f"{after} processes x {k} devices, mesh {new}"
     if after != before:
         layout += f" (was {before} x {k}, mesh {old})"
-    step, logged = newest_committed_step(run_dir), last_logged_step(run_dir)
+    run = RunDir(run_dir)
+    step, logged = run.newest_committed_step(), run.last_logged_step()
     if spec.words[0] != "train":
         return f"restart {restart} of {of}: {layout}"
     if step is None:

@@ -13,16 +13,13 @@ from typing import Any
 
 from jzero.config.schema import MAX_INT32, MAX_PARAMS
 from jzero.errors import ConfigError, show_value
-from jzero.stages import STAGES, paper_parts_per_device
-
-STAGES_PARTITIONING_OPTIMIZER = tuple(stage for stage, rule in STAGES.items() if rule.optimizer)
-STAGES_PARTITIONING_PARAMS = tuple(stage for stage, rule in STAGES.items() if rule.params)
+from jzero.stages import OFFLOADABLE, STAGES, paper_parts_per_device
 
 # Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
 # gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
 PRECISIONS = ("mixed", "fp32")
 # The optimizer's own fp32 state per parameter, bytes (the master copy comes on top in mixed precision).
-# Not config.OPTIMIZERS: these are the estimate's choices, with what each keeps.
+# Not jzero.optimizers.OPTIMIZERS: these are the estimate's choices, with what each keeps.
 OPTIMIZER_STATE_BYTES = {
     "adam": 8,  # momentum and variance
     "adafactor": 0,  # no momentum; factored second moments are O(rows + cols), not O(rows x cols)
@@ -73,10 +70,6 @@ def _check_amount(value: float, text: Any, key: str, unit: str, most: float) -> 
         raise ConfigError(key, f"must be at most {most:.3g} {unit}s, got {show_value(text)}")
 
 
-# What ``--offload`` names, and the stages that can offload it (the config's zero.offload_* keys).
-OFFLOADS = {"optimizer": STAGES_PARTITIONING_OPTIMIZER, "params": STAGES_PARTITIONING_PARAMS}
-
-
 def estimate(
     params: float,
     devices: int,
@@ -95,8 +88,8 @@ def estimate(
     ``zero.offload_optimizer`` and ``zero.offload_params`` do.
     """
     for part in offload:
-        if part not in OFFLOADS:
-            raise ConfigError("--offload", f"must be one of {', '.join(OFFLOADS)}, got {show_value(part)}")
+        if part not in OFFLOADABLE:
+            raise ConfigError("--offload", f"must be one of {', '.join(OFFLOADABLE)}, got {show_value(part)}")
     _check_amount(params, params, "--params", "parameter", MAX_PARAMS)
     if memory_per_device is not None:
         _check_amount(memory_per_device, memory_per_device, "--memory-per-device", "byte", math.inf)
@@ -113,7 +106,7 @@ def estimate(
         parts = paper_parts_per_device(params, stage, n_d, k=k, param_bytes=p, grad_bytes=g, n_m=model_parallel)
         row: dict[str, Any] = {name: int(round(v)) for name, v in parts.items()}
         if offload:  # the rows keep their shape without --offload
-            moved = [part for part in OFFLOADS if part in offload and stage in OFFLOADS[part]]
+            moved = [part for part in OFFLOADABLE if part in offload and STAGES[stage].can_offload(part)]
             row["host"] = {part: row[part] for part in moved}
             row["host"]["total"] = sum(row["host"].values())
             for part in moved:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def mesh_text(axes: dict[str, int]) -> str:
-    """``data=4 x model=2``."""
-    return " x ".join(f"{k}={v}" for k, v in axes.items())
+from jzero.axes import mesh_text
 
 
 def human_bytes(n: float) -> str:

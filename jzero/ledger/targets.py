@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from jzero.axes import mesh_text, resolve_axes
 from jzero.errors import ConfigError
 
 __all__ = [
@@ -141,13 +142,10 @@ def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
     Raises:
       ConfigError: the mesh's axes (a -1 filled in) do not multiply to the target's count.
     """
-    from jzero.axes import resolve_axes
-
     sizes = resolve_axes(axes, target.count)
     used = math.prod(sizes.values())
     if used != target.count:
-        shape = " x ".join(f"{k}={v}" for k, v in sizes.items())
-        raise ConfigError("--target", f"{target.name} has {target.count} GPUs but mesh.axes {shape} uses {used}")
+        raise ConfigError("--target", f"{target.name} has {target.count} GPUs but mesh.axes {mesh_text(sizes)} uses {used}")
 
 
 def _importable(name: str) -> bool:

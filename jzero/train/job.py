@@ -17,23 +17,23 @@ import optax
 from jax.sharding import Mesh
 
 from jzero.axes import model_ways
-from jzero.config.schema import Config, ModelConfig, OptimizerConfig, PrecisionConfig
+from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.gather import unit_options
 from jzero.ledger import targets
 from jzero.mesh import make_mesh, mesh_shape, on_gpus
 from jzero.models.gpt import GPT, lm_loss
+from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
 from jzero.remat import policy_name
 from jzero.stages import stage_rule
 from jzero.state import TrainState
-from jzero.step import abstract_state, make_train_step, sharded_abstract, sharded_init
+from jzero.step import LossFn, abstract_state, make_train_step, sharded_abstract, sharded_init
 
-__all__ = ["Job", "compiler_options", "build_model", "build_optimizer", "build_precision", "build_job", "build_schedule"]
+__all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job"]
 
 InitFn = Callable[[jax.Array], Any]
-LossFn = Callable[[Any, jax.Array], jax.Array]
 
 
 def build_precision(cfg: PrecisionConfig) -> Precision:
@@ -67,36 +67,6 @@ def build_model(cfg: ModelConfig, precision: Precision, *, model_parallel: int =
 def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
     """``model.partition_activations``, with its default resolved: on whenever N_m > 1."""
     return model_parallel > 1 if cfg.partition_activations is None else cfg.partition_activations
-
-
-def build_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup from 0, then constant or cosine decay to ``min_lr_ratio`` at ``total_steps``."""
-    peak = cfg.learning_rate
-    if cfg.schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(
-            0.0, peak, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), end_value=peak * cfg.min_lr_ratio
-        )
-    if cfg.warmup_steps:
-        warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
-        return optax.join_schedules([warmup, optax.constant_schedule(peak)], [cfg.warmup_steps])
-    return optax.constant_schedule(peak)
-
-
-def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
-    """The ``optimizer:`` section's optax transformation, with its schedule and optional clipping."""
-    lr = build_schedule(cfg, total_steps)
-    optimizers = {
-        "adamw": lambda: optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
-        "adam": lambda: optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
-        "adafactor": lambda: optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None),
-        "lion": lambda: optax.lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
-        "sgd": lambda: optax.sgd(lr, momentum=cfg.b1),
-    }
-    tx = optimizers[cfg.name]()
-    if cfg.clip_norm is not None:
-        # The norm is the global gradient's: GSPMD reduces over the logical arrays, whatever the sharding.
-        tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
-    return tx
 
 
 def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
@@ -185,12 +155,13 @@ class Job:
         check_batch_divides(self.config.train.global_batch_size, mesh_shape(mesh), self.config.train.microbatches)
         cfg = self.config
         axes = {name: int(size) for name, size in mesh.shape.items()}
-        # An offload the new stage cannot have is dropped: the optimizer's from stage 0, the parameters' below 3.
+        # An offload the new stage cannot have is dropped (another stage of the same run, in a comparison).
+        rule = stage_rule(stage)
         zero = dataclasses.replace(
             cfg.zero,
             stage=stage,
-            offload_optimizer=cfg.zero.offload_optimizer and stage_rule(stage).optimizer,
-            offload_params=cfg.zero.offload_params and stage_rule(stage).params,
+            offload_optimizer=cfg.zero.offload_optimizer and rule.can_offload("optimizer"),
+            offload_params=cfg.zero.offload_params and rule.can_offload("params"),
         )
         config = dataclasses.replace(
             cfg,

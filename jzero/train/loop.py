@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,23 +23,25 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from jzero.checkpoint.export import load_params, match_params
-from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, changes, run_meta
+from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.config.loading import dump_config
+from jzero.config.rundir import RunDir
 from jzero.config.schema import Config
 from jzero.distributed.runtime import is_primary
 from jzero.errors import ConfigError, TrainingHalted
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
+from jzero.optimizers import build_schedule
 from jzero.state import TrainState
 from jzero.step import state_from_params
 from jzero.train.data import TextBatches, text_batches
 from jzero.train.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
-from jzero.train.job import Job, build_job, build_schedule
+from jzero.train.job import Job, build_job
 from jzero.train.preemption import Preemption
 from jzero.train.progress import TrainProgress
 from jzero.train.report import startup_ledger
 
-__all__ = ["MetricsLog", "TrainResult", "initial_state", "train", "trim_metrics"]
+__all__ = ["MetricsLog", "TrainResult", "initial_state", "train"]
 
 
 def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
@@ -52,7 +53,7 @@ def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
             if not folder.is_dir():
                 raise ConfigError("run.dir", f"{folder} is a file, not a folder")
             break
-    existing = [name for name in ("metrics.jsonl", "config.yaml", CHECKPOINTS) if (run_dir / name).exists()]
+    existing = RunDir(run_dir).holds()
     if existing and not resume:
         raise ConfigError("--no-resume", f"{run_dir} already holds a run ({', '.join(existing)}); choose another run.dir")
     return run_dir, bool(existing)
@@ -63,29 +64,6 @@ def create_run_dir(run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError("run.dir", f"cannot create {run_dir}: {err.strerror or err}") from None
-
-
-def trim_metrics(path: Path, last_step: int) -> int:
-    """Drop the records past ``last_step`` (and a torn last line) from ``metrics.jsonl``, atomically,
-    so a resumed run logs each step once. Returns how many were dropped."""
-    if not path.exists():
-        return 0
-    lines = path.read_text(errors="replace").splitlines()
-    kept = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= last_step:
-            kept.append(line)
-    if len(kept) == len(lines):
-        return 0
-    tmp = path.with_name(f".{path.name}.trim-{os.getpid()}")
-    with writing(path):
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
-    return len(lines) - len(kept)
 
 
 @dataclasses.dataclass
@@ -214,7 +192,8 @@ def train(
     # shards), once every process has looked at run.dir as it was.
     primary = is_primary()
     run_dir, existing = check_run_dir(config.run.dir, resume)
-    has_checkpoints = (run_dir / CHECKPOINTS).is_dir()
+    run = RunDir(run_dir)
+    has_checkpoints = run.checkpoints.is_dir()
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("jzero: run.dir checked")
     notes: list[str] = []
@@ -230,9 +209,12 @@ def train(
     create_run_dir(run_dir)
     checkpoints = checkpoints or RunCheckpoints(run_dir, config.checkpoint)
     if not existing and primary:
-        with writing(run_dir / "config.yaml"):
-            (run_dir / "config.yaml").write_text(dump_config(config))
-    dropped = trim_metrics(run_dir / "metrics.jsonl", start) if primary else 0
+        with writing(run.config):
+            run.config.write_text(dump_config(config))
+    dropped = 0
+    if primary:
+        with writing(run.metrics):
+            dropped = run.trim_metrics(start)
     if dropped:
         notes.append(f"dropped {dropped} metrics.jsonl records past step {start}, which this run logs again")
     meta = run_meta(config.to_dict(), mesh_shape(s.mesh), s.plan.stage, s.plan.num_params, s.rng)
@@ -248,9 +230,9 @@ def train(
                 bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
                 checkpoints.close()
                 return result
-            if primary and existing and start > 0 and (run_dir / "config.yaml").read_text() != dump_config(config):
-                with writing(run_dir / f"config.step-{start}.yaml"):  # the resumed run's own config
-                    (run_dir / f"config.step-{start}.yaml").write_text(dump_config(config))
+            if primary and existing and start > 0 and run.config.read_text() != dump_config(config):
+                with writing(run.resumed_config(start)):  # the resumed run's own config
+                    run.resumed_config(start).write_text(dump_config(config))
             t0 = time.perf_counter()
             compiled = s.compile(s.make_step().lower(state, data.device_batch(start, s.plan.batch)))
             bar.note(
@@ -258,19 +240,19 @@ def train(
                 f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
             )
             report = startup_ledger(s, compiled, state)
-            name = "ledger.json" if not (run_dir / "ledger.json").exists() else f"ledger.step-{start}.json"
+            ledger = run.ledger(start)
             if primary:
-                with writing(run_dir / name):
-                    (run_dir / name).write_text(json.dumps(report, indent=1))
-            bar.note(format_ledger_summary(report) + f"\n  written to {run_dir / name}")
+                with writing(ledger):
+                    ledger.write_text(json.dumps(report, indent=1))
+            bar.note(format_ledger_summary(report) + f"\n  written to {ledger}")
             bar.advance(start)
 
             saver = CheckpointHook(checkpoints, start, steps, data.state, meta, bar.announce)
             all_hooks = [saver, ProgressHook(bar)]
             if primary:
-                all_hooks.append(JsonlHook(run_dir / "metrics.jsonl"))
+                all_hooks.append(JsonlHook(run.metrics))
                 if config.run.tensorboard:
-                    all_hooks.append(TensorBoardHook(run_dir / "tensorboard"))
+                    all_hooks.append(TensorBoardHook(run.tensorboard))
             all_hooks += [PreemptionHook(preemption), *hooks]
             tokens = config.train.global_batch_size * config.model.seq_len
             schedule = build_schedule(config.optimizer, steps)

@@ -121,7 +121,7 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
                 "dtype": str(t.dtype),
                 "param_spec": str(t.param_spec),
                 "grad_spec": str(t.grad_spec),
-                "optimizer_spec": str(t.update_spec),
+                "optimizer_spec": str(t.optimizer_spec),
                 "param_bytes_per_device": shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
             }
             for t in plan.tensors
