@@ -221,7 +221,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from jzero.distributed.launch import launch, parse_spec
 
-    spec = parse_spec(args.words, args.n, args.devices_per_process, args.max_restarts)
+    spec = parse_spec(args.words, args.n, args.devices_per_process, args.max_restarts, parse=build_parser().parse_args)
     return launch(spec, args.max_restarts, args.shrink_on_failure)
 
 

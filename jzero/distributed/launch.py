@@ -12,6 +12,7 @@ No JAX here: the launcher only starts, watches and restarts processes.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import dataclasses
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
@@ -93,10 +94,19 @@ def shrunk_count(config: Config, processes: int, devices_per_process: int) -> in
     return next((n for n in range(processes - 1, 0, -1) if fit_problem(config, n, devices_per_process) is None), None)
 
 
-def parse_spec(words: Sequence[str], processes: int, devices_per_process: int, max_restarts: int = 0) -> LaunchSpec:
-    """Check a launch before anything starts; every refusal is one :class:`ConfigError`."""
-    from jzero.cli.main import build_parser
+def parse_spec(
+    words: Sequence[str],
+    processes: int,
+    devices_per_process: int,
+    max_restarts: int = 0,
+    *,
+    parse: Callable[[list[str]], argparse.Namespace],
+) -> LaunchSpec:
+    """Check a launch before anything starts; every refusal is one :class:`ConfigError`.
 
+    ``parse`` reads the command after ``--`` as ``jzero`` itself would (the command line passes its
+    own parser's ``parse_args``), so a bad flag is refused before any process starts.
+    """
     if max_restarts < 0:
         raise ConfigError("--max-restarts", f"must be >= 0, got {max_restarts}")
     if processes < 1:
@@ -107,7 +117,7 @@ def parse_spec(words: Sequence[str], processes: int, devices_per_process: int, m
     if not words or words[0] not in LAUNCHABLE:
         got = repr(words[0]) if words else "nothing"
         raise ConfigError("launch", f"runs a jzero command after --: {' or '.join(LAUNCHABLE)}, got {got}")
-    args = build_parser().parse_args(list(words))  # a bad flag exits 2 with its one line
+    args = parse(list(words))  # a bad flag exits 2 with its one line
     if getattr(args, "target", None):
         raise ConfigError("--target", "compiles for GPUs from one process; run jzero plan --target without launch")
     config = load_config(args.config, [*args.set, f"runtime.cpu_devices={devices_per_process}"])
