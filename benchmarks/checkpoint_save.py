@@ -54,7 +54,7 @@ def arguments(doc: str) -> argparse.ArgumentParser:
 
 
 def trained_state(config_path: str, overrides: list[str]):
-    """JAX started for the config, its :class:`~jzero.train.job.Job`, and a mid-training state."""
+    """JAX started for the config, its :class:`~jzero.training.job.Job`, and a mid-training state."""
     from jzero.config.loading import load_config
     from jzero.distributed.process import import_jax, start_backends
     from jzero.mesh import simulate_cpu_devices
@@ -66,7 +66,7 @@ def trained_state(config_path: str, overrides: list[str]):
 
     import jax
 
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     s = build_job(config)
     return s, jax.block_until_ready(mid_training(s.init_state(), s.plan.state))
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.config.schema import CheckpointConfig
     from jzero.ledger import hlo as ledger
     from jzero.mesh import mesh_shape
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     per_device = ledger.live_bytes_per_device(state)

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from jzero.config.loading import load_config
     from jzero.ledger import hlo as ledger
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     target = parse_target(args.target)
     s = build_job(load_config(args.config, args.set), target_devices(target))

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from jzero.ledger import hlo as ledger
-    from jzero.train.data import text_batches
-    from jzero.train.job import build_job
+    from jzero.training.data import text_batches
+    from jzero.training.job import build_job
 
     def overrides(name: str) -> list[str]:
         stage, offload = VARIANTS[name]
@@ -184,7 +184,7 @@ def compiled_bytes(config_path: str, overrides: list[str]) -> tuple[int, dict[st
     """(parameters, the ledger's compiled memory per device) of a config, compiled from shapes only."""
     from jzero.config.loading import load_config
     from jzero.ledger import hlo as ledger
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     s = build_job(load_config(config_path, overrides))
     _, compiled = s.compile_step()

@@ -47,7 +47,7 @@ def _setup(shape: dict, where: str, mesh: str, stage: int, units: str, extra: li
 
     from jzero.config.loading import load_config
     from jzero.ledger.targets import target_devices
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     seq_len = extra_seq(extra)
     init_fn, loss_fn = llama_parts(seq_len, **shape)
@@ -63,7 +63,7 @@ def extra_seq(extra: list[str]) -> int:
 
 def row(shape: dict, where: str, mesh: str, stage: int, units: str, extra: list[str]) -> dict:
     """One compile's figures against the whole parameters' bytes (4Ψ for fp32)."""
-    from jzero.train.report import plan_report
+    from jzero.training.report import plan_report
 
     s = _setup(shape, where, mesh, stage, units, extra)
     compiled = None

@@ -71,7 +71,7 @@ def main(steps: int = 60, stage: int = 3) -> list[float]:
         if step % 10 == 0 or step == steps - 1:
             print(f"step {step:3d}  loss {losses[-1]:.4f}")
 
-    print(f"stage {stage} on {mesh.size} devices: {jzero.live_bytes_per_device(state):,} bytes of model state per device")
+    print(f"stage {stage} on {mesh.size} devices: {jzero.ledger.live_bytes_per_device(state):,} bytes of model state per device")
     for t in plan.replicated:
         print(f"  replicated (no dimension divisible by {plan.data_size}): {t.path} {t.shape}")
     return losses

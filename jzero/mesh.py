@@ -18,6 +18,13 @@ from jax.sharding import AxisType, Mesh
 from jzero.axes import resolve_axes
 from jzero.errors import ConfigError
 
+__all__ = [
+    "make_mesh",
+    "mesh_shape",
+    "on_gpus",
+    "simulate_cpu_devices",
+]
+
 
 def make_mesh(
     axes: Mapping[str, int],

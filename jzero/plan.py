@@ -37,6 +37,18 @@ from jzero.state import TrainState
 from jzero.trees import path_str
 from jzero.units import AUTO, choose_units
 
+__all__ = [
+    "Plan",
+    "TensorPlan",
+    "data_partition",
+    "default_rules",
+    "logical_names",
+    "logical_to_mesh",
+    "make_plan",
+    "shard_bytes",
+    "zero_axes",
+]
+
 
 def default_rules(axis_names: Sequence[str]) -> list[list]:
     """Megatron-style logical-axis rules: heads, MLP hidden and vocabulary on ``model``; the batch on
@@ -290,6 +302,114 @@ def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple |
     return P(*entries), data_dim
 
 
+def _check_args(
+    stage: int, mesh: Mesh, offload_optimizer: bool, offload_params: bool, prefetch: int, persist_below_bytes: int
+) -> StageRule:
+    """Refuse a bad stage, offload, count or mesh (in that order); returns the stage's rule."""
+    rule = stage_rule(stage)
+    check_offload(stage, optimizer=offload_optimizer, params=offload_params)
+    for key, value in (("zero.prefetch", prefetch), ("zero.persist_below_bytes", persist_below_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PlanError(key, f"must be a whole number >= 0, got {value!r}")
+    if DATA not in mesh.shape:
+        raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
+    return rule
+
+
+def _normal_rules(rules: Sequence[Sequence[Any]] | None, mesh: Mesh) -> tuple[tuple[str, Any], ...]:
+    """The rule table as ``(name, axis)`` tuples, a list of axes made a tuple (default: :func:`default_rules`)."""
+    if rules is None:
+        rules = default_rules(mesh.axis_names)
+    return tuple((name, tuple(axis) if isinstance(axis, list) else axis) for name, axis in rules)
+
+
+def _tensor_plan(
+    name: str,
+    leaf: Any,
+    logical: tuple | None,
+    mesh: Mesh,
+    rules: Sequence[Sequence[Any]],
+    path_rules: Sequence[Sequence[Any]],
+    rule: StageRule,
+    persist_below_bytes: int,
+) -> TensorPlan:
+    """One parameter's R and D specs, and which of them the stage gives each role."""
+    shape = tuple(leaf.shape)
+    rspec = _model_spec(name, shape, logical, mesh, rules, path_rules)
+    dspec, dim = data_partition(shape, rspec, mesh, logical)
+    return TensorPlan(
+        path=name,
+        shape=shape,
+        dtype=np.dtype(leaf.dtype),
+        logical=logical,
+        replicated_spec=rspec,
+        sharded_spec=dspec,
+        data_dim=dim,
+        param_spec=dspec if rule.params and _nbytes(shape, leaf.dtype) >= persist_below_bytes else rspec,
+        grad_spec=dspec if rule.grads else rspec,
+        optimizer_spec=dspec if rule.optimizer else rspec,
+    )
+
+
+def _tensor_plans(
+    abstract_params: Any,
+    mesh: Mesh,
+    rules: Sequence[Sequence[Any]],
+    path_rules: Sequence[Sequence[Any]],
+    rule: StageRule,
+    persist_below_bytes: int,
+) -> tuple[list[TensorPlan], Any]:
+    """Every parameter's :class:`TensorPlan`, in tree order, and the unboxed parameters' treedef."""
+    names = logical_names(abstract_params)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_params))
+    tensors = []
+    for path, leaf in leaves:
+        name = path_str(path)
+        tensors.append(_tensor_plan(name, leaf, names.get(name), mesh, rules, path_rules, rule, persist_below_bytes))
+    return tensors, treedef
+
+
+def _plan_shardings(
+    abstract_state: TrainState,
+    tensors: list[TensorPlan],
+    treedef: Any,
+    mesh: Mesh,
+    rule: StageRule,
+    offload_optimizer: bool,
+    offload_params: bool,
+) -> dict[str, Any]:
+    """The Plan's sharding trees (params, grads, optimizer, opt_state, state) and its optimizer leaves."""
+
+    def tree(specs):
+        return treedef.unflatten([NamedSharding(mesh, s) for s in specs])
+
+    param_shardings = tree(t.param_spec for t in tensors)
+    if offload_params:
+        param_shardings = on_host(param_shardings)
+    grad_shardings = tree(t.grad_spec for t in tensors)
+    optimizer_shardings = tree(t.optimizer_spec for t in tensors)
+
+    opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
+    if offload_optimizer:
+        opt_shardings = on_host(opt_shardings)
+    replicated = NamedSharding(mesh, P())
+    state = TrainState(
+        step=replicated,
+        params=param_shardings,
+        opt_state=opt_shardings,
+        skipped=replicated,
+        loss_scale=jax.tree.map(lambda _: replicated, abstract_state.loss_scale),
+    )
+    return {
+        "params": param_shardings,
+        "grads": grad_shardings,
+        "optimizer": optimizer_shardings,
+        "opt_state": opt_shardings,
+        "state": state,
+        "opt_leaves": opt_leaves,
+    }
+
+
 def make_plan(
     abstract_state: TrainState,
     mesh: Mesh,
@@ -322,82 +442,25 @@ def make_plan(
       PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, or an
         offload the stage does not partition for.
     """
-    rule = stage_rule(stage)
-    check_offload(stage, optimizer=offload_optimizer, params=offload_params)
-    for key, value in (("zero.prefetch", prefetch), ("zero.persist_below_bytes", persist_below_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise PlanError(key, f"must be a whole number >= 0, got {value!r}")
-    if DATA not in mesh.shape:
-        raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
-    if rules is None:
-        rules = default_rules(mesh.axis_names)
-    rules = tuple((name, tuple(axis) if isinstance(axis, list) else axis) for name, axis in rules)
+    rule = _check_args(stage, mesh, offload_optimizer, offload_params, prefetch, persist_below_bytes)
+    rules = _normal_rules(rules, mesh)
 
-    names = logical_names(abstract_state.params)
-    params = nn.unbox(abstract_state.params)
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-
-    tensors = []
-    for path, leaf in leaves:
-        name = path_str(path)
-        shape = tuple(leaf.shape)
-        logical = names.get(name)
-        rspec = _model_spec(name, shape, logical, mesh, rules, path_rules)
-        dspec, dim = data_partition(shape, rspec, mesh, logical)
-        tensors.append(
-            TensorPlan(
-                path=name,
-                shape=shape,
-                dtype=np.dtype(leaf.dtype),
-                logical=logical,
-                replicated_spec=rspec,
-                sharded_spec=dspec,
-                data_dim=dim,
-                param_spec=dspec if rule.params and _nbytes(shape, leaf.dtype) >= persist_below_bytes else rspec,
-                grad_spec=dspec if rule.grads else rspec,
-                optimizer_spec=dspec if rule.optimizer else rspec,
-            )
-        )
-
-    def tree(specs):
-        return treedef.unflatten([NamedSharding(mesh, s) for s in specs])
-
-    param_shardings = tree(t.param_spec for t in tensors)
-    if offload_params:
-        param_shardings = on_host(param_shardings)
-    grad_shardings = tree(t.grad_spec for t in tensors)
-    optimizer_shardings = tree(t.optimizer_spec for t in tensors)
-
-    opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
-    if offload_optimizer:
-        opt_shardings = on_host(opt_shardings)
-    replicated = NamedSharding(mesh, P())
-    state = TrainState(
-        step=replicated,
-        params=param_shardings,
-        opt_state=opt_shardings,
-        skipped=replicated,
-        loss_scale=jax.tree.map(lambda _: replicated, abstract_state.loss_scale),
-    )
+    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes)
+    shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, offload_optimizer, offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
     units = _units(tensors, gather_units) if rule.params else {}
     return Plan(
         mesh=mesh,
         stage=stage,
         rules=rules,
-        params=param_shardings,
-        grads=grad_shardings,
-        optimizer=optimizer_shardings,
-        opt_state=opt_shardings,
         batch=NamedSharding(mesh, P(batch_axes)),
-        state=state,
         tensors=tensors,
-        opt_leaves=opt_leaves,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         units=units,
         prefetch=prefetch,
         persist_below_bytes=persist_below_bytes,
+        **shardings,
     )
 
 

@@ -15,6 +15,15 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "DTYPES",
+    "FP32",
+    "LossScale",
+    "MasterState",
+    "Precision",
+    "cast",
+]
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 

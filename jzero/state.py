@@ -12,6 +12,8 @@ import optax
 
 from jzero.precision import FP32, LossScale, MasterState, Precision, cast
 
+__all__ = ["TrainState", "create_state", "unbox_state"]
+
 
 @flax.struct.dataclass
 class TrainState:

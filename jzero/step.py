@@ -35,6 +35,17 @@ from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.state import TrainState, create_state, unbox_state
 
+__all__ = [
+    "LossFn",
+    "abstract_state",
+    "activation_rules",
+    "make_train_step",
+    "sharded_abstract",
+    "sharded_init",
+    "state_from_params",
+    "unit_loss",
+]
+
 LossFn = Callable[[Any, Any], jax.Array]
 
 
@@ -147,6 +158,182 @@ def _apply_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, 
     return optax.apply_updates(params, updates), opt_state
 
 
+def _loss_in_f32(loss_fn: LossFn, plan: Plan, precision: Precision) -> LossFn:
+    """``loss_fn`` on the resting parameters (gathered unit by unit, or cast whole), as float32."""
+    gathered_loss = unit_loss(loss_fn, plan, precision)
+
+    def compute_loss(params: Any, batch: Any) -> jax.Array:
+        if gathered_loss is not None:
+            return gathered_loss(params, batch).astype(jnp.float32)
+        return loss_fn(cast(params, precision.compute_dtype), batch).astype(jnp.float32)
+
+    return compute_loss
+
+
+def _scaled(compute_loss: LossFn, scale: jax.Array | None) -> Callable[[Any, Any], tuple[jax.Array, jax.Array]]:
+    """``(params, batch) -> (loss * scale, loss)``: what is differentiated, with the true loss as aux."""
+
+    def scaled_loss(p, mb):
+        loss = compute_loss(p, mb)
+        return (loss * scale if scale is not None else loss), loss
+
+    return scaled_loss
+
+
+def _accumulate(acc: Any, grads: Any) -> Any:
+    """Add one slice's gradient to the buffer, in the buffer's dtype."""
+    return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+
+
+def _one_grad(
+    compute_loss: LossFn, plan: Plan, precision: Precision, params: Any, mb: Any, scale: jax.Array | None
+) -> tuple[jax.Array, Any]:
+    """One slice's mean loss and gradient, cast to ``grad_reduce_dtype`` and constrained to the gradient spec."""
+    (_, loss), grads = jax.value_and_grad(_scaled(compute_loss, scale), has_aux=True)(params, mb)
+    if plan.offload_params:  # a host-resting leaf's gradient comes back to host memory
+        grads = to_device(grads)
+    return loss, _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
+
+
+def _microbatch_loop(
+    compute_loss: LossFn, plan: Plan, precision: Precision, microbatches: int, params: Any, batch: Any, scale: jax.Array | None
+) -> tuple[jax.Array, Any]:
+    """Mean loss and gradient over ``microbatches`` sequential slices, each one's reduced gradient summed into a buffer."""
+    # Slice m holds rows m, m + M, m + 2M, ...: each device keeps its own rows in every slice.
+    slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
+
+    def body(acc, mb):
+        loss, grads = _one_grad(compute_loss, plan, precision, params, mb, scale)
+        return _constrain(_accumulate(acc, grads), plan.grads), loss
+
+    # The buffer has the gradients' spec: 1/N_d per device at stages >= 2.
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, precision.master_dtype), params)
+    acc, losses = jax.lax.scan(body, _constrain(zeros, plan.grads), slices)
+    return losses.mean(), jax.tree.map(lambda a: a / microbatches, acc)
+
+
+def _batch_groups(plan: Plan) -> tuple[tuple[str, ...], int, Any]:
+    """The batch's mesh axes, the number of batch groups they make, and the grad shardings with a group dim on them."""
+    axes = plan.batch.spec[0]
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    groups = math.prod(plan.mesh.shape[a] for a in axes)
+    on_groups = [NamedSharding(plan.mesh, P(axes, *s.spec)) for s in jax.tree.leaves(plan.grads)]
+    return axes, groups, jax.tree.unflatten(jax.tree.structure(plan.grads), on_groups)
+
+
+def _reduce_groups(a: jax.Array, p: jax.Array, count: int, precision: Precision) -> jax.Array:
+    """Sum the per-group gradients, each over ``count``: the step's one reduction, run in ``grad_reduce_dtype``."""
+    a = (a / count).astype(precision.grad_reduce_dtype or p.dtype)
+    # lax.reduce, not .sum(): jnp sums 16-bit floats in f32, which would send twice the bytes.
+    return jax.lax.reduce(a, jnp.zeros((), a.dtype), jax.lax.add, (0,))
+
+
+def _local_accumulation(
+    compute_loss: LossFn, plan: Plan, precision: Precision, microbatches: int, params: Any, batch: Any, scale: jax.Array | None
+) -> tuple[jax.Array, Any]:
+    """Stages 0-1: each batch group (the devices of one ``data`` x ``replica`` coordinate)
+    accumulates its own unreduced gradient over the microbatches; one all-reduce follows. Stage 1
+    comes here at M = 1 too: with the all-reduce outside the layer loop and the update's slice
+    right after it, GPU XLA makes the pair one reduce-scatter.
+
+    ``vmap`` over the groups, with the group dimension on the batch's mesh axes, is how GSPMD
+    is told the per-group gradients are separate tensors rather than one to be reduced.
+    """
+    axes, groups, on_groups = _batch_groups(plan)
+
+    def split(x):  # [B, ...] -> [M, groups, B / (groups M), ...]; rows stay on their device
+        x = x.reshape(groups, x.shape[0] // (groups * microbatches), microbatches, *x.shape[1:])
+        return jnp.moveaxis(x, 2, 0)
+
+    group_grad = jax.vmap(jax.value_and_grad(_scaled(compute_loss, scale), has_aux=True), in_axes=(None, 0), spmd_axis_name=axes)
+
+    def body(acc, mb):
+        with activation_rules(plan, batch_local=True):
+            (_, losses), grads = group_grad(params, mb)
+        return _constrain(_accumulate(acc, grads), on_groups), losses
+
+    zeros = jax.tree.map(lambda p: jnp.zeros((groups, *p.shape), precision.master_dtype), params)
+    acc, losses = jax.lax.scan(body, _constrain(zeros, on_groups), jax.tree.map(split, batch))
+    grads = jax.tree.map(lambda a, p: _reduce_groups(a, p, groups * microbatches, precision), acc, params)
+    return losses.mean(), _constrain(grads, plan.grads)
+
+
+def _grads_and_loss(
+    compute_loss: LossFn, plan: Plan, precision: Precision, microbatches: int, params: Any, batch: Any, scale: jax.Array | None
+) -> tuple[jax.Array, Any]:
+    """Mean loss and reduced gradient over the global batch, in ``microbatches`` sequential slices."""
+    if not plan.rule.grads and (microbatches > 1 or plan.rule.optimizer):
+        return _local_accumulation(compute_loss, plan, precision, microbatches, params, batch, scale)
+    if microbatches == 1:
+        return _one_grad(compute_loss, plan, precision, params, batch, scale)
+    return _microbatch_loop(compute_loss, plan, precision, microbatches, params, batch, scale)
+
+
+def _fetched_in_loop(plan: Plan, fetched_by_model: bool) -> Any:
+    """A bool per parameter: True where the model fetches it itself, inside its loop (its ``layers`` dimension)."""
+    in_loop = [fetched_by_model and LAYERS in (t.logical or ()) for t in plan.tensors]
+    return jax.tree.unflatten(jax.tree.structure(plan.params), in_loop)
+
+
+def _params_for_forward(plan: Plan, in_loop: Any, params: Any) -> Any:
+    """With offloaded parameters, move to the device those the model does not fetch itself."""
+    if not plan.offload_params:
+        return params
+    return jax.tree.map(lambda p, model_fetches: p if model_fetches else to_device(p), params, in_loop)
+
+
+def _guarded_update(
+    tx: optax.GradientTransformation, plan: Plan, precision: Precision, state: TrainState, grads: Any, scale: jax.Array | None
+) -> tuple[Any, Any, jax.Array, jax.Array]:
+    """Unscale, take the norm and, only if it is finite, update: ``(new_params, opt_state, grad_norm, finite)``, at rest."""
+    grads = cast(grads, precision.master_dtype)  # the update runs in master precision
+    if scale is not None:
+        grads = jax.tree.map(lambda g: g / scale, grads)
+    # The norm of the update's slices: at stage 1, a norm of the whole reduced gradient would
+    # need it whole on every device, and the reduction would stay an all-reduce.
+    grads = _constrain(grads, plan.optimizer)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    params = _constrain(to_device(state.params) if plan.offload_params else state.params, plan.optimizer)
+    # Offloaded optimizer state streams in for the update and back out after it.
+    opt_state = to_device(state.opt_state) if plan.offload_optimizer else state.opt_state
+    # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
+    # donated buffers straight back instead of holding a second copy of the state.)
+    new_params, opt_state = jax.lax.cond(
+        finite,
+        lambda: _apply_update(tx, grads, opt_state, params),
+        lambda: (params, opt_state),
+    )
+    new_params = _constrain(new_params, on_device(plan.params))
+    new_params = to_host(new_params) if plan.offload_params else new_params
+    opt_state = to_host(opt_state) if plan.offload_optimizer else opt_state
+    return new_params, opt_state, grad_norm, finite
+
+
+def _step_outputs(
+    state: TrainState,
+    new_params: Any,
+    opt_state: Any,
+    loss: jax.Array,
+    grad_norm: jax.Array,
+    finite: jax.Array,
+    precision: Precision,
+    scale: jax.Array | None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The next train state (step, skip count and loss scale advanced) and the step's metrics."""
+    new_state = TrainState(
+        step=state.step + 1,
+        params=new_params,
+        opt_state=opt_state,
+        skipped=state.skipped + (~finite).astype(jnp.int32),
+        loss_scale=state.loss_scale.next(finite, precision.loss_scale_window) if scale is not None else None,
+    )
+    metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": new_state.skipped}
+    if scale is not None:
+        metrics["loss_scale"] = new_state.loss_scale.scale
+    return new_state, metrics
+
+
 def make_train_step(
     loss_fn: LossFn,
     tx: optax.GradientTransformation,
@@ -187,136 +374,21 @@ def make_train_step(
       reduced gradient, before any clipping), ``skipped`` and, with loss scaling, ``loss_scale``.
     """
 
-    gathered_loss = unit_loss(loss_fn, plan, precision)
-
-    def compute_loss(params: Any, batch: Any) -> jax.Array:
-        if gathered_loss is not None:
-            return gathered_loss(params, batch).astype(jnp.float32)
-        return loss_fn(cast(params, precision.compute_dtype), batch).astype(jnp.float32)
-
-    def grads_and_loss(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
-        """Mean loss and reduced gradient over the global batch, in ``microbatches`` sequential slices."""
-
-        def one(mb):
-            def scaled_loss(p):
-                loss = compute_loss(p, mb)
-                return (loss * scale if scale is not None else loss), loss
-
-            (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
-            if plan.offload_params:  # a host-resting leaf's gradient comes back to host memory
-                grads = to_device(grads)
-            return loss, _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
-
-        if not plan.rule.grads and (microbatches > 1 or plan.rule.optimizer):
-            return local_accumulation(params, batch, scale)
-        if microbatches == 1:
-            return one(batch)
-        # Slice m holds rows m, m + M, m + 2M, ...: each device keeps its own rows in every slice.
-        slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
-
-        def body(acc, mb):
-            loss, grads = one(mb)
-            acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
-            return _constrain(acc, plan.grads), loss
-
-        # The buffer has the gradients' spec: 1/N_d per device at stages >= 2.
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, precision.master_dtype), params)
-        acc, losses = jax.lax.scan(body, _constrain(zeros, plan.grads), slices)
-        return losses.mean(), jax.tree.map(lambda a: a / microbatches, acc)
-
-    def local_accumulation(params: Any, batch: Any, scale: jax.Array | None) -> tuple[jax.Array, Any]:
-        """Stages 0-1: each batch group (the devices of one ``data`` x ``replica`` coordinate)
-        accumulates its own unreduced gradient over the microbatches; one all-reduce follows. Stage 1
-        comes here at M = 1 too: with the all-reduce outside the layer loop and the update's slice
-        right after it, GPU XLA makes the pair one reduce-scatter.
-
-        ``vmap`` over the groups, with the group dimension on the batch's mesh axes, is how GSPMD
-        is told the per-group gradients are separate tensors rather than one to be reduced.
-        """
-        axes = plan.batch.spec[0]
-        axes = axes if isinstance(axes, tuple) else (axes,)
-        groups = math.prod(plan.mesh.shape[a] for a in axes)
-        on_groups = [NamedSharding(plan.mesh, P(axes, *s.spec)) for s in jax.tree.leaves(plan.grads)]
-        on_groups = jax.tree.unflatten(jax.tree.structure(plan.grads), on_groups)
-
-        def split(x):  # [B, ...] -> [M, groups, B / (groups M), ...]; rows stay on their device
-            x = x.reshape(groups, x.shape[0] // (groups * microbatches), microbatches, *x.shape[1:])
-            return jnp.moveaxis(x, 2, 0)
-
-        def group_loss(p, mb):
-            loss = compute_loss(p, mb)
-            return (loss * scale if scale is not None else loss), loss
-
-        group_grad = jax.vmap(jax.value_and_grad(group_loss, has_aux=True), in_axes=(None, 0), spmd_axis_name=axes)
-
-        def body(acc, mb):
-            with activation_rules(plan, batch_local=True):
-                (_, losses), grads = group_grad(params, mb)
-            acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
-            return _constrain(acc, on_groups), losses
-
-        zeros = jax.tree.map(lambda p: jnp.zeros((groups, *p.shape), precision.master_dtype), params)
-        acc, losses = jax.lax.scan(body, _constrain(zeros, on_groups), jax.tree.map(split, batch))
-
-        def reduce(a, p):  # the sum over groups is the one reduction; it runs in grad_reduce_dtype
-            a = (a / (groups * microbatches)).astype(precision.grad_reduce_dtype or p.dtype)
-            # lax.reduce, not .sum(): jnp sums 16-bit floats in f32, which would send twice the bytes.
-            return jax.lax.reduce(a, jnp.zeros((), a.dtype), jax.lax.add, (0,))
-
-        grads = jax.tree.map(reduce, acc, params)
-        return losses.mean(), _constrain(grads, plan.grads)
-
-    # Parameters the model fetches itself, inside its loop: the scanned layers' (its ``layers`` dimension).
-    in_loop = [fetched_by_model and LAYERS in (t.logical or ()) for t in plan.tensors]
-    in_loop = jax.tree.unflatten(jax.tree.structure(plan.params), in_loop)
-
-    def params_for_forward(params: Any) -> Any:
-        if not plan.offload_params:
-            return params
-        return jax.tree.map(lambda p, model_fetches: p if model_fetches else to_device(p), params, in_loop)
+    compute_loss = _loss_in_f32(loss_fn, plan, precision)
+    in_loop = _fetched_in_loop(plan, fetched_by_model)
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         scale = state.loss_scale.scale if state.loss_scale is not None else None
         with activation_rules(plan):
-            loss, grads = grads_and_loss(params_for_forward(state.params), batch, scale)
-            grads = cast(grads, precision.master_dtype)  # the update runs in master precision
-            if scale is not None:
-                grads = jax.tree.map(lambda g: g / scale, grads)
-            # The norm of the update's slices: at stage 1, a norm of the whole reduced gradient would
-            # need it whole on every device, and the reduction would stay an all-reduce.
-            grads = _constrain(grads, plan.optimizer)
-            grad_norm = optax.tree.norm(grads)
-            finite = jnp.isfinite(grad_norm)
-            params = _constrain(to_device(state.params) if plan.offload_params else state.params, plan.optimizer)
-            # Offloaded optimizer state streams in for the update and back out after it.
-            opt_state = to_device(state.opt_state) if plan.offload_optimizer else state.opt_state
-            # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
-            # donated buffers straight back instead of holding a second copy of the state.)
-            new_params, opt_state = jax.lax.cond(
-                finite,
-                lambda: _apply_update(tx, grads, opt_state, params),
-                lambda: (params, opt_state),
-            )
-            new_params = _constrain(new_params, on_device(plan.params))
-            new_params = to_host(new_params) if plan.offload_params else new_params
-            opt_state = to_host(opt_state) if plan.offload_optimizer else opt_state
-        new_state = TrainState(
-            step=state.step + 1,
-            params=new_params,
-            opt_state=opt_state,
-            skipped=state.skipped + (~finite).astype(jnp.int32),
-            loss_scale=state.loss_scale.next(finite, precision.loss_scale_window) if scale is not None else None,
-        )
-        metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": new_state.skipped}
-        if scale is not None:
-            metrics["loss_scale"] = new_state.loss_scale.scale
-        return new_state, metrics
+            params = _params_for_forward(plan, in_loop, state.params)
+            loss, grads = _grads_and_loss(compute_loss, plan, precision, microbatches, params, batch, scale)
+            new_params, opt_state, grad_norm, finite = _guarded_update(tx, plan, precision, state, grads, scale)
+        return _step_outputs(state, new_params, opt_state, loss, grad_norm, finite, precision, scale)
 
-    scalar = NamedSharding(plan.mesh, P())
     return jax.jit(
         step,
         in_shardings=(plan.state, plan.batch),
-        out_shardings=(plan.state, scalar),
+        out_shardings=(plan.state, NamedSharding(plan.mesh, P())),
         donate_argnums=(0,) if donate else (),
         compiler_options=unit_options(list(plan.mesh.devices.flat)) if plan.units else None,
     )

@@ -50,7 +50,7 @@ LR = "optimizer.learning_rate=1e-3"
 
 @pytest.fixture(scope="session")
 def data():
-    from jzero.train.data import text_batches
+    from jzero.training.data import text_batches
 
     cfg = tiny_config()
     return text_batches(None, cfg.data.max_bytes, cfg.model.seq_len, cfg.train.global_batch_size, cfg.seed)
@@ -195,7 +195,7 @@ def reference(data):
     """The tiny GPT trained 20 steps on one device, with its reordering floor."""
     import jax.numpy as jnp
 
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     s = build_job(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
     return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
@@ -208,7 +208,7 @@ def snapshot(folder) -> dict[str, bytes]:
 
 
 def train_sharded(s, batches, steps=STEPS):
-    """Sharded init and ``steps`` compiled steps of a :class:`jzero.train.job.Job`; returns the final state."""
+    """Sharded init and ``steps`` compiled steps of a :class:`jzero.training.job.Job`; returns the final state."""
     state = s.init_state()
     step = s.make_step()
     for k in range(steps):

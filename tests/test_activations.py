@@ -4,7 +4,7 @@ import pytest
 from conftest import tiny_config
 
 from jzero.ledger import hlo as ledger
-from jzero.train.job import build_job
+from jzero.training.job import build_job
 
 PER_DEVICE_BATCH = 2
 

@@ -199,7 +199,7 @@ def test_the_largest_seed_works_end_to_end():
     """2**32 - 1 is accepted because grain's shuffle and jax.random.key both take it."""
     import jax
 
-    from jzero.train.data import TextBatches
+    from jzero.training.data import TextBatches
 
     config = load_config(CONFIG, ["seed=4294967295"])
     assert config.seed == 2**32 - 1
@@ -224,7 +224,7 @@ def test_set_mesh_names_a_mesh_file_as_yaml_does(capsys):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, devices):
-    from jzero.train.loop import train
+    from jzero.training.loop import train
 
     run = tmp_path_factory.mktemp("run")
     overrides = [*TINY, "mesh.axes.data=8", "train.steps=2", "checkpoint.every=2", f"run.dir={run}"]

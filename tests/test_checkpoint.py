@@ -21,16 +21,16 @@ from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoi
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
 from jzero.errors import CheckpointError
-from jzero.train.data import text_batches
-from jzero.train.job import build_job
-from jzero.train.loop import train
+from jzero.training.data import text_batches
+from jzero.training.job import build_job
+from jzero.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = [*TINY, "mesh.axes.data=8", "zero.stage=3", "checkpoint.every=2", "run.log_every=4"]
 
 
 def run_config(run_dir, *overrides):
-    """The run :func:`cli_args` describes, for calling :func:`jzero.train.loop.train` in-process."""
+    """The run :func:`cli_args` describes, for calling :func:`jzero.training.loop.train` in-process."""
     return load_config(ROOT / "configs/gpt-tiny.yaml", [*RUN, f"run.dir={run_dir}", *overrides])
 
 
@@ -127,7 +127,7 @@ def test_sigterm_saves_at_the_step_boundary_and_exits_0(devices, tmp_path):
 def test_a_second_sigint_aborts_at_once(capsys):
     """The first SIGINT asks for a save at the step boundary; the second raises at once. Outside
     the context the previous handlers are back."""
-    from jzero.train.preemption import Preemption
+    from jzero.training.preemption import Preemption
 
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), Preemption() as preemption:
@@ -408,7 +408,7 @@ def test_init_from_exported_or_plain_flax_params(devices, tmp_path, form):
         checkpointer.save(source, nested)
         checkpointer.wait_until_finished()
     s = build_job(run_config(tmp_path / "b", f"train.init_from={source}"))
-    from jzero.train.loop import initial_state
+    from jzero.training.loop import initial_state
 
     state, start = initial_state(s, RunCheckpoints(tmp_path / "b"), text_batches(None, 200_000, 16, 16, 0), lambda _: None)
     assert start == 0 and int(state.step) == 0

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from jzero.config.loading import ConfigError
 from jzero.mesh import make_mesh
-from jzero.train.data import TextBatches, load_bytes, resolve_files, stdlib_sources, text_batches
+from jzero.training.data import TextBatches, load_bytes, resolve_files, stdlib_sources, text_batches
 
 
 def test_default_text_is_the_stdlib_sources():

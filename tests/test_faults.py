@@ -18,8 +18,8 @@ from test_checkpoint import cli_args, host, jzero_process, run_config
 
 from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe
 from jzero.cli.main import main
-from jzero.train.job import build_job
-from jzero.train.loop import train
+from jzero.training.job import build_job
+from jzero.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from jzero.mesh import make_mesh
 from jzero.plan import make_plan
 from jzero.stages import paper_bytes_per_device
 from jzero.step import abstract_state, make_train_step, sharded_init
-from jzero.train.job import build_job
+from jzero.training.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT_TINY = ROOT / "configs/gpt-tiny.yaml"

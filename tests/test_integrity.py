@@ -22,8 +22,8 @@ from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
 from jzero.config.rundir import CHECKPOINTS
 from jzero.config.schema import CheckpointConfig
-from jzero.train.job import build_job
-from jzero.train.loop import train
+from jzero.training.job import build_job
+from jzero.training.loop import train
 
 KINDS = ("truncate-a-data-file", "flip-a-byte", "delete-a-file", "truncate-_METADATA")
 SEEDS = range(10)

@@ -19,9 +19,9 @@ from conftest import TINY, reference_with_floor, tiny_config
 
 from jzero.checkpoint.runs import RunCheckpoints, describe
 from jzero.distributed.launch import fit_problem, free_port, process_env, shrunk_count
-from jzero.train.data import text_batches
-from jzero.train.job import build_job
-from jzero.train.loop import train
+from jzero.training.data import text_batches
+from jzero.training.job import build_job
+from jzero.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "tests" / "helpers" / "state_digest.py"

@@ -78,7 +78,7 @@ def test_startup_ledger_matches_the_live_arrays(devices, tmp_path, capsys):
     from jzero.cli.main import main
     from jzero.config.loading import load_config
     from jzero.ledger import hlo as jl
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     sets = [*TINY, "train.steps=1", f"run.dir={tmp_path}"]
     assert main(["train", "configs/gpt-tiny.yaml", *(f"--set={o}" for o in sets)]) == 0
@@ -158,8 +158,8 @@ def test_communication_against_the_papers_volume(devices):
     forward and again for the backward pass, up to 2Ψ of all-gathers."""
     from conftest import tiny_config
 
-    from jzero.train.job import build_job
-    from jzero.train.report import plan_report
+    from jzero.training.job import build_job
+    from jzero.training.report import plan_report
 
     for stage in (0, 3):
         report = plan_report(build_job(tiny_config(f"zero.stage={stage}")))

@@ -9,9 +9,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoint import run_config
 
-from jzero.train.hooks import Hook
-from jzero.train.job import build_job
-from jzero.train.loop import train
+from jzero.training.hooks import Hook
+from jzero.training.job import build_job
+from jzero.training.loop import train
 
 
 class Bigram(nn.Module):

@@ -12,9 +12,9 @@ from jzero.axes import LAYERS
 from jzero.config.loading import load_config
 from jzero.ledger import hlo as ledger
 from jzero.offload import HOST
-from jzero.remat import REMAT_POLICIES, remat
-from jzero.train.job import build_job, partitions_activations
-from jzero.train.report import plan_report
+from jzero.remat_policies import REMAT_POLICIES, remat
+from jzero.training.job import build_job, partitions_activations
+from jzero.training.report import plan_report
 
 
 def _batches(data):

@@ -153,7 +153,7 @@ def test_plan_bytes_per_stage_follow_formula(devices):
 def test_tied_embeddings_drop_the_lm_head(devices):
     from conftest import tiny_config
 
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     untied = build_job(tiny_config()).plan
     tied = build_job(tiny_config("model.tie_embeddings=true")).plan
@@ -167,7 +167,7 @@ def test_gpt2_small_config_has_124m_parameters(devices):
     from pathlib import Path
 
     from jzero.config.loading import load_config
-    from jzero.train.job import build_job
+    from jzero.training.job import build_job
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs/gpt2-small.yaml", ["mesh.axes.data=8"])
     assert build_job(cfg).plan.num_params == 124_466_688 - 1024 * 768

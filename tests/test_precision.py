@@ -17,8 +17,8 @@ from jzero.config.loading import ConfigError, load_config
 from jzero.ledger import hlo as ledger
 from jzero.precision import MasterState
 from jzero.stages import paper_bytes_per_device
-from jzero.train.data import text_batches
-from jzero.train.job import build_job
+from jzero.training.data import text_batches
+from jzero.training.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]

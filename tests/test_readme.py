@@ -11,7 +11,7 @@ import numpy as np
 from conftest import tiny_config
 
 from jzero.checkpoint.runs import RunCheckpoints
-from jzero.train.job import build_job
+from jzero.training.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

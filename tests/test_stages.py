@@ -10,8 +10,8 @@ from conftest import LR, STEPS, reference_run, reference_with_floor, tiny_config
 
 from jzero.ledger import hlo as ledger
 from jzero.step import sharded_init
-from jzero.train.job import build_job
-from jzero.train.report import lowering_notes
+from jzero.training.job import build_job
+from jzero.training.report import lowering_notes
 
 N_D = 8
 

@@ -14,7 +14,7 @@ from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger import hlo as ledger
 from jzero.ledger.targets import GPU_COMPILER_OPTIONS, Target, gpu_compiler_available, parse_target, target_devices
-from jzero.train.job import build_job
+from jzero.training.job import build_job
 
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
 
@@ -80,7 +80,7 @@ def test_bf16_parameters_are_gathered_in_bf16(h100x8):
 )
 def test_communication_at_the_papers_volume(h100x8, config, stage):
     """Bytes sent per device per step, from the GPU program, over the paper's 2Ψ or 3Ψ (bf16)."""
-    from jzero.train.report import plan_report
+    from jzero.training.report import plan_report
 
     s, compiled = _compiled(load_config(config, [f"zero.stage={stage}", "mesh.axes.data=8", *BF16]), h100x8)
     report = plan_report(s, compiled)
@@ -183,7 +183,7 @@ def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
     """``Job.compile`` passes GPU_COMPILER_OPTIONS for GPU devices and nothing for the CPU: with the
     combining thresholds at 0, the same step compiles to many more (uncombined) all-gathers."""
     import jzero.ledger.targets
-    from jzero.train.job import compiler_options
+    from jzero.training.job import compiler_options
 
     assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
     s = build_job(tiny_config("zero.stage=3", *BF16), h100x8)
@@ -201,7 +201,7 @@ def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
 def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8):
     """The GPU compiler places what the CPU one ignores: offloaded state as host-memory arguments
     (its memory analysis counts them apart) and offload_dots' saved matmul outputs in host memory."""
-    from jzero.train.report import plan_report
+    from jzero.training.report import plan_report
 
     sets = ("zero.stage=3", "zero.offload_optimizer=true", "zero.offload_params=true", "model.remat=offload_dots")
     s, compiled = _compiled(tiny_config(*sets), h100x8)

@@ -16,8 +16,8 @@ from jzero.errors import PlanError
 from jzero.ledger import gathered
 from jzero.ledger import hlo as ledger
 from jzero.ledger.targets import gpu_compiler_available, target_devices
-from jzero.train.job import build_job
-from jzero.train.report import plan_report
+from jzero.training.job import build_job
+from jzero.training.report import plan_report
 from jzero.units import choose_units
 
 SHAPE = {"d": 32, "layers": 3, "heads": 4, "kv_heads": 2}

@@ -48,6 +48,20 @@ from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, clip, error_line, show_value
 from jzero.trees import tree_paths
 
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "NUMPY_DTYPES",
+    "SAFETENSORS_DTYPES",
+    "export_checkpoint",
+    "load_params",
+    "match_params",
+    "parameter_arrays",
+    "read_safetensors",
+    "restore_numpy",
+    "safetensors_header",
+    "write_safetensors",
+]
+
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors reference reader's own limit

@@ -5,7 +5,7 @@ A run's checkpoints live in ``<run.dir>/checkpoints/<step>/`` and are written by
 
 - ``state``: the :class:`~jzero.state.TrainState` (step, parameters, fp32 master and optimizer
   state, skipped-step count, loss scale). Every process writes only the shards it owns.
-- ``data``: the data iterator's state (:meth:`jzero.train.data.TextBatches.state`).
+- ``data``: the data iterator's state (:meth:`jzero.training.data.TextBatches.state`).
 - ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON.
 
 Orbax writes into a temporary folder and renames it when every item is complete, so a folder named
@@ -40,6 +40,23 @@ from jzero.errors import CheckpointError, CheckpointWriteError, ConfigError, Dam
 from jzero.state import TrainState
 from jzero.trees import tree_paths
 
+__all__ = [
+    "ITEMS",
+    "Restored",
+    "RunCheckpoints",
+    "Verdict",
+    "array_metadata",
+    "changes",
+    "committed_steps",
+    "describe",
+    "run_meta",
+    "shape_differences",
+    "step_folder",
+    "verify_run",
+    "verify_step",
+    "written_by_jzero",
+]
+
 ITEMS = ("state", "data", "meta")
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
@@ -51,6 +68,16 @@ def _write_failed(step: int, path: Path, cause: BaseException) -> CheckpointWrit
 
 @dataclasses.dataclass
 class Restored:
+    """A checkpoint read back by :meth:`RunCheckpoints.restore` or :meth:`RunCheckpoints.restore_latest`.
+
+    Attributes:
+      step: the committed step read.
+      state: the :class:`~jzero.state.TrainState`, in the target's shardings.
+      data: the data iterator's state (:meth:`jzero.training.data.TextBatches.state`).
+      meta: the metadata saved with it (jzero's loop saves :func:`run_meta`), with ``step``, ``saved_at`` and ``manifest``.
+      skipped: newer steps that could not be read, newest first, each with why; they were set aside.
+    """
+
     step: int
     state: TrainState
     data: dict[str, Any]
@@ -101,12 +128,17 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 class RunCheckpoints:
-    """The checkpoints of one run directory: save (atomic, optionally async), list, restore.
+    """The checkpoints of one run directory, through one Orbax ``CheckpointManager``: save (atomic,
+    optionally async), list, restore. What needs no manager of its own is a module function
+    (:func:`describe`, :func:`verify_run`, :func:`verify_step`, :func:`written_by_jzero`).
 
     Args:
       run_dir: the run's folder; checkpoints live in ``<run_dir>/checkpoints/<step>/``.
       cfg: ``every``, ``keep`` and ``async_`` (default: every 100 steps, keep 3, async).
       read_only: only list and read (``jzero checkpoint info|export``); the folder must exist.
+
+    Raises:
+      CheckpointError: ``read_only`` and the run has no checkpoints folder.
     """
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig | None = None, *, read_only: bool = False):
@@ -116,16 +148,7 @@ class RunCheckpoints:
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
         if read_only and not self.directory.is_dir():
             raise CheckpointError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
-        # Always Orbax's async checkpointer: the manifest is written by its commit callback. A sync
-        # save waits for the commit.
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.keep,
-            enable_async_checkpointing=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal),
-            create=not read_only,
-            read_only=read_only,
-            cleanup_tmp_directories=not read_only,  # half-written saves of a killed run
-        )
+        options = _manager_options(cfg.keep, read_only, seal=self._seal)
         self.async_ = cfg.async_
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._pending: int | None = None  # the step an async write is in flight for
@@ -138,9 +161,11 @@ class RunCheckpoints:
         return sorted(self.manager.all_steps())
 
     def step_dir(self, step: int) -> Path:
+        """``<run_dir>/checkpoints/<step>``, absolute, committed or not."""
         return step_folder(self.directory.parent, step)
 
     def due(self, step: int) -> bool:
+        """Whether ``checkpoint.every`` asks for a save at ``step``."""
         return self.every > 0 and step % self.every == 0
 
     def save(self, step: int, state: TrainState, data: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> bool:
@@ -151,9 +176,7 @@ class RunCheckpoints:
         self.wait()
         if not bool(_all_finite((state.params, state.opt_state))):
             return False
-        meta = {**(meta or {}), "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
-        items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data or {}), "meta": ocp.args.JsonSave(meta)}
-        args = ocp.args.Composite(**items)
+        args = _save_args(step, state, data, meta)
         self._sealing = step  # before the save: its background thread may commit before save returns
         try:
             self.manager.save(step, args=args, force=True)
@@ -176,25 +199,24 @@ class RunCheckpoints:
 
     def check(self) -> None:
         """Raise a finished background write's failure, if any."""
-        if self._pending is None:
-            return
-        try:
-            self.manager.check_for_errors()
-        except Exception as err:
-            step, self._pending = self._pending, None
-            raise _write_failed(step, self.step_dir(step), err) from err
+        if self._pending is not None:
+            self._as_pending_write(self.manager.check_for_errors)
 
     def wait(self) -> None:
         """Block until the write in flight is committed; raise its failure."""
-        if self._pending is None:
-            return
+        if self._pending is not None:
+            self._as_pending_write(self.manager.wait_until_finished, self.manager.check_for_errors)
+            self._pending = None
+
+    def _as_pending_write(self, *calls: Callable[[], Any]) -> None:
+        """Run ``calls`` in order; a failure is the write in flight's: raised naming its step, which
+        is no longer pending."""
         try:
-            self.manager.wait_until_finished()
-            self.manager.check_for_errors()
+            for call in calls:
+                call()
         except Exception as err:
             step, self._pending = self._pending, None
             raise _write_failed(step, self.step_dir(step), err) from err
-        self._pending = None
 
     def close(self) -> None:
         """Wait for the write in flight (raising its failure), then release Orbax's threads."""
@@ -219,14 +241,8 @@ class RunCheckpoints:
         if step not in self.steps():  # waits for a write in flight
             raise CheckpointError(str(self.step_dir(step)), "is not a committed checkpoint")
         self._verify(step, warn)
-        found = {p: shape for p, (shape, _) in array_metadata(self.step_dir(step) / "state").items()}
-        differ = shape_differences(found, {p: x.shape for p, x in tree_paths(target).items()}, words=_RESTORE_WORDS)
-        if differ:
-            raise CheckpointError(str(self.step_dir(step)), f"the model's shapes differ from the checkpoint's: {differ}")
-        args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
-        )
-        got = self.manager.restore(step, args=args)
+        _check_shapes(self.step_dir(step), target)
+        got = self.manager.restore(step, args=_restore_args(target))
         return Restored(step, got["state"], got["data"], got["meta"], [])
 
     def restore_latest(self, target: TrainState, warn: Callable[[str], None] = print) -> Restored | None:
@@ -235,67 +251,118 @@ class RunCheckpoints:
         None when there are no checkpoints. A shape mismatch is the config's fault, not the
         checkpoint's, and is raised at once, as is a step folder jzero did not write: nothing is
         set aside then."""
-        steps = self.steps()
-        foreign = [step for step in steps if not self.written_by_jzero(step)]
-        if foreign:
-            raise CheckpointError(
-                str(self.step_dir(foreign[-1])),
-                f"was not written by jzero (no {' and '.join(f'{i}/' for i in ITEMS)} items); move it out of "
-                f"{self.directory} or choose another run.dir",
-            )
-        skipped: list[tuple[int, str]] = []
-        for step in reversed(steps):
-            restored, problem = self._try_restore(step, target, warn)
-            if problem is None:
-                restored.skipped = skipped
-                return restored
-            failure_reported()  # the warning below is its one report
-            damaged = isinstance(problem, integrity.DamagedCheckpoint)
-            reason = f"{problem.file} {problem.problem}" if damaged else error_line(problem)
-            skipped.append((step, reason))
-            aside = self._set_aside(step)
-            warn(f"jzero: warning: checkpoint {self.step_dir(step)} is {'damaged' if damaged else 'unreadable'} ({reason}); "
-                 f"moved to {aside.name}, trying the previous one")  # fmt: skip
-        if steps:
-            raise CheckpointError(
-                str(self.directory), f"no committed checkpoint could be read (tried steps {', '.join(map(str, reversed(steps)))})"
-            )
-        return None
-
-    def _try_restore(
-        self, step: int, target: TrainState, warn: Callable[[str], None]
-    ) -> tuple[Restored | None, Exception | None]:
-        """The one place a restore's failure is caught: damage, TensorStore, Orbax, OS, decoding.
-
-        Every process gets the same answer, so all fall back from the same step. Only errors that
-        are the config's or the user's (a shape mismatch, a step jzero did not write) are raised.
-        """
-        try:
-            restored, problem = self.restore(step, target, warn), None
-        except integrity.DamagedCheckpoint as err:
-            restored, problem = None, err
-        except JzeroError:
-            raise
-        except Exception as err:  # TensorStore raises plain Exceptions for unreadable data
-            restored, problem = None, err
-        failed = _on_every_process(problem is not None)
-        if problem is None and any(failed):
-            problem = CheckpointError(str(self.step_dir(step)), f"could not be read on process {failed.index(True)}")
-        return (None, problem) if problem is not None else (restored, None)
+        return _restore_newest(self, target, warn)
 
     def written_by_jzero(self, step: int) -> bool:
         """Whether a committed step folder has jzero's items: the only folders jzero sets aside."""
-        return all((self.step_dir(step) / item).is_dir() for item in ITEMS)
+        return written_by_jzero(self.step_dir(step))
 
-    def _set_aside(self, step: int) -> Path:
-        """Rename an unreadable step out of Orbax's view (kept, not deleted), so it can be saved again."""
-        aside = self.directory / f"{step}.unreadable-{int(time.time())}"
-        if jax.process_index() == 0:
-            self.step_dir(step).rename(aside)
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"jzero-set-aside-{step}")
-        self.manager.reload()
-        return aside
+
+def _manager_options(keep: int, read_only: bool, *, seal: Callable[[], None]) -> ocp.CheckpointManagerOptions:
+    """Always Orbax's async checkpointer, as ``seal`` (the manifest) runs in its commit callback; a
+    sync save just waits for the commit."""
+    return ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        enable_async_checkpointing=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=seal),
+        create=not read_only,
+        read_only=read_only,
+        cleanup_tmp_directories=not read_only,  # half-written saves of a killed run
+    )
+
+
+def _save_args(step: int, state: TrainState, data: dict[str, Any] | None, meta: dict[str, Any] | None) -> ocp.args.Composite:
+    """The three items of a save; ``meta`` gains the step, the time and the manifest's name."""
+    meta = {**(meta or {}), "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
+    items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data or {}), "meta": ocp.args.JsonSave(meta)}
+    return ocp.args.Composite(**items)
+
+
+def _restore_args(target: TrainState) -> ocp.args.Composite:
+    return ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+
+
+def _check_shapes(step_dir: Path, target: TrainState) -> None:
+    """Refuse a checkpoint whose arrays are not the target's, naming the first few that differ."""
+    found = {p: shape for p, (shape, _) in array_metadata(step_dir / "state").items()}
+    differ = shape_differences(found, {p: x.shape for p, x in tree_paths(target).items()}, words=_RESTORE_WORDS)
+    if differ:
+        raise CheckpointError(str(step_dir), f"the model's shapes differ from the checkpoint's: {differ}")
+
+
+def written_by_jzero(step_dir: Path) -> bool:
+    """Whether a step folder has jzero's items: the only folders jzero sets aside.
+
+    Args:
+      step_dir: a step's folder (:func:`step_folder`).
+
+    Returns:
+      True when it holds a ``state``, a ``data`` and a ``meta`` folder.
+    """
+    return all((step_dir / item).is_dir() for item in ITEMS)
+
+
+def _restore_newest(checkpoints: RunCheckpoints, target: TrainState, warn: Callable[[str], None]) -> Restored | None:
+    """:meth:`RunCheckpoints.restore_latest`: try the steps newest first, setting aside each that
+    does not read back."""
+    steps = checkpoints.steps()
+    foreign = [step for step in steps if not checkpoints.written_by_jzero(step)]
+    if foreign:
+        raise CheckpointError(
+            str(checkpoints.step_dir(foreign[-1])),
+            f"was not written by jzero (no {' and '.join(f'{i}/' for i in ITEMS)} items); move it out of "
+            f"{checkpoints.directory} or choose another run.dir",
+        )
+    skipped: list[tuple[int, str]] = []
+    for step in reversed(steps):
+        restored, problem = _try_restore(checkpoints, step, target, warn)
+        if problem is None:
+            restored.skipped = skipped
+            return restored
+        failure_reported()  # the warning below is its one report
+        damaged = isinstance(problem, integrity.DamagedCheckpoint)
+        reason = f"{problem.file} {problem.problem}" if damaged else error_line(problem)
+        skipped.append((step, reason))
+        aside = _set_aside(checkpoints, step)
+        warn(f"jzero: warning: checkpoint {checkpoints.step_dir(step)} is {'damaged' if damaged else 'unreadable'} "
+             f"({reason}); moved to {aside.name}, trying the previous one")  # fmt: skip
+    if steps:
+        tried = ", ".join(map(str, reversed(steps)))
+        raise CheckpointError(str(checkpoints.directory), f"no committed checkpoint could be read (tried steps {tried})")
+    return None
+
+
+def _set_aside(checkpoints: RunCheckpoints, step: int) -> Path:
+    """Rename an unreadable step out of Orbax's view (kept, not deleted), so it can be saved again."""
+    aside = checkpoints.directory / f"{step}.unreadable-{int(time.time())}"
+    if jax.process_index() == 0:
+        checkpoints.step_dir(step).rename(aside)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"jzero-set-aside-{step}")
+    checkpoints.manager.reload()
+    return aside
+
+
+def _try_restore(
+    checkpoints: RunCheckpoints, step: int, target: TrainState, warn: Callable[[str], None]
+) -> tuple[Restored | None, Exception | None]:
+    """The one place a restore's failure is caught: damage, TensorStore, Orbax, OS, decoding.
+
+    Every process gets the same answer, so all fall back from the same step. Only errors that
+    are the config's or the user's (a shape mismatch, a step jzero did not write) are raised.
+    """
+    try:
+        restored, problem = checkpoints.restore(step, target, warn), None
+    except integrity.DamagedCheckpoint as err:
+        restored, problem = None, err
+    except JzeroError:
+        raise
+    except Exception as err:  # TensorStore raises plain Exceptions for unreadable data
+        restored, problem = None, err
+    failed = _on_every_process(problem is not None)
+    if problem is None and any(failed):
+        problem = CheckpointError(str(checkpoints.step_dir(step)), f"could not be read on process {failed.index(True)}")
+    return (None, problem) if problem is not None else (restored, None)
 
 
 def _on_every_process(flag: bool) -> list[bool]:

@@ -4,4 +4,6 @@ import sys
 
 from jzero.cli.main import main
 
+__all__ = []
+
 sys.exit(main())

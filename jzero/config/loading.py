@@ -20,7 +20,15 @@ from jzero.axes import MODEL
 from jzero.config.schema import Config
 from jzero.config.validation import validate
 from jzero.errors import ConfigError, clip, show_value
-from jzero.remat import policy_name
+from jzero.remat_policies import policy_name
+
+__all__ = [
+    "MAX_YAML_BYTES",
+    "dump_config",
+    "from_dict",
+    "load_config",
+    "parse_override",
+]
 
 MAX_YAML_BYTES = 1 << 20  # configs are a few KB; a bigger file is the wrong path (data, a checkpoint)
 

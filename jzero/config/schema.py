@@ -41,6 +41,8 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
+    """``run:``: the run folder (:class:`~jzero.config.rundir.RunDir`) and what is logged there."""
+
     dir: str = "runs/default"
     log_every: int = 10
     tensorboard: bool = True  # scalars in <dir>/tensorboard/ (tensorboard --logdir runs/)
@@ -48,6 +50,8 @@ class RunConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ZeroConfig:
+    """``zero:``: the ZeRO stage (:data:`jzero.stages.STAGES`), offload, and stage 3's gathering units."""
+
     stage: int = 0
     # ZeRO-Offload: the optimizer state (and fp32 master copy) rests in pinned host memory, partitioned
     # as the stage says, and streams to the device for the update.
@@ -64,6 +68,8 @@ class ZeroConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`), its shape and its remat policy."""
+
     name: str = "gpt"
     vocab_size: int = 256
     d_model: int = 128
@@ -80,6 +86,8 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
+    """``optimizer:``: an optax optimizer by name (:data:`jzero.optimizers.OPTIMIZERS`) and its schedule."""
+
     name: str = "adamw"  # adamw, adam, adafactor, lion or sgd (momentum b1)
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
@@ -94,6 +102,8 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """``train:``: how long, on how big a batch, and what a non-finite gradient does."""
+
     steps: int = 100
     global_batch_size: int = 32
     nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
@@ -112,6 +122,8 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
+    """``precision:``: the dtypes of parameters, compute, master copy and gradient reduction (:mod:`jzero.precision`)."""
+
     param_dtype: str = "float32"  # the working parameters: float32, bfloat16 or float16
     compute_dtype: str | None = None  # activations and matmuls; None: param_dtype
     master_dtype: str = "float32"  # kept with the optimizer state when params are narrower
@@ -163,6 +175,12 @@ class PartitioningConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """A whole run config: one frozen dataclass per YAML section, each key with its default.
+
+    Read one with :func:`jzero.load_config` (YAML and ``--set`` overrides, validated); ``to_dict``
+    gives back the YAML-shaped mapping that ``config.yaml`` and checkpoints record.
+    """
+
     seed: int = 0
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)

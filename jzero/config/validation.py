@@ -19,14 +19,24 @@ from jzero.config.schema import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     SCHEDULES,
+    CheckpointConfig,
     ClusterConfig,
     Config,
+    DataConfig,
+    MeshConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PartitioningConfig,
+    PrecisionConfig,
+    RunConfig,
     RuntimeConfig,
+    TrainConfig,
+    ZeroConfig,
 )
 from jzero.errors import ConfigError, PlanError, clip, show_value
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
-from jzero.remat import REMAT_POLICIES
+from jzero.remat_policies import REMAT_POLICIES
 from jzero.stages import check_offload, stage_rule
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
@@ -73,21 +83,6 @@ def check_coordinator(address: str, key: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _validate_runtime(runtime: RuntimeConfig) -> None:
-    _positive(runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
-    for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
-        _positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
-    cluster = runtime.distributed
-    if isinstance(cluster, (str, bool)):
-        if cluster not in DISTRIBUTED_MODES:
-            raise ConfigError(
-                "runtime.distributed",
-                f"must be auto, off or {{coordinator: HOST:PORT, num_processes: N, process_id: I}}, got {show_value(cluster)}",
-            )
-        return
-    validate_cluster(cluster)
-
-
 def validate_cluster(cluster: ClusterConfig, keys: tuple[str, str, str] | None = None) -> None:
     """An explicit job's coordinator, process count and index; ``keys`` name them in errors
     (default: ``runtime.distributed.*``)."""
@@ -104,9 +99,31 @@ def validate(config: Config) -> None:
 
     Every number is checked for range (floats are finite already): a value a run cannot use is
     refused here, naming its key, rather than failing deep inside JAX.
+
+    Args:
+      config: the whole run config.
+
+    Raises:
+      ConfigError: the first value a run cannot use, naming its key.
     """
+    # One section after another, in this order: a config with several bad keys names the same one first.
     _in_range(config.seed, "seed", 0, MAX_SEED)
-    axes = config.mesh.axes
+    _check_mesh(config.mesh)
+    _check_zero(config.zero)
+    _check_model(config.model)
+    _check_optimizer(config.optimizer)
+    _check_nonfinite(config.train)  # before precision, the rest of train after it: the order it always had
+    _check_precision(config.precision)
+    _check_train(config.train, config.mesh.axes)
+    _check_run(config.run)
+    _check_checkpoint(config.checkpoint)
+    _check_runtime(config.runtime)
+    _check_data(config.data)
+    _check_partitioning(config.partitioning, config.mesh.axes)
+
+
+def _check_mesh(mesh: MeshConfig) -> None:
+    axes = mesh.axes
     if not axes:
         raise ConfigError("mesh.axes", f"must name at least the {DATA!r} axis")
     for name, size in axes.items():
@@ -114,7 +131,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
         if size == 0 or size < -1 or size > MAX_INT32:
             raise ConfigError(f"mesh.axes.{name}", f"size must be positive (at most {MAX_INT32}) or -1, got {size}")
-    for name, ways in config.mesh.dcn.items():
+    for name, ways in mesh.dcn.items():
         if name not in axes:
             raise ConfigError(f"mesh.dcn.{name}", f"is not a mesh axis (axes: {', '.join(axes)})")
         _positive(ways, f"mesh.dcn.{name}")
@@ -125,17 +142,19 @@ def validate(config: Config) -> None:
     if sum(1 for s in axes.values() if s == -1) > 1:
         raise ConfigError("mesh.axes", "only one axis size may be -1")
 
+
+def _check_zero(zero: ZeroConfig) -> None:
     try:
-        stage_rule(config.zero.stage)
+        stage_rule(zero.stage)
     except PlanError as err:
         raise ConfigError("zero.stage", str(err).partition(": ")[2]) from None
-    zero = config.zero
     check_offload(zero.stage, optimizer=zero.offload_optimizer, params=zero.offload_params, error=ConfigError)
-    units.check(config.zero.gather_units, ConfigError)
-    _in_range(config.zero.prefetch, "zero.prefetch", 0, MAX_INT32)
-    _in_range(config.zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
+    units.check(zero.gather_units, ConfigError)
+    _in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)
+    _in_range(zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
 
-    m = config.model
+
+def _check_model(m: ModelConfig) -> None:
     if m.name != "gpt":
         raise ConfigError("model.name", f"unknown model {show_value(m.name)} (known: gpt)")
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
@@ -156,7 +175,8 @@ def validate(config: Config) -> None:
         sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, mlp_ratio={m.mlp_ratio}, vocab_size={m.vocab_size}"
         raise ConfigError("model", f"{sizes} make {count:.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
 
-    o = config.optimizer
+
+def _check_optimizer(o: OptimizerConfig) -> None:
     if o.name not in OPTIMIZERS:
         raise ConfigError("optimizer.name", f"unknown optimizer {show_value(o.name)} (known: {', '.join(OPTIMIZERS)})")
     _positive(o.learning_rate, "optimizer.learning_rate", math.inf)
@@ -170,9 +190,14 @@ def validate(config: Config) -> None:
         raise ConfigError("optimizer.schedule", f"unknown schedule {show_value(o.schedule)} (known: {', '.join(SCHEDULES)})")
     if o.clip_norm is not None:
         _positive(o.clip_norm, "optimizer.clip_norm", math.inf)
-    if config.train.nonfinite not in ("skip", "halt"):
-        raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(config.train.nonfinite)}")
-    pr = config.precision
+
+
+def _check_nonfinite(train: TrainConfig) -> None:
+    if train.nonfinite not in ("skip", "halt"):
+        raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(train.nonfinite)}")
+
+
+def _check_precision(pr: PrecisionConfig) -> None:
     for field in ("param_dtype", "compute_dtype", "master_dtype", "grad_reduce_dtype"):
         value = getattr(pr, field)
         if value is not None and value not in DTYPE_NAMES:
@@ -182,19 +207,47 @@ def validate(config: Config) -> None:
     _positive(pr.loss_scale, "precision.loss_scale", MAX_FLOAT32)
     _positive(pr.loss_scale_window, "precision.loss_scale_window")
 
-    _positive(config.train.steps, "train.steps")
-    _positive(config.train.global_batch_size, "train.global_batch_size")
-    _positive(config.train.microbatches, "train.microbatches")
-    if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:
-        check_batch_divides(config.train.global_batch_size, axes, config.train.microbatches)
-    _positive(config.run.log_every, "run.log_every")
-    if not 0 <= config.checkpoint.every <= MAX_INT32:
-        raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
-    _positive(config.checkpoint.keep, "checkpoint.keep")
-    _validate_runtime(config.runtime)
-    _positive(config.data.max_bytes, "data.max_bytes", 2**63 - 1)
 
-    for i, rule in enumerate(config.partitioning.path_rules):
+def _check_train(train: TrainConfig, axes: dict[str, int]) -> None:
+    """The step counts and the batch; ``nonfinite`` is :func:`_check_nonfinite`'s."""
+    _positive(train.steps, "train.steps")
+    _positive(train.global_batch_size, "train.global_batch_size")
+    _positive(train.microbatches, "train.microbatches")
+    if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later
+        check_batch_divides(train.global_batch_size, axes, train.microbatches)
+
+
+def _check_run(run: RunConfig) -> None:
+    _positive(run.log_every, "run.log_every")
+
+
+def _check_checkpoint(checkpoint: CheckpointConfig) -> None:
+    if not 0 <= checkpoint.every <= MAX_INT32:
+        raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {checkpoint.every}")
+    _positive(checkpoint.keep, "checkpoint.keep")
+
+
+def _check_runtime(runtime: RuntimeConfig) -> None:
+    _positive(runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+    for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
+        _positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
+    cluster = runtime.distributed
+    if isinstance(cluster, (str, bool)):
+        if cluster not in DISTRIBUTED_MODES:
+            raise ConfigError(
+                "runtime.distributed",
+                f"must be auto, off or {{coordinator: HOST:PORT, num_processes: N, process_id: I}}, got {show_value(cluster)}",
+            )
+        return
+    validate_cluster(cluster)
+
+
+def _check_data(data: DataConfig) -> None:
+    _positive(data.max_bytes, "data.max_bytes", 2**63 - 1)
+
+
+def _check_partitioning(partitioning: PartitioningConfig, axes: dict[str, int]) -> None:
+    for i, rule in enumerate(partitioning.path_rules):
         key = f"partitioning.path_rules[{i}]"
         if len(rule) != 2 or not isinstance(rule[0], str) or not isinstance(rule[1], list):
             raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {show_value(rule)}")
@@ -205,7 +258,7 @@ def validate(config: Config) -> None:
         for axis in rule[1]:
             if axis is not None and axis not in axes:
                 raise ConfigError(key, f"names mesh axis {show_value(axis)}, which the mesh lacks")
-    for i, rule in enumerate(config.partitioning.rules or ()):
+    for i, rule in enumerate(partitioning.rules or ()):
         if len(rule) != 2 or not isinstance(rule[0], str):
             raise ConfigError(f"partitioning.rules[{i}]", f"must be [logical_name, mesh_axis_or_null], got {show_value(rule)}")
         targets = rule[1] if isinstance(rule[1], list) else [rule[1]]

@@ -1,2 +1,14 @@
 """The ledger's instruments: reading compiled HLO (collectives, memory, what is gathered at once),
-the paper's estimate, GPU targets compiled on a CPU host, and rendering reports as text."""
+the paper's estimate, GPU targets compiled on a CPU host, and rendering reports as text.
+
+The diagnostics most used from Python load on first use from here, e.g.
+``jzero.ledger.parse_collectives(compiled.as_text())``.
+"""
+
+from jzero.lazy import lazy_names
+
+_HLO = ("compiled_memory", "live_bytes_per_device", "parse_collectives")
+_API = {name: "jzero.ledger.hlo" for name in _HLO}
+_API |= {"gathered_peak": "jzero.ledger.gathered", "parse_target": "jzero.ledger.targets"}
+__all__ = sorted(_API)
+__getattr__, __dir__ = lazy_names(__name__, _API)

@@ -15,6 +15,16 @@ from jzero.config.schema import MAX_INT32, MAX_PARAMS
 from jzero.errors import ConfigError, show_value
 from jzero.stages import OFFLOADABLE, STAGES, paper_parts_per_device
 
+__all__ = [
+    "OPTIMIZER_STATE_BYTES",
+    "PRECISIONS",
+    "bytes_per_param",
+    "estimate",
+    "format_estimate",
+    "parse_count",
+    "parse_memory",
+]
+
 # Bytes per parameter: (params, grads, optimizer state K). Mixed precision keeps 16-bit params and
 # gradients and an fp32 master copy with the optimizer state (the paper's K = 12 for Adam).
 PRECISIONS = ("mixed", "fp32")

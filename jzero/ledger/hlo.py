@@ -12,6 +12,22 @@ import jax
 
 from jzero import offload
 
+__all__ = [
+    "COLLECTIVES",
+    "Collective",
+    "communication_by_dtype",
+    "communication_bytes",
+    "compiled_memory",
+    "flops_per_device",
+    "group_size",
+    "host_entry_bytes",
+    "live_bytes_per_device",
+    "live_bytes_per_process",
+    "parse_collectives",
+    "saved_activations",
+    "summarize_collectives",
+]
+
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {
     "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,

@@ -1,11 +1,13 @@
 """Human-readable renderings of the plan and ledger reports (``jzero plan``, ``jzero train``'s
-startup summary). The reports themselves are plain dicts built in :mod:`jzero.train.loop`."""
+startup summary). The reports themselves are plain dicts, built by :mod:`jzero.training.report`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jzero.axes import mesh_text
+
+__all__ = ["devices_text", "flops_text", "format_all_stages", "format_ledger_summary", "format_plan", "human_bytes"]
 
 
 def human_bytes(n: float) -> str:
@@ -42,6 +44,42 @@ def flops_text(report: dict[str, Any]) -> str:
 
 
 def format_plan(report: dict[str, Any]) -> str:
+    """``jzero plan``'s text: each tensor's shardings, the model states against the paper's formula,
+    the compiled step, its collectives and traffic, the paper's table, then notes and lists.
+
+    Args:
+      report: a plan report (:func:`jzero.training.report.plan_report`), with its verdict and scaling if any.
+
+    Returns:
+      The lines joined by newlines, with no newline at the end.
+    """
+    lines = [
+        *_tensor_table(report),
+        "",
+        *_model_states_table(report),
+        "",
+        *_compiled_lines(report),
+        *_collective_lines(report),
+        *_communication_lines(report),
+        *_scaling_lines(report),
+        "",
+        *_paper_table(report),
+        "",
+        *(f"note: {note}" for note in report["notes"]),
+        *_tensor_list("largest tensors (whole)", report.get("largest", [])),
+        *_fit_line(report),
+        *_tensor_list("replicated over data (no dimension divisible by it)", report["replicated"]),
+        *_tensor_list(
+            "not split by the model rules",
+            report["not_on_model"],
+            " (ZeRO still partitions them over data x model at stages >= 1)",
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def _tensor_table(report: dict[str, Any]) -> list[str]:
+    """The plan's title, then one row per tensor: its shape, three specs and parameter bytes per device."""
     mesh = mesh_text(report["mesh"])
     lines = [
         f"jzero plan: ZeRO stage {report['stage']} on mesh {mesh} ({devices_text(report)}), {report['num_params']:,} parameters",
@@ -54,22 +92,35 @@ def format_plan(report: dict[str, Any]) -> str:
             f"{t['path']:<32} {shape:<16} {t['param_spec']:<24} {t['grad_spec']:<24} {t['optimizer_spec']:<24} "
             f"{human_bytes(t['param_bytes_per_device']):>15}"
         )
+    return lines
+
+
+def _model_states_table(report: dict[str, Any]) -> list[str]:
+    """Params, grads, optimizer and total per device: planned, in host memory, the formula's, the ratio."""
     host = report.get("host_bytes", {})
-    lines += ["", f"{'model states per device':<24} {'plan':>12} {'host memory':>12} {'paper formula':>14} {'ratio':>7}"]
+    lines = [f"{'model states per device':<24} {'plan':>12} {'host memory':>12} {'paper formula':>14} {'ratio':>7}"]
     for key in ("params", "grads", "optimizer", "total"):
         got, ideal, off = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key], host.get(key, 0)
         ratio = (got + off) / ideal if ideal else float("nan")
         lines.append(f"{key:<24} {human_bytes(got):>12} {human_bytes(off):>12} {human_bytes(ideal):>14} {ratio:>7.3f}")
+    return lines
+
+
+def _compiled_lines(report: dict[str, Any]) -> list[str]:
+    """The compiled step's memory and FLOPs, what it gathers at once and what rests in host memory."""
     c = report["compiled"]
-    lines += [
-        "",
+    return [
         f"compiled step, per device: arguments {human_bytes(c['argument'])}, outputs {human_bytes(c['output'])}, "
         f"temporaries {human_bytes(c['temp'])}, peak {human_bytes(c['peak'])} (arguments + temporaries + unaliased outputs)"
         + f"; FLOPs {flops_text(report)} (XLA's cost analysis)",
         *_gathered_lines(report),
         *_host_lines(report),
-        "collectives in the compiled HLO (ops in program text; a loop body's ops count once):",
     ]
+
+
+def _collective_lines(report: dict[str, Any]) -> list[str]:
+    """One row per collective kind in the HLO: ops (and how many in loops), dtypes, bytes, groups."""
+    lines = ["collectives in the compiled HLO (ops in program text; a loop body's ops count once):"]
     if not report["collectives"]:
         lines.append("  none")
     for kind, v in sorted(report["collectives"].items()):
@@ -82,11 +133,13 @@ def format_plan(report: dict[str, Any]) -> str:
             f"  {kind:<20} {v['count']:>4} ops ({inside} inside loops{overlap})  {dtypes:<8} "
             f"{human_bytes(v['bytes']):>12}{groups}"
         )
-    lines += _communication_lines(report)
-    lines += _scaling_lines(report)
+    return lines
+
+
+def _paper_table(report: dict[str, Any]) -> list[str]:
+    """The paper's bytes per device at each stage for this model, marking the planned stage."""
     t = report["paper_table"]
-    lines += [
-        "",
+    lines = [
         f"the paper's table for this model: Ψ = {t['psi']:,}, {t['param_bytes']:g}-byte params and grads, "
         f"K = {t['k']:g}, N_d = {t['n_d']}, N_m = {t['n_m']}",
         f"  {'stage':<6} {'partitioned':<18} {'bytes per device':>16}",
@@ -94,16 +147,7 @@ def format_plan(report: dict[str, Any]) -> str:
     for row in t["rows"]:
         mark = "  <- this plan" if row["stage"] == report["stage"] else ""
         lines.append(f"  {row['stage']:<6} {row['partitioned']:<18} {row['bytes'] / 1e9:>13.3f} GB{mark}")
-    lines.append("")
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
-    lines += _tensor_list("largest tensors (whole)", report.get("largest", []))
-    lines += _fit_line(report)
-    lines += _tensor_list("replicated over data (no dimension divisible by it)", report["replicated"])
-    lines += _tensor_list(
-        "not split by the model rules", report["not_on_model"], " (ZeRO still partitions them over data x model at stages >= 1)"
-    )
-    return "\n".join(lines)
+    return lines
 
 
 def format_ledger_summary(report: dict[str, Any]) -> str:

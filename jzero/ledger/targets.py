@@ -185,7 +185,7 @@ def cuda_plugins() -> list[str]:
 
 
 def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host: int | None = None) -> list:
-    """Compile-only devices of a GPU target, for :func:`jzero.mesh.make_mesh` or ``jzero.build_job(devices=)``.
+    """Compile-only devices of a GPU target, for :func:`jzero.make_mesh` or :func:`jzero.build_job` (``devices=``).
 
     Args:
       target: ``"h100x8"`` and the like, or a :class:`Target`.

@@ -2,7 +2,7 @@
 
 - Parameters carry logical axis names (``nn.with_logical_partitioning``): ``vocab``, ``embed``,
   ``heads``, ``mlp`` and ``layers`` (the scan axis). Positions are rotary (no parameters).
-- Blocks are stacked with ``nn.scan`` and rematerialised with a named policy (:mod:`jzero.remat`),
+- Blocks are stacked with ``nn.scan`` and rematerialised with a named policy (:mod:`jzero.remat_policies`),
   so stage 3 gathers one layer's parameters at a time inside the loop.
 - ``partition_activations`` (ZeRO-R's P_a): the activation passed between blocks, which is what a
   rematerialised block saves, is split over ``model`` along the sequence (``activation_length``)
@@ -24,7 +24,17 @@ import jax.numpy as jnp
 import optax
 
 from jzero.offload import fetching
-from jzero.remat import checkpoint_policy, policy_name, remat
+from jzero.remat_policies import checkpoint_policy, policy_name, remat
+
+__all__ = [
+    "BATCH_ACT",
+    "Block",
+    "GPT",
+    "SAVED_ACT",
+    "gathered",
+    "lm_loss",
+    "rotary",
+]
 
 BATCH_ACT = ("batch", "length", "embed")
 # Between blocks with partitioned activations: the sequence split over the model axis.
@@ -64,6 +74,41 @@ def _gathered_bwd(_, ct):
 gathered.defvjp(_gathered_fwd, _gathered_bwd)
 
 
+def _layer_norm(dtype: jnp.dtype, name: str) -> nn.LayerNorm:
+    """A LayerNorm with its scale and bias annotated ``embed``."""
+    return nn.LayerNorm(
+        dtype=dtype,
+        scale_init=_init(nn.initializers.ones, "embed"),
+        bias_init=_init(nn.initializers.zeros, "embed"),
+        name=name,
+    )
+
+
+def _dense(features: int, in_name: str, out_name: str, init, name: str, dtype: jnp.dtype, use_bias: bool = True) -> nn.Dense:
+    """A Dense with its kernel annotated ``(in_name, out_name)`` and its bias ``out_name``."""
+    # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
+    # value, which trips the logical constraints when a mesh is active.
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        dtype=dtype,
+        kernel_init=_init(init, in_name, out_name),
+        bias_init=_init(nn.initializers.zeros, out_name),
+        name=name,
+    )
+
+
+def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Causal softmax attention, rotary positions on ``q`` and ``k``; all [batch, length, heads, head_dim]."""
+    length, head_dim = q.shape[1], q.shape[-1]
+    q, k = rotary(q), rotary(k)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention then an MLP."""
 
@@ -84,31 +129,10 @@ class Block(nn.Module):
         head_dim = self.d_model // self.n_heads
         dense_init = nn.initializers.normal(0.02)
         proj_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.n_layers))
-        zeros = nn.initializers.zeros
-
-        def norm(name):
-            return nn.LayerNorm(
-                dtype=self.dtype,
-                scale_init=_init(nn.initializers.ones, "embed"),
-                bias_init=_init(zeros, "embed"),
-                name=name,
-            )
-
-        def dense(features, in_name, out_name, init, name, use_bias=True):
-            # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
-            # value, which trips the logical constraints when a mesh is active.
-            return nn.Dense(
-                features,
-                use_bias=use_bias,
-                dtype=self.dtype,
-                kernel_init=_init(init, in_name, out_name),
-                bias_init=_init(zeros, out_name),
-                name=name,
-            )
 
         batch, length, _ = x.shape
         heads = ("batch", "length", "heads", "kv")
-        h = norm("ln_attn")(x)
+        h = _layer_norm(self.dtype, "ln_attn")(x)
         # No key bias: softmax is shift-invariant, so its gradient is exactly zero (pure rounding
         # noise, which Adam would amplify into real updates).
         # Constrained before the split into heads too: the bias gradient is then summed in the
@@ -117,26 +141,21 @@ class Block(nn.Module):
         q, k, v = (
             nn.with_logical_constraint(
                 nn.with_logical_constraint(
-                    dense(self.d_model, "embed", "heads", dense_init, n, use_bias=n != "key")(h),
+                    _dense(self.d_model, "embed", "heads", dense_init, n, self.dtype, use_bias=n != "key")(h),
                     ("batch", "length", "heads"),
                 ).reshape(batch, length, self.n_heads, head_dim),
                 heads,
             )
             for n in ("query", "key", "value")
         )
-        q, k = rotary(q), rotary(k)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
-        weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-        attn = nn.with_logical_constraint(jnp.einsum("bhqk,bkhd->bqhd", weights, v), heads)
+        attn = nn.with_logical_constraint(_causal_attention(q, k, v, self.dtype), heads)
         attn = attn.reshape(batch, length, self.d_model)
-        x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out")(attn)
+        x = x + _dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype)(attn)
 
-        h = norm("ln_mlp")(x)
-        h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in")(h)
+        h = _layer_norm(self.dtype, "ln_mlp")(x)
+        h = _dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype)(h)
         h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
-        x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out")(h)
+        x = x + _dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype)(h)
         return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), None
 
 
@@ -149,7 +168,7 @@ class GPT(nn.Module):
     n_heads: int = 4
     mlp_ratio: int = 4
     seq_len: int = 128  # the longest sequence trained on; rotary positions need no table
-    remat: str | bool = "full"  # a policy of jzero.remat; True and False mean full and none
+    remat: str | bool = "full"  # a policy of jzero.remat_policies; True and False mean full and none
     tie_embeddings: bool = False  # GPT-2 style: the LM head reuses the token embedding
     partition_activations: bool = False  # the saved block inputs split over model (ZeRO-R's P_a)
     fetch_params: bool = False  # each block's parameters come from host memory inside the loop
@@ -195,12 +214,7 @@ class GPT(nn.Module):
 
     def _head(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         """The final LayerNorm and the output layer: the tied embedding or its own ``lm_head``."""
-        x = nn.LayerNorm(
-            dtype=self.dtype,
-            scale_init=_init(nn.initializers.ones, "embed"),
-            bias_init=_init(nn.initializers.zeros, "embed"),
-            name="ln_f",
-        )(x)
+        x = _layer_norm(self.dtype, "ln_f")(x)
         if self.tie_embeddings:
             # The same gather as the lookup's, but the head's gradient is left unconstrained:
             # constrained whole, GSPMD all-reduces it (2x the bytes) rather than adding it to the

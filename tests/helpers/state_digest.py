@@ -38,8 +38,8 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from jzero.checkpoint.runs import RunCheckpoints  # noqa: E402
-from jzero.train.data import text_batches  # noqa: E402
-from jzero.train.job import build_job  # noqa: E402
+from jzero.training.data import text_batches  # noqa: E402
+from jzero.training.job import build_job  # noqa: E402
 
 s = build_job(config)
 for run_dir, steps, out in jobs:

@@ -1,2 +1,4 @@
 """The training job: built from a config, measured (its ledger), and run (the loop, its hooks, the
 data, progress and preemption)."""
+
+__all__ = []

@@ -20,12 +20,12 @@ from jzero.ledger import hlo as ledger
 from jzero.ledger.gathered import gathered_peak
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
-from jzero.plan import Plan, shard_bytes
-from jzero.remat import policy_name
+from jzero.plan import Plan, TensorPlan, shard_bytes
+from jzero.remat_policies import policy_name
 from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
 from jzero.state import TrainState
 from jzero.step import activation_rules, sharded_abstract
-from jzero.train.job import Job, partitions_activations
+from jzero.training.job import Job, partitions_activations
 
 __all__ = [
     "communication",
@@ -67,7 +67,14 @@ def device_description(mesh: Any) -> dict[str, Any]:
 
 def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
     """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives.
-    ``compiled`` is the compiled step when the caller has it already."""
+
+    Args:
+      job: the built job.
+      compiled: the compiled step when the caller has it already (default: compiled here).
+
+    Returns:
+      The report, a plain dict (rendered by :func:`jzero.ledger.render.format_plan`).
+    """
     if compiled is None:
         _, compiled = job.compile_step()
     hlo = compiled.as_text()
@@ -75,8 +82,6 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
     table = paper_table(job.plan)
     collectives = ledger.summarize_collectives(ops)
     plan = job.plan
-    mem = ledger.compiled_memory(compiled, hlo)
-    activations = saved_activations(job, hlo)
     device = device_description(job.mesh)
     return {
         "devices": int(job.mesh.size),
@@ -84,17 +89,39 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
         "mesh": mesh_shape(job.mesh),
         "stage": plan.stage,
         "num_params": plan.num_params,
+        **_memory_part(job, compiled, hlo),
+        **_collectives_part(ops, collectives),
+        "notes": lowering_notes(plan.stage, collectives, hlo, device["backend"]),
+        **_tensors_part(plan),
+        "paper_table": table,
+        "communication": communication(plan, ops, table),
+    }
+
+
+def _memory_part(job: Job, compiled: Any, hlo: str) -> dict[str, Any]:
+    """The report's bytes, planned and compiled, and its FLOPs."""
+    plan = job.plan
+    mem = ledger.compiled_memory(compiled, hlo)
+    activations = saved_activations(job, hlo)
+    gathered = gathered_at_once(job, hlo)
+    return {
         "per_device_bytes": plan.per_device_bytes(),
         "host_bytes": {**plan.host_bytes(), "activations": activations["host"]},
         "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
         "activations": activations,
         "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
-        "gathered_peak_bytes": (gathered := gathered_at_once(job, hlo))["peak_bytes"],
+        "gathered_peak_bytes": gathered["peak_bytes"],
         "gathered": gathered,
         # What rests in host memory among the arguments and outputs, and the peak without it.
         "compiled_host": {"argument": mem["host_argument"], "output": mem["host_output"]},
         "device_peak": mem["device_peak"],
         "flops_per_device": ledger.flops_per_device(compiled),
+    }
+
+
+def _collectives_part(ops: list[ledger.Collective], collectives: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report's collectives: per kind, then each asynchronous one."""
+    return {
         "collectives": {
             k: {key: v[key] for key in ("count", "bytes", "dtypes", "async", "overlapped")} for k, v in collectives.items()
         },
@@ -113,7 +140,12 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
             for o in ops
             if o.is_async
         ],
-        "notes": lowering_notes(plan.stage, collectives, hlo, device["backend"]),
+    }
+
+
+def _tensors_part(plan: Plan) -> dict[str, Any]:
+    """The report's tensors: each one's specs, then the replicated, largest and not-on-``model`` ones."""
+    return {
         "tensors": [
             {
                 "path": t.path,
@@ -126,15 +158,15 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
             }
             for t in plan.tensors
         ],
-        "replicated": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.replicated],
-        "largest": [
-            {"path": t.path, "shape": list(t.shape), "bytes": t.nbytes}
-            for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:5]
-        ],
-        "not_on_model": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.not_on_model],
-        "paper_table": table,
-        "communication": communication(plan, ops, table),
+        "replicated": [_tensor_entry(t) for t in plan.replicated],
+        "largest": [_tensor_entry(t) for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:5]],
+        "not_on_model": [_tensor_entry(t) for t in plan.not_on_model],
     }
+
+
+def _tensor_entry(t: TensorPlan) -> dict[str, Any]:
+    """A tensor named in a list: its path, shape and bytes."""
+    return {"path": t.path, "shape": list(t.shape), "bytes": t.nbytes}
 
 
 def gathered_at_once(job: Job, hlo_text: str) -> dict[str, Any]:
@@ -156,7 +188,7 @@ def gathered_at_once(job: Job, hlo_text: str) -> dict[str, Any]:
         "layers": peak / layer if layer else None,
         "units": len(set(plan.units.values())),
         "prefetch": plan.prefetch,
-        "persistent": [{"path": t.path, "shape": list(t.shape), "bytes": t.nbytes} for t in plan.persistent],
+        "persistent": [_tensor_entry(t) for t in plan.persistent],
     }
 
 

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+__all__ = ["TrainProgress"]
+
 
 class TrainProgress:
     """The bar (``enabled``); ``silent`` also drops the announcements, as on every process but 0."""

@@ -20,6 +20,14 @@ from jax.sharding import Sharding
 
 from jzero.errors import ConfigError
 
+__all__ = [
+    "TextBatches",
+    "load_bytes",
+    "resolve_files",
+    "stdlib_sources",
+    "text_batches",
+]
+
 
 def stdlib_sources() -> list[Path]:
     """The Python standard library's own top-level ``.py`` files: real text, no download."""

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+__all__ = ["Preemption", "SIGNALS"]
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -1,9 +1,9 @@
 """What the training loop does besides stepping, as hooks it calls (Levanter's pattern).
 
-The loop (:func:`jzero.train.loop.train`) steps and, at logged steps, turns the device metrics into
+The loop (:func:`jzero.training.loop.train`) steps and, at logged steps, turns the device metrics into
 one host-side record. Everything else is a :class:`Hook`: the progress bar, ``metrics.jsonl``,
-TensorBoard, the checkpoint cadence and preemption. A Python caller adds its own with
-``train(config, hooks=[...])``.
+TensorBoard, the checkpoint cadence and preemption, made in the loop's order by
+:func:`jzero.training.loop.default_hooks`. A Python caller adds its own with ``train(config, hooks=[...])``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.errors import OutputWriteError
 from jzero.state import TrainState
-from jzero.train.preemption import Preemption
-from jzero.train.progress import TrainProgress
+from jzero.training.preemption import Preemption
+from jzero.training.progress import TrainProgress
 
 __all__ = [
     "CheckpointHook",

@@ -1,7 +1,9 @@
-"""From a :class:`~jzero.config.loading.Config` to a built run: mesh, model, optimizer, precision and plan.
+"""From a :class:`~jzero.config.loading.Config` to the job it describes, built: mesh, model, optimizer,
+plan and the compiled step.
 
-Nothing here allocates on devices or compiles. :func:`build_job` is what ``jzero train`` and ``jzero
-plan`` start from; it takes any ``init_fn``/``loss_fn`` pair, with jzero's GPT as the default.
+Nothing here allocates on devices, and the step compiles only when asked (:meth:`Job.compile_step`).
+:func:`build_job` is what ``jzero train`` and ``jzero plan`` start from; it takes any
+``init_fn``/``loss_fn`` pair, with jzero's GPT as the default.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from jzero.models.gpt import GPT, lm_loss
 from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
-from jzero.remat import policy_name
+from jzero.remat_policies import policy_name
 from jzero.stages import stage_rule
 from jzero.state import TrainState
 from jzero.step import LossFn, abstract_state, make_train_step, sharded_abstract, sharded_init
@@ -79,7 +81,8 @@ def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """Everything a run needs, built from a config; nothing allocated on devices yet.
+    """The job a config describes, built: mesh, model, optimizer, plan and the compiled step (compiled
+    when asked, :meth:`compile_step`); nothing allocated on devices yet.
 
     Attributes:
       config: the config it was built from (its ``zero.stage`` is the plan's stage).
@@ -180,7 +183,8 @@ def build_job(
     init_fn: InitFn | None = None,
     loss_fn: LossFn | None = None,
 ) -> Job:
-    """Build a run from a config: resolve the mesh on the devices and plan the stage.
+    """The job a config describes, built: mesh, model, optimizer, plan and the compiled step (compiled
+    when asked). Resolves the mesh on the devices and plans the stage.
 
     Args:
       config: a validated config (:func:`jzero.config.loading.load_config`).
@@ -192,6 +196,11 @@ def build_job(
 
     Returns:
       The :class:`Job`; nothing is allocated on devices.
+
+    Raises:
+      TypeError: only one of ``init_fn`` and ``loss_fn`` was passed.
+      ConfigError: the mesh does not fit the devices, or the batch does not divide over it.
+      PlanError: the stage cannot be planned on the mesh (:func:`jzero.plan.make_plan`).
     """
     if (init_fn is None) != (loss_fn is None):
         raise TypeError("build_job: pass both init_fn and loss_fn, or neither (jzero's GPT)")

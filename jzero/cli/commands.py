@@ -1,0 +1,232 @@
+"""The ``jzero`` commands, one ``cmd_*`` function per subcommand: each takes the parsed arguments
+and returns the exit status.
+
+Standard library and :mod:`jzero.config.loading` only at import (no JAX): each command imports JAX,
+Orbax and the rest of jzero inside its body, once :func:`jzero.cli.main.main`'s Ctrl-C handler is in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+from jzero.cli.interrupts import interrupt_raises
+from jzero.config.loading import load_config
+from jzero.config.schema import Config
+from jzero.distributed.process import RUN_FAILED
+from jzero.errors import ConfigError
+
+__all__ = [
+    "cmd_checkpoint_export",
+    "cmd_checkpoint_info",
+    "cmd_checkpoint_verify",
+    "cmd_estimate",
+    "cmd_launch",
+    "cmd_plan",
+    "cmd_train",
+]
+
+
+def _load(args: argparse.Namespace) -> Config:
+    """The config, with JAX started for it: simulated CPU devices and the multi-process job first."""
+    from jzero.distributed.process import start_backends
+    from jzero.distributed.runtime import initialize
+    from jzero.mesh import simulate_cpu_devices
+
+    config = load_config(args.config, args.set)
+    # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
+    # there is no accelerator, and jax.distributed. A GPU target's devices are compile-only.
+    if not getattr(args, "target", None):
+        simulate_cpu_devices(config.runtime.cpu_devices)
+        initialize(config.runtime)
+    start_backends()
+    return config
+
+
+@contextlib.contextmanager
+def _watched(config: Config) -> Iterator[None]:
+    """Run a command as one process of a multi-process job: a lost peer ends this process with a
+    line naming it (:class:`~jzero.distributed.runtime.Watchdog`), and at the end the processes leave in order."""
+    import jax
+
+    from jzero.distributed.process import exit_now
+    from jzero.distributed.runtime import Watchdog, finish
+    from jzero.errors import error_line
+
+    if jax.process_count() == 1:
+        yield
+        return
+    with Watchdog() as watchdog:
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as err:
+            # A collective failed (gloo: "Connection closed by peer"): a peer is gone. The watchdog
+            # names it once JAX's coordinator declares it lost, and ends this process; if it never
+            # does, say what failed and leave at once, as an orderly exit would wait for peers.
+            time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
+            exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
+        except Exception:
+            # Bad input, a halted run, a failed write: usually every process at the same step. They
+            # leave in order, each with its own line; one that fails alone waits 10 s for the others.
+            with contextlib.suppress(Exception):
+                finish(min(config.runtime.shutdown_timeout_s, 10), watchdog)
+            raise
+        try:
+            finish(config.runtime.shutdown_timeout_s, watchdog)
+        except jax.errors.JaxRuntimeError as err:  # a peer never came to the end
+            exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", 1)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``jzero train``: train, resuming from the run's latest checkpoint unless ``--no-resume``; 0 or 1 (the run failed)."""
+    from jzero.config.rundir import CHECKPOINTS
+    from jzero.distributed.runtime import is_primary
+    from jzero.errors import RunError
+    from jzero.training.loop import train
+
+    config = _load(args)
+    try:
+        with _watched(config):
+            result = train(config, progress=not args.quiet, resume=not args.no_resume)
+    except RunError as err:
+        print(f"jzero: {err}", file=sys.stderr)
+        return RUN_FAILED
+    if not is_primary():  # process 0 speaks for the job
+        return 0
+    history = result.history
+    span = f"steps {result.start_step} -> {result.final_step}"
+    loss = f": loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}" if history else ""
+    saved = f"; saved step {result.saved[-1]}" if result.saved else ""
+    where = f"{config.run.dir}/{CHECKPOINTS}/{result.saved[-1]}" if result.saved else config.run.dir
+    if result.preempted:
+        print(f"jzero: preempted by {result.preempted} after {span}{saved} to {where}")
+    else:
+        print(f"trained {span}{loss}{saved}; run dir {config.run.dir}")
+    return 0
+
+
+def cmd_checkpoint_info(args: argparse.Namespace) -> int:
+    """``jzero checkpoint info``: a table of the run's checkpoint folders, or one JSON list with ``--json``."""
+    from jzero.axes import mesh_text
+    from jzero.checkpoint.runs import describe
+    from jzero.ledger.render import human_bytes
+
+    rows = describe(args.run_dir)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    head = f"{'step':>8}  {'committed':<9}  {'verified':<11}  {'stage':>5}  {'devices':>7}  {'processes':>9}  {'mesh':<28}"
+    print(f"{head}  {'size':>10}")
+    for r in rows:
+        mesh = mesh_text(r["mesh"] or {}) or "?"
+        stage, devices, processes = ("?" if r[k] is None else r[k] for k in ("stage", "devices", "processes"))
+        committed = "yes" if r["committed"] else "no"
+        verified = {True: "yes", False: "no manifest", None: "-"}[r["verified"]]
+        line = f"{r['step']:>8}  {committed:<9}  {verified:<11}  {stage:>5}  {devices:>7}  {processes:>9}  {mesh:<28}"
+        print(f"{line}  {human_bytes(r['bytes']):>10}")
+    if not rows:
+        print("  no checkpoints")
+    return 0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
+    """``jzero checkpoint verify``: each committed step's verdict, one a line; a damaged step raises."""
+    from jzero.checkpoint.integrity import Unverified
+    from jzero.checkpoint.runs import verify_run
+    from jzero.errors import CheckpointError, DamagedCheckpoint
+    from jzero.ledger.render import human_bytes
+
+    verdicts = verify_run(args.run_dir, args.step)
+    for step, verdict in verdicts:
+        if isinstance(verdict, DamagedCheckpoint):
+            print(f"step {step}: damaged: {verdict.file} {verdict.problem}")
+        elif isinstance(verdict, Unverified):
+            print(f"step {step}: not verifiable: no manifest (written before jzero verified checkpoints)")
+        else:
+            print(f"step {step}: ok, {human_bytes(verdict)} verified")
+    if not verdicts:
+        print("no committed checkpoints")
+    damaged = [str(step) for step, verdict in verdicts if isinstance(verdict, DamagedCheckpoint)]
+    if damaged:
+        raise CheckpointError(args.run_dir, f"damaged checkpoint steps: {', '.join(damaged)}")
+    return 0
+
+
+def cmd_checkpoint_export(args: argparse.Namespace) -> int:
+    """``jzero checkpoint export``: a committed step's parameters as one safetensors file."""
+    from jzero.checkpoint.export import export_checkpoint
+    from jzero.ledger.render import human_bytes
+
+    with interrupt_raises():  # so that the export removes its temporary file
+        done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype, warn=_to_stderr)
+    print(
+        f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {human_bytes(done['bytes'])} "
+        f"as {done['dtype']} to {done['out']}"
+    )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``jzero plan``: plan the config (or every stage) without allocating; text, or JSON with ``--json``."""
+    from jzero.distributed.runtime import is_primary
+    from jzero.ledger.estimate import parse_memory
+    from jzero.ledger.render import format_all_stages, format_plan
+    from jzero.ledger.targets import check_target_fits_mesh, parse_target, target_devices
+    from jzero.stages import STAGES
+    from jzero.training.job import build_job
+    from jzero.training.report import one_group_reference, plan_report, with_scaling, with_verdict
+
+    target = parse_target(args.target, args.hosts, args.gpus_per_host) if args.target else None
+    if target is None and (args.hosts or args.gpus_per_host):
+        raise ConfigError("--hosts" if args.hosts else "--gpus-per-host", "only with --target")
+    memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
+    config = _load(args)
+    devices = None
+    if target is not None:
+        devices = target_devices(target)
+        check_target_fits_mesh(target, config.mesh.axes)
+        memory = target.memory_bytes if memory is None else memory
+    with _watched(config):
+        built = build_job(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
+        reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
+        stages = STAGES if args.all_stages else [config.zero.stage]
+        reports = {}
+        for stage in stages:
+            reports[str(stage)] = with_scaling(with_verdict(plan_report(built.replan(stage)), memory), reference)
+    if not is_primary():
+        return 0
+    if args.all_stages:
+        print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))
+    else:
+        (report,) = reports.values()
+        print(json.dumps(report) if args.json else format_plan(report))
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """``jzero estimate``: the paper's per-device model-state bytes at each stage; no JAX."""
+    from jzero.ledger.estimate import estimate, format_estimate, parse_count, parse_memory
+
+    memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
+    result = estimate(
+        parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory, tuple(args.offload)
+    )
+    print(json.dumps(result) if args.json else format_estimate(result))
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace, build_parser: Callable[[], argparse.ArgumentParser]) -> int:
+    """``jzero launch``: run a jzero command line as N local processes of one job; its exit status.
+    ``build_parser`` (the parser hands it over: this module imports no parser) reads that command line."""
+    from jzero.distributed.launch import launch, parse_spec
+
+    spec = parse_spec(args.words, args.n, args.devices_per_process, args.max_restarts, parse=build_parser().parse_args)
+    return launch(spec, args.max_restarts, args.shrink_on_failure)

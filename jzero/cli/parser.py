@@ -1,0 +1,170 @@
+"""The ``jzero`` command line's parser: :func:`build_parser`, one small function per subcommand.
+
+Standard library only at import, besides :mod:`jzero.cli.commands` (which imports no JAX either):
+:func:`jzero.cli.main.main` builds this parser before anything imports JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from typing import NoReturn
+
+from jzero.cli.commands import (
+    cmd_checkpoint_export,
+    cmd_checkpoint_info,
+    cmd_checkpoint_verify,
+    cmd_estimate,
+    cmd_launch,
+    cmd_plan,
+    cmd_train,
+)
+from jzero.config.schema import EXPORT_DTYPES
+
+__all__ = ["build_parser", "version_line"]
+
+_VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
+_TRAIN_EXAMPLES = """examples:
+  jzero train configs/gpt-tiny.yaml
+  jzero train configs/gpt-tiny.yaml --set zero.stage=2 --set mesh.axes.data=4 --set mesh.axes.model=2 --set run.dir=runs/tp2"""
+_LAUNCH_USAGE = "jzero launch -n N [--devices-per-process K] [--max-restarts R] [--shrink-on-failure] -- train CONFIG [--set ...]"
+
+_Subcommands = argparse._SubParsersAction  # what add_subparsers returns
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def version_line() -> str:
+    """``jzero 0.1.0 (jax 0.10.2, ..., CUDA plugin: none)``: what a bug report needs, importing no JAX.
+
+    Returns:
+      One line: jzero's version, its stack's (or ``not installed``) and the CUDA plugins found.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from jzero.ledger.targets import cuda_plugins
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    stack = ", ".join(f"{name} {of(name)}" for name in _VERSIONED)
+    return f"jzero {of('jzero')} ({stack}; CUDA plugin: {', '.join(cuda_plugins()) or 'none'})"
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:  # unwrapped, unlike action="version"
+        print(version_line())
+        raise SystemExit(0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``jzero`` parser: ``train``, ``plan``, ``estimate``, ``launch`` and ``checkpoint``.
+
+    Returns:
+      A parser whose bad input prints one line and exits with status 2; each subcommand's
+      namespace has ``func``, the command to run with it.
+    """
+    parser = _Parser(prog="jzero", description="ZeRO stages 0-3 for Flax, as JAX sharding specs.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="jzero's version and its stack's, then exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_train(sub)
+    _add_plan(sub)
+    _add_estimate(sub)
+    _add_launch(sub)
+    _add_checkpoint(sub)
+    return parser
+
+
+def _with_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="train config YAML (e.g. configs/gpt-tiny.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a dotted config key")
+
+
+def _add_train(sub: _Subcommands) -> None:
+    train = sub.add_parser(
+        "train", help="train a model", epilog=_TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    _with_config(train)
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--no-resume", action="store_true", help="refuse a run.dir that holds a run or checkpoints")
+    train.set_defaults(func=cmd_train)
+
+
+def _add_plan(sub: _Subcommands) -> None:
+    plan = sub.add_parser("plan", help="shardings, bytes per device and collectives, without allocating")
+    _with_config(plan)
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--all-stages", action="store_true", help="plan stages 0-3 and compare them")
+    plan.add_argument(
+        "--memory-per-device",
+        default=None,
+        help="e.g. 80GB: does the compiled step's peak fit? (default with --target: the GPU's)",
+    )
+    plan.add_argument(
+        "--target", default=None, help="compile for GPUs from this host: h100x8, h100x64, a100x16 (gpu-target extra)"
+    )
+    plan.add_argument("--hosts", type=int, default=None, help="with --target: hosts (default: the count over 8 GPUs per host)")
+    plan.add_argument("--gpus-per-host", type=int, default=None, help="with --target: GPUs per host (default 8)")
+    plan.set_defaults(func=cmd_plan)
+
+
+def _add_estimate(sub: _Subcommands) -> None:
+    from jzero.ledger.estimate import OPTIMIZER_STATE_BYTES, PRECISIONS  # no JAX here
+
+    est = sub.add_parser("estimate", help="per-device model-state memory at stages 0-3, from the paper's formulas")
+    est.add_argument("--params", required=True, help="parameter count: 7.5e9, 7.5B, 350M")
+    est.add_argument("--devices", type=int, required=True, help="total devices (N_d x N_m)")
+    est.add_argument("--model-parallel", type=int, default=1, help="N_m (default 1)")
+    est.add_argument("--precision", default="mixed", choices=PRECISIONS, help="mixed: 16-bit params and grads, fp32 master")
+    est.add_argument("--optimizer", default="adam", choices=tuple(OPTIMIZER_STATE_BYTES))
+    est.add_argument("--memory-per-device", default=None, help="e.g. 80GB or 80GiB: say which stages fit")
+    est.add_argument(
+        "--offload",
+        action="append",
+        default=[],
+        choices=("optimizer", "params"),
+        help="move a part to pinned host memory where the stage allows (optimizer: stages 1-3, params: 3); repeatable",
+    )
+    est.add_argument("--json", action="store_true", help="print one JSON object")
+    est.set_defaults(func=cmd_estimate)
+
+
+def _add_launch(sub: _Subcommands) -> None:
+    run = sub.add_parser(
+        "launch", help="run a jzero command as N processes of one jax.distributed job on this machine", usage=_LAUNCH_USAGE
+    )
+    run.add_argument("-n", type=int, required=True, help="processes to start")
+    run.add_argument("--devices-per-process", type=int, default=1, help="simulated CPU devices each (default 1)")
+    run.add_argument("--max-restarts", type=int, default=0, help="start the job again after a failure, up to R times")
+    run.add_argument(
+        "--shrink-on-failure", action="store_true", help="restart on the largest smaller count the mesh and batch allow"
+    )
+    run.add_argument("words", nargs=argparse.REMAINDER, help="-- then a jzero command line: train or plan")
+    run.set_defaults(func=functools.partial(cmd_launch, build_parser=build_parser))  # to read the command after --
+
+
+def _add_checkpoint(sub: _Subcommands) -> None:
+    ckpt = sub.add_parser("checkpoint", help="inspect and export a run's checkpoints")
+    ckpt_sub = ckpt.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    info = ckpt_sub.add_parser("info", help="each checkpoint's step, mesh, stage, size, whether it is committed and verified")
+    info.add_argument("run_dir")
+    info.add_argument("--json", action="store_true", help="print one JSON list")
+    info.set_defaults(func=cmd_checkpoint_info)
+    verify = ckpt_sub.add_parser("verify", help="check each checkpoint's files against the checksums written at commit")
+    verify.add_argument("run_dir")
+    verify.add_argument("--step", type=int, default=None, help="only this committed step (default: every one)")
+    verify.set_defaults(func=cmd_checkpoint_verify)
+    export = ckpt_sub.add_parser("export", help="consolidated parameters as safetensors")
+    export.add_argument("run_dir")
+    export.add_argument("--step", type=int, default=None, help="a committed step (default: the latest)")
+    export.add_argument("--out", required=True, help="the .safetensors file to write (must not exist)")
+    export.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES)
+    export.set_defaults(func=cmd_checkpoint_export)

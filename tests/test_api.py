@@ -1,0 +1,77 @@
+"""The public API: one table drives ``jzero.__all__``, every ``jzero.X`` the docs name exists, and
+every module says what it exports."""
+
+import ast
+import importlib
+import pathlib
+import re
+
+import pytest
+
+import jzero
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOTTED = re.compile(r"\bjzero(?:\.[A-Za-z_]\w*)+")
+
+
+def resolve(dotted: str) -> object:
+    """The object a dotted name names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def names_in_docs() -> list[tuple[str, str]]:
+    found = set()
+    for page in PAGES:
+        for match in DOTTED.finditer(page.read_text()):
+            name = match.group(0)
+            if not name.endswith((".py", ".yaml", ".md", ".json")):
+                found.add((page.name, name))
+    return sorted(found)
+
+
+def test_the_table_is_the_public_api():
+    assert jzero.__all__ == sorted(jzero._API)
+    for name in jzero.__all__:
+        assert getattr(jzero, name) is getattr(importlib.import_module(jzero._API[name]), name)
+        assert name in importlib.import_module(jzero._API[name]).__all__, f"{name} is not in {jzero._API[name]}.__all__"
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="has no attribute 'make_plam'"):
+        jzero.make_plam  # noqa: B018
+
+
+def test_the_entry_points_the_docs_use_are_callable():
+    for name in ("build_job", "train", "remat", "fetching", "make_plan", "make_train_step", "load_config"):
+        assert callable(getattr(jzero, name)), name
+    assert issubclass(jzero.TrainingHalted, jzero.RunError) and issubclass(jzero.ConfigError, jzero.JzeroError)
+
+
+@pytest.mark.parametrize(("page", "name"), names_in_docs())
+def test_every_jzero_name_in_the_docs_exists(page, name):
+    try:
+        resolve(name)
+    except (AttributeError, ModuleNotFoundError) as err:
+        pytest.fail(f"{page} names {name}, which does not exist ({err})")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "jzero").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_has_an_all_of_names_it_defines(path):
+    tree = ast.parse(path.read_text())
+    alls = [n for n in tree.body if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)]
+    assert alls, f"{path.relative_to(ROOT)} has no __all__"
+    if path.name == "__main__.py":
+        return  # importing it runs the command line
+    module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing, f"{path.relative_to(ROOT)}: __all__ names {missing}, which it does not define"

@@ -1,0 +1,114 @@
+"""The package's layers: each module imports only its own layer or the ones below, and no import
+cycle. Read from the source (every import statement, those inside functions too), nothing run."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "jzero"
+
+# Bottom first. "core" is every module directly in jzero/: the library over a mesh.
+LAYERS = ["core", "models", "config", "checkpoint", "ledger", "distributed", "training", "cli"]
+
+
+def layer_of(module: str) -> str | None:
+    """``jzero.ledger.hlo`` -> ``ledger``; ``jzero.plan`` -> ``core``; the package's face -> None."""
+    parts = module.split(".")
+    if module == "jzero":
+        return None  # the public API table: it names modules as strings and imports none
+    return parts[1] if (PACKAGE / parts[1]).is_dir() else "core"
+
+
+def module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imported(tree: ast.AST, importer: str) -> set[str]:
+    """The jzero modules a module imports (``from jzero.ledger import hlo`` imports ``jzero.ledger.hlo``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("jzero")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jzero") and not node.level:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").exists() or (ROOT / sub.replace(".", "/")).is_dir()
+                found.add(sub if is_module else node.module)
+    found.discard(importer)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imported(ast.parse(p.read_text()), module_name(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a higher layer, as ``importer (layer) imports imported (layer)``."""
+    found = []
+    for importer, targets in sorted(graph.items()):
+        low = layer_of(importer)
+        for target in sorted(targets):
+            high = layer_of(target)
+            if low is not None and high is not None and LAYERS.index(high) > LAYERS.index(low):
+                found.append(f"{importer} ({low}) imports {target} ({high})")
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as its modules in order, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target, [*path, target])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module, [module])):
+            return cycle
+    return None
+
+
+def test_every_folder_of_the_package_is_a_layer():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(LAYERS) - {"core"}
+
+
+def test_nothing_imports_a_higher_layer():
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_checks_name_an_upward_import_and_a_cycle():
+    """The two checks above on a made-up graph: they find what they are for, and name it."""
+    graph = {
+        "jzero.plan": {"jzero.ledger.hlo"},
+        "jzero.ledger.hlo": {"jzero.ledger.render"},
+        "jzero.ledger.render": {"jzero.ledger.hlo"},
+    }
+    assert upward_imports(graph) == ["jzero.plan (core) imports jzero.ledger.hlo (ledger)"]
+    assert find_cycle(graph) == ["jzero.ledger.hlo", "jzero.ledger.render", "jzero.ledger.hlo"]
+
+
+@pytest.mark.parametrize("module", ["jzero", "jzero.cli.main", "jzero.config.loading", "jzero.distributed.launch"])
+def test_the_command_line_and_config_layers_import_no_jax(module):
+    """The command line's Ctrl-C handler is in place before JAX's seconds of importing, and the
+    launcher reads configs without JAX."""
+    code = f"import sys, {module}; print([m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
