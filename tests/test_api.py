@@ -65,6 +65,18 @@ def test_every_jzero_name_in_the_docs_exists(page, name):
         pytest.fail(f"{page} names {name}, which does not exist ({err})")
 
 
+def test_every_jzero_name_in_the_docstrings_exists():
+    """Docstrings and comments name API too (``:func:`jzero.build_job```): each must exist."""
+    missing = []
+    for path in sorted((ROOT / "jzero").rglob("*.py")):
+        for name in {m.group(0) for m in DOTTED.finditer(path.read_text())} - {"jzero.py"}:
+            try:
+                resolve(name)
+            except (AttributeError, ModuleNotFoundError):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "jzero").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_module_has_an_all_of_names_it_defines(path):
     tree = ast.parse(path.read_text())

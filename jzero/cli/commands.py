@@ -68,7 +68,7 @@ def _watched(config: Config) -> Iterator[None]:
             # names it once JAX's coordinator declares it lost, and ends this process; if it never
             # does, say what failed and leave at once, as an orderly exit would wait for peers.
             time.sleep(config.runtime.heartbeat_timeout_s + 2 * watchdog.interval_s)
-            exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", 1)
+            exit_now(f"a collective failed and no peer was declared lost: {error_line(err)}", RUN_FAILED)
         except Exception:
             # Bad input, a halted run, a failed write: usually every process at the same step. They
             # leave in order, each with its own line; one that fails alone waits 10 s for the others.
@@ -78,7 +78,7 @@ def _watched(config: Config) -> Iterator[None]:
         try:
             finish(config.runtime.shutdown_timeout_s, watchdog)
         except jax.errors.JaxRuntimeError as err:  # a peer never came to the end
-            exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", 1)
+            exit_now(f"the processes did not all reach the end within runtime.shutdown_timeout_s: {error_line(err)}", RUN_FAILED)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
