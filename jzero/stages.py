@@ -66,14 +66,14 @@ OFFLOADABLE = ("optimizer", "params")
 _PART_WORDS = {"optimizer": "optimizer state", "params": "parameters"}
 
 
-def stage_rule(stage: int) -> StageRule:
+def stage_rule(stage: int, error: type[JzeroError] = PlanError) -> StageRule:
     """The rule of ``stage``.
 
     Raises:
-      PlanError: ``stage`` is not a ZeRO stage.
+      PlanError (or ``error``): ``stage`` is not a ZeRO stage, naming ``zero.stage``.
     """
     if stage not in STAGES or isinstance(stage, bool):
-        raise PlanError("stage", f"must be {_spoken(STAGES)}, got {stage!r}")
+        raise error("zero.stage", f"must be {_spoken(STAGES)}, got {stage!r}")
     return STAGES[stage]
 
 

@@ -218,7 +218,7 @@ def export_checkpoint(
     """Write one checkpoint's parameters to ``out`` as safetensors; returns what was written.
 
     The step's files are verified against its manifest first (a damaged step raises
-    :class:`~jzero.checkpoint.integrity.DamagedCheckpoint`, and nothing is written); ``warn`` is told, in one
+    :class:`~jzero.errors.DamagedCheckpoint`, and nothing is written); ``warn`` is told, in one
     line, of a step written before manifests.
     """
     if dtype not in EXPORT_DTYPES:

@@ -26,7 +26,7 @@ import xxhash
 
 from jzero.errors import DamagedCheckpoint
 
-__all__ = ["MANIFEST", "DamagedCheckpoint", "Unverified", "verify", "write_manifest"]
+__all__ = ["MANIFEST", "Unverified", "verify", "write_manifest"]
 
 MANIFEST = "jzero-manifest.json"
 _TMP = f".{MANIFEST}.tmp"  # a manifest being written

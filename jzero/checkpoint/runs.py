@@ -320,7 +320,7 @@ def _restore_newest(checkpoints: RunCheckpoints, target: TrainState, warn: Calla
             restored.skipped = skipped
             return restored
         failure_reported()  # the warning below is its one report
-        damaged = isinstance(problem, integrity.DamagedCheckpoint)
+        damaged = isinstance(problem, DamagedCheckpoint)
         reason = f"{problem.file} {problem.problem}" if damaged else error_line(problem)
         skipped.append((step, reason))
         aside = _set_aside(checkpoints, step)
@@ -353,7 +353,7 @@ def _try_restore(
     """
     try:
         restored, problem = checkpoints.restore(step, target, warn), None
-    except integrity.DamagedCheckpoint as err:
+    except DamagedCheckpoint as err:
         restored, problem = None, err
     except JzeroError:
         raise
@@ -394,11 +394,11 @@ def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> in
     expect = _read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST
     try:
         verdict, damage = integrity.verify(step_dir, (jax.process_index(), jax.process_count()), expect), None
-    except integrity.DamagedCheckpoint as err:
+    except DamagedCheckpoint as err:
         verdict, damage = None, err
     found = _on_every_process(damage is not None)
     if damage is None and any(found):
-        damage = integrity.DamagedCheckpoint(step_dir, "a data file", f"failed its checksum on process {found.index(True)}")
+        damage = DamagedCheckpoint(step_dir, "a data file", f"failed its checksum on process {found.index(True)}")
     if damage is not None:
         raise damage
     if warn is not None and isinstance(verdict, integrity.Unverified):
@@ -430,7 +430,7 @@ def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, 
     for s in committed_steps(run_dir, step):
         try:
             verdicts.append((s, verify_step(step_folder(run_dir, s))))
-        except integrity.DamagedCheckpoint as err:
+        except DamagedCheckpoint as err:
             verdicts.append((s, err))
     return verdicts
 
@@ -448,7 +448,7 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
         raise CheckpointError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
     verdicts = dict(verify_run(run_dir))
     for verdict in verdicts.values():
-        if isinstance(verdict, integrity.DamagedCheckpoint):
+        if isinstance(verdict, DamagedCheckpoint):
             raise verdict
     rows = []
     for entry in sorted(directory.iterdir()):

@@ -1,8 +1,9 @@
 """The ``jzero`` commands, one ``cmd_*`` function per subcommand: each takes the parsed arguments
 and returns the exit status.
 
-Standard library and :mod:`jzero.config.loading` only at import (no JAX): each command imports JAX,
-Orbax and the rest of jzero inside its body, once :func:`jzero.cli.main.main`'s Ctrl-C handler is in place.
+No JAX at import (the standard library and jzero's JAX-free config, errors and process modules):
+each command imports JAX, Orbax and the rest of jzero inside its body, once
+:func:`jzero.cli.main.main`'s Ctrl-C handler is in place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from jzero.cli.interrupts import interrupt_raises
 from jzero.config.loading import load_config
 from jzero.config.schema import Config
 from jzero.distributed.process import RUN_FAILED
-from jzero.errors import ConfigError
+from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, RunError, error_line
 
 __all__ = [
     "cmd_checkpoint_export",
@@ -55,7 +56,6 @@ def _watched(config: Config) -> Iterator[None]:
 
     from jzero.distributed.process import exit_now
     from jzero.distributed.runtime import Watchdog, finish
-    from jzero.errors import error_line
 
     if jax.process_count() == 1:
         yield
@@ -85,7 +85,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``jzero train``: train, resuming from the run's latest checkpoint unless ``--no-resume``; 0 or 1 (the run failed)."""
     from jzero.config.rundir import CHECKPOINTS
     from jzero.distributed.runtime import is_primary
-    from jzero.errors import RunError
     from jzero.training.loop import train
 
     config = _load(args)
@@ -141,7 +140,6 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     """``jzero checkpoint verify``: each committed step's verdict, one a line; a damaged step raises."""
     from jzero.checkpoint.integrity import Unverified
     from jzero.checkpoint.runs import verify_run
-    from jzero.errors import CheckpointError, DamagedCheckpoint
     from jzero.ledger.render import human_bytes
 
     verdicts = verify_run(args.run_dir, args.step)

@@ -33,7 +33,7 @@ from jzero.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from jzero.errors import ConfigError, PlanError, clip, show_value
+from jzero.errors import ConfigError, clip, show_value
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.remat_policies import REMAT_POLICIES
@@ -144,10 +144,7 @@ def _check_mesh(mesh: MeshConfig) -> None:
 
 
 def _check_zero(zero: ZeroConfig) -> None:
-    try:
-        stage_rule(zero.stage)
-    except PlanError as err:
-        raise ConfigError("zero.stage", str(err).partition(": ")[2]) from None
+    stage_rule(zero.stage, error=ConfigError)
     check_offload(zero.stage, optimizer=zero.offload_optimizer, params=zero.offload_params, error=ConfigError)
     units.check(zero.gather_units, ConfigError)
     _in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)

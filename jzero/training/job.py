@@ -1,4 +1,4 @@
-"""From a :class:`~jzero.config.loading.Config` to the job it describes, built: mesh, model, optimizer,
+"""From a :class:`~jzero.config.schema.Config` to the job it describes, built: mesh, model, optimizer,
 plan and the compiled step.
 
 Nothing here allocates on devices, and the step compiles only when asked (:meth:`Job.compile_step`).
