@@ -41,6 +41,16 @@ class RunDir:
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
 
+    @property
+    def tokenizer(self) -> Path:
+        """The run's own copy of its BPE tokenizer (a byte-level run has none): what ``jzero sample`` decodes with."""
+        return self.path / "tokenizer.json"
+
+    @property
+    def profile(self) -> Path:
+        """The ``jax.profiler`` trace of ``run.profile``'s steps."""
+        return self.path / "profile"
+
     def resumed_config(self, step: int) -> Path:
         """Where a run resumed at ``step`` with another config writes it."""
         return self.path / f"config.step-{step}.yaml"

@@ -20,6 +20,7 @@ __all__ = [
     "OptimizerConfig",
     "PartitioningConfig",
     "PrecisionConfig",
+    "ProfileConfig",
     "RunConfig",
     "RuntimeConfig",
     "TrainConfig",
@@ -40,12 +41,22 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    """``run.profile:``: a ``jax.profiler`` trace of steps ``start + 1`` to ``start + steps`` (the
+    steps run after ``start`` steps are done) into ``<run.dir>/profile/``."""
+
+    start: int = 10
+    steps: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """``run:``: the run folder (:class:`~jzero.config.rundir.RunDir`) and what is logged there."""
 
     dir: str = "runs/default"
     log_every: int = 10
     tensorboard: bool = True  # scalars in <dir>/tensorboard/ (tensorboard --logdir runs/)
+    profile: ProfileConfig | None = None  # none: no trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +119,8 @@ class TrainConfig:
     global_batch_size: int = 32
     nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
     microbatches: int = 1  # gradient accumulation: slices of the global batch run in sequence
+    eval_every: int = 0  # validation loss every N steps and at the last step (0: never)
+    eval_batches: int = 4  # global batches of the validation split, the same ones each time
     init_from: str | None = None  # start from exported (.safetensors) or plain Flax (.msgpack, Orbax dir) params
 
 
@@ -134,10 +147,15 @@ class PrecisionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """``path`` is a file, a folder or a glob; None means the Python stdlib's own sources."""
+    """``data:``: byte-level text (``path``: a file, a folder or a glob; None means the Python stdlib's
+    own sources) or a token folder written by ``jzero data prepare`` (``tokens``)."""
 
     path: str | None = None
-    max_bytes: int = 8_000_000
+    max_bytes: int = 8_000_000  # bytes read from ``path``
+    tokens: str | None = None  # a ``jzero data prepare`` folder; then ``path`` and ``max_bytes`` are unused
+    # The validation data, read as the training data is (files of bytes, or a token folder). None:
+    # the token folder's own validation split, or for bytes the last windows, held out of training.
+    eval_path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -210,12 +210,17 @@ def _check_train(train: TrainConfig, axes: dict[str, int]) -> None:
     _positive(train.steps, "train.steps")
     _positive(train.global_batch_size, "train.global_batch_size")
     _positive(train.microbatches, "train.microbatches")
+    _at_least_zero(train.eval_every, "train.eval_every")
+    _positive(train.eval_batches, "train.eval_batches")
     if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later
         check_batch_divides(train.global_batch_size, axes, train.microbatches)
 
 
 def _check_run(run: RunConfig) -> None:
     _positive(run.log_every, "run.log_every")
+    if run.profile is not None:
+        _at_least_zero(run.profile.start, "run.profile.start")
+        _positive(run.profile.steps, "run.profile.steps")
 
 
 def _check_checkpoint(checkpoint: CheckpointConfig) -> None:
@@ -241,6 +246,13 @@ def _check_runtime(runtime: RuntimeConfig) -> None:
 
 def _check_data(data: DataConfig) -> None:
     _positive(data.max_bytes, "data.max_bytes", 2**63 - 1)
+    if data.tokens is not None and data.path is not None:
+        raise ConfigError("data.tokens", "give data.path (bytes) or data.tokens (a prepared folder), not both")
+
+
+def _at_least_zero(value: int, key: str) -> None:
+    if not 0 <= value <= MAX_INT32:
+        raise ConfigError(key, f"must be 0 or more and at most {_num(MAX_INT32)}, got {_num(value)}")
 
 
 def _check_partitioning(partitioning: PartitioningConfig, axes: dict[str, int]) -> None:
