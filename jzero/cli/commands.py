@@ -25,9 +25,11 @@ __all__ = [
     "cmd_checkpoint_export",
     "cmd_checkpoint_info",
     "cmd_checkpoint_verify",
+    "cmd_data_prepare",
     "cmd_estimate",
     "cmd_launch",
     "cmd_plan",
+    "cmd_sample",
     "cmd_train",
 ]
 
@@ -228,3 +230,17 @@ def cmd_launch(args: argparse.Namespace, build_parser: Callable[[], argparse.Arg
 
     spec = parse_spec(args.words, args.n, args.devices_per_process, args.max_restarts, parse=build_parser().parse_args)
     return launch(spec, args.max_restarts, args.shrink_on_failure)
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """``jzero data prepare``: tokenize the sources into a token folder; 0, or bad input (a ``ConfigError``)."""
+    from jzero.data.prepare import prepare_command
+
+    return prepare_command(args)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """``jzero sample``: continue ``--prompt`` with the run's newest (or ``--step``) checkpoint, streamed to stdout."""
+    from jzero.training.sample import sample_command
+
+    return sample_command(args)

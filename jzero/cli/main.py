@@ -1,4 +1,5 @@
-"""The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch`` and ``checkpoint info|verify|export``.
+"""The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint info|verify|export``,
+``data prepare`` and ``sample``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
@@ -39,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
-        if args.command not in ("estimate", "launch"):  # the commands that need no JAX
+        if args.command not in ("estimate", "launch", "data"):  # the commands that need no JAX
             from jzero.distributed.process import import_jax, start_backends
 
             import_jax(target=bool(getattr(args, "target", None)))
-            if args.command == "checkpoint":  # train and plan start them in _load, after sizing the CPU
+            if args.command == "checkpoint":  # train, plan and sample start them after sizing the CPU
                 start_backends()
         return args.func(args)
     except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it

@@ -15,9 +15,11 @@ from jzero.cli.commands import (
     cmd_checkpoint_export,
     cmd_checkpoint_info,
     cmd_checkpoint_verify,
+    cmd_data_prepare,
     cmd_estimate,
     cmd_launch,
     cmd_plan,
+    cmd_sample,
     cmd_train,
 )
 from jzero.config.schema import EXPORT_DTYPES
@@ -66,7 +68,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jzero`` parser: ``train``, ``plan``, ``estimate``, ``launch`` and ``checkpoint``.
+    """The ``jzero`` parser: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint``, ``data`` and ``sample``.
 
     Returns:
       A parser whose bad input prints one line and exits with status 2; each subcommand's
@@ -80,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate(sub)
     _add_launch(sub)
     _add_checkpoint(sub)
+    _add_data(sub)
+    _add_sample(sub)
     return parser
 
 
@@ -168,3 +172,31 @@ def _add_checkpoint(sub: _Subcommands) -> None:
     export.add_argument("--out", required=True, help="the .safetensors file to write (must not exist)")
     export.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES)
     export.set_defaults(func=cmd_checkpoint_export)
+
+
+def _add_data(sub: _Subcommands) -> None:
+    data = sub.add_parser("data", help="prepare token data for data.tokens")
+    data_sub = data.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    prep = data_sub.add_parser(
+        "prepare", help="tokenize text files, folders, globs or JSONL into a token folder (tokens, validation split, tokenizer)"
+    )
+    prep.add_argument("sources", nargs="+", help="text files, folders, globs, or .jsonl files with a text field")
+    prep.add_argument("--out", required=True, help="the token folder to write (must not exist, or be empty)")
+    which = prep.add_mutually_exclusive_group(required=True)
+    which.add_argument("--vocab-size", type=int, default=None, help="train a BPE tokenizer of this many ids")
+    which.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead")
+    prep.add_argument("--eval-fraction", type=float, default=0.02, help="share of documents held out for validation")
+    prep.add_argument("--quiet", action="store_true", help="no progress bar")
+    prep.set_defaults(func=cmd_data_prepare)
+
+
+def _add_sample(sub: _Subcommands) -> None:
+    sample = sub.add_parser("sample", help="continue a prompt with a run's trained model (KV-cache decoding)")
+    sample.add_argument("run_dir", help="a run folder (run.dir) with a checkpoint")
+    sample.add_argument("--prompt", default="", help="the text to continue (default: none)")
+    sample.add_argument("--max-tokens", type=int, default=200, help="tokens to generate (default 200)")
+    sample.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    sample.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens only")
+    sample.add_argument("--seed", type=int, default=0, help="the sampling key's seed")
+    sample.add_argument("--step", type=int, default=None, help="a committed checkpoint step (default: the newest)")
+    sample.set_defaults(func=cmd_sample)

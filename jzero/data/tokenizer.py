@@ -1,0 +1,83 @@
+"""The two tokenizers a run can have: bytes (vocabulary 256, no file) or a Hugging Face
+``tokenizers`` BPE saved as ``tokenizer.json``."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from jzero.errors import ConfigError
+
+__all__ = ["BYTES", "EOS", "PAD", "SPECIAL_TOKENS", "BpeTokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer"]
+
+EOS = "<|endoftext|>"  # ends every document in a token file
+PAD = "<|pad|>"
+SPECIAL_TOKENS = (EOS, PAD)
+
+
+class Tokenizer:
+    """What training and sampling need of a tokenizer.
+
+    Attributes:
+      vocab_size: ids run from 0 to ``vocab_size - 1``; ``model.vocab_size`` must hold them.
+      eos_id: the end-of-document id, or None (bytes have none).
+      digest: the SHA-256 of what defines it, recorded in a token file's header.
+    """
+
+    vocab_size: int
+    eos_id: int | None
+    digest: str
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids; text that is cut mid-character decodes with U+FFFD."""
+
+    vocab_size = 256
+    eos_id = None
+    digest = hashlib.sha256(b"bytes").hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+BYTES = ByteTokenizer()
+
+
+class BpeTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers`` tokenizer read from its ``tokenizer.json``."""
+
+    def __init__(self, path: str | Path, key: str = "--tokenizer"):
+        from tokenizers import Tokenizer as HfTokenizer  # only BPE runs need it
+
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+            self.hf = HfTokenizer.from_str(raw.decode("utf-8"))
+        except OSError as err:
+            raise ConfigError(key, f"cannot read {path}: {err.strerror or err}") from None
+        except Exception as err:  # tokenizers raises plain Exceptions for a malformed file
+            raise ConfigError(key, f"{path} is not a tokenizers tokenizer.json: {str(err).splitlines()[0]}") from None
+        self.path = path
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+        self.eos_id = self.hf.token_to_id(EOS)
+        self.digest = hashlib.sha256(raw).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+
+def load_tokenizer(path: str | Path | None, key: str = "--tokenizer") -> Tokenizer:
+    """The BPE tokenizer at ``path``, or bytes when ``path`` is None; ``key`` names it in errors."""
+    return BYTES if path is None else BpeTokenizer(path, key)
