@@ -39,6 +39,7 @@ __all__ = [
     "LossFn",
     "abstract_state",
     "activation_rules",
+    "make_eval_step",
     "make_train_step",
     "sharded_abstract",
     "sharded_init",
@@ -390,6 +391,37 @@ def make_train_step(
         in_shardings=(plan.state, plan.batch),
         out_shardings=(plan.state, NamedSharding(plan.mesh, P())),
         donate_argnums=(0,) if donate else (),
+        compiler_options=unit_options(list(plan.mesh.devices.flat)) if plan.units else None,
+    )
+
+
+def make_eval_step(loss_fn: LossFn, plan: Plan, *, precision: Precision = FP32, fetched_by_model: bool = False):
+    """The compiled loss of a batch at the resting parameters: ``eval_step(params, batch) -> loss``.
+
+    The forward is the train step's: the same shardings, the same compute dtype, and at stage 3
+    the same gathers (a scanned model's layer by layer, a model with units unit by unit), so it
+    never holds the whole model gathered. Nothing is donated.
+
+    Args:
+      loss_fn: as for :func:`make_train_step`.
+      plan: the shardings (:func:`jzero.plan.make_plan`).
+      precision: the dtype policy.
+      fetched_by_model: as for :func:`make_train_step`.
+
+    Returns:
+      The jitted step; its loss is a replicated float32 scalar.
+    """
+    compute_loss = _loss_in_f32(loss_fn, plan, precision)
+    in_loop = _fetched_in_loop(plan, fetched_by_model)
+
+    def eval_step(params: Any, batch: Any) -> jax.Array:
+        with activation_rules(plan):
+            return compute_loss(_params_for_forward(plan, in_loop, params), batch)
+
+    return jax.jit(
+        eval_step,
+        in_shardings=(plan.params, plan.batch),
+        out_shardings=NamedSharding(plan.mesh, P()),
         compiler_options=unit_options(list(plan.mesh.devices.flat)) if plan.units else None,
     )
 

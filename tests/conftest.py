@@ -30,6 +30,7 @@ TINY = [
     "model.seq_len=16",
     "train.global_batch_size=16",
     "data.max_bytes=200000",
+    "train.eval_every=0",  # configs/gpt-tiny.yaml evaluates; tests/test_eval.py tests that, the others need not compile it
 ]
 
 
@@ -100,6 +101,19 @@ def _chunked(loss_fn, chunks: int):
         return sum(parts) / chunks
 
     return loss
+
+
+def loss_with_floor(loss_fn, params, batches) -> tuple[float, float]:
+    """The mean of ``loss_fn`` over ``batches`` on one device, and its floor: the largest gap to the
+    same mean with each batch summed in ``CHUNKINGS`` chunks (for :func:`assert_within_floor`)."""
+    params = jax.device_put(jax.device_get(params), jax.devices()[0])
+
+    def mean(chunks):
+        loss = jax.jit(_chunked(loss_fn, chunks))
+        return float(np.mean([np.float64(loss(params, b)) for b in batches]))
+
+    whole = mean(1)
+    return whole, max(abs(mean(c) - whole) for c in CHUNKINGS)
 
 
 def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, start=None) -> Run:

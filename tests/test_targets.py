@@ -105,12 +105,20 @@ def test_plan_cli_for_a_target(capsys, h100x8):
     report = json.loads(capsys.readouterr().out)
     assert report["backend"] == "gpu" and report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["devices"] == 8
     assert report["flops_per_device"] is None  # a deviceless compile has no cost analysis: never 0
+    # ...but the FLOPs the model needs come from its shape: 6 N + 12 L T d per token, x the batch's tokens.
+    config = tiny_config()
+    m, tokens = config.model, config.train.global_batch_size * config.model.seq_len
+    per_token = 6 * (m.n_layers * 12 * m.d_model**2 + m.vocab_size * m.d_model) + 12 * m.n_layers * m.seq_len * m.d_model
+    flops = report["model_flops"]
+    assert flops["per_token"] == per_token and flops["per_step"] == per_token * tokens
+    assert flops["peak_floor_s"] == pytest.approx(per_token * tokens / 8 / 989e12)
     assert report["memory_per_device"] == 80e9 and report["fits"] is True
     assert report["collectives"]["reduce-scatter"]["dtypes"]
     assert all(isinstance(op["overlapped"], bool | None) for op in report["async_collectives"])
     assert main(["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", *sets]) == 0
     text = capsys.readouterr().out
     assert "8 NVIDIA H100 80GB HBM3 (gpu) devices" in text and "FLOPs not available" in text
+    assert "model FLOPs per step" in text and "at the dense bf16 peak (989 TFLOP/s) no less than" in text
 
 
 def _one_line_error(capsys, argv, key):

@@ -43,6 +43,17 @@ def flops_text(report: dict[str, Any]) -> str:
     return "not available" if flops is None else f"{flops:.3g}"
 
 
+def _model_flops_lines(report: dict[str, Any]) -> list[str]:
+    """The FLOPs the model needs per step, and the step time at the device's peak where it is known."""
+    m = report.get("model_flops")
+    if not m:
+        return []
+    line = f"model FLOPs per step {m['per_step']:.3g}, {m['per_device_per_step']:.3g} per device ({m['per_token']:.3g} per token)"
+    if m["peak_floor_s"] is not None:
+        line += f"; at the dense bf16 peak ({m['peak_flops'] / 1e12:.0f} TFLOP/s) no less than {1e3 * m['peak_floor_s']:.3g} ms"
+    return [line]
+
+
 def format_plan(report: dict[str, Any]) -> str:
     """``jzero plan``'s text: each tensor's shardings, the model states against the paper's formula,
     the compiled step, its collectives and traffic, the paper's table, then notes and lists.
@@ -113,6 +124,7 @@ def _compiled_lines(report: dict[str, Any]) -> list[str]:
         f"compiled step, per device: arguments {human_bytes(c['argument'])}, outputs {human_bytes(c['output'])}, "
         f"temporaries {human_bytes(c['temp'])}, peak {human_bytes(c['peak'])} (arguments + temporaries + unaliased outputs)"
         + f"; FLOPs {flops_text(report)} (XLA's cost analysis)",
+        *_model_flops_lines(report),
         *_gathered_lines(report),
         *_host_lines(report),
     ]

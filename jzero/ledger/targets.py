@@ -35,6 +35,7 @@ __all__ = [
     "gpu_compiler_available",
     "jax_plugin_modules",
     "parse_target",
+    "peak_flops",
     "target_devices",
 ]
 
@@ -43,18 +44,30 @@ INSTALL = "pip install 'jzero[gpu-target]' (in a clone: pip install -e '.[gpu-ta
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
-    """One GPU kind: its target config file and its nominal memory (the fits verdict's default)."""
+    """One GPU kind: its target config file, its nominal memory (the fits verdict's default) and its
+    dense bf16 peak (what MFU divides by), both from NVIDIA's datasheets for the SXM parts."""
 
     config_file: str
     memory_bytes: int
+    bf16_dense_flops: float
 
 
 GPUS: dict[str, Gpu] = {
-    "a100": Gpu("a100.txtpb", 80 * 10**9),
-    "h100": Gpu("h100.txtpb", 80 * 10**9),
-    "h200": Gpu("h200.txtpb", 141 * 10**9),
+    "a100": Gpu("a100.txtpb", 80 * 10**9, 312e12),  # A100 datasheet: 312 TFLOPS bf16 tensor core, dense
+    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12),  # H100 SXM datasheet: 1,979 TFLOPS with sparsity, half dense
+    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12),  # H200 SXM: the H100's tensor cores, more HBM
 }
 GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """The dense bf16 peak of a device of this ``device_kind`` (JAX's, e.g. ``NVIDIA H100 80GB HBM3``),
+    or None where it is not known: a CPU, or a part whose peak differs from the SXM one (PCIe, NVL)."""
+    kind = device_kind.lower()
+    if "pcie" in kind or "nvl" in kind:
+        return None
+    names = [name for name in GPUS if name in kind]
+    return GPUS[names[0]].bf16_dense_flops if len(names) == 1 else None
 
 # XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What they
 # change is measured by benchmarks/gpu_options.py (the README quotes it for the 7B on h100x64).
@@ -90,6 +103,10 @@ class Target:
     @property
     def memory_bytes(self) -> int:
         return GPUS[self.gpu].memory_bytes
+
+    @property
+    def peak_flops(self) -> float:
+        return GPUS[self.gpu].bf16_dense_flops
 
 
 _SPEC = re.compile(r"(?P<gpu>[a-z][a-z0-9]*?)(?:x(?P<count>\d+))?")

@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.errors import OutputWriteError
 from jzero.state import TrainState
+from jzero.training.goodput import Goodput
 from jzero.training.preemption import Preemption
 from jzero.training.progress import TrainProgress
 
@@ -54,7 +57,9 @@ class Hook:
 
     def log(self, record: dict[str, Any]) -> None:
         """At each logged step: ``record`` holds ``step``, ``loss``, ``grad_norm``,
-        ``learning_rate``, ``tokens_per_sec``, ``skipped_steps`` (and ``loss_scale``)."""
+        ``learning_rate``, ``tokens_per_sec``, ``model_flops_per_sec``, ``skipped_steps`` (and
+        ``mfu`` where the device's peak is known, ``loss_scale`` with loss scaling, ``eval_loss``
+        and ``eval_perplexity`` at eval steps)."""
 
     def stop_requested(self) -> bool:
         """Whether the loop should stop before its next step."""
@@ -142,6 +147,7 @@ class CheckpointHook(Hook):
       data_state: ``data_state(step)``, the data iterator's state before ``step``.
       meta: what each checkpoint records about the run.
       warn: where a skipped save is reported.
+      goodput: where the saves' time is charged (after the step in flight has finished), or None.
     """
 
     def __init__(
@@ -152,13 +158,18 @@ class CheckpointHook(Hook):
         data_state: Callable[[int], dict[str, Any]],
         meta: dict[str, Any],
         warn: Callable[[str], None],
+        goodput: Goodput | None = None,
     ):
         self.checkpoints, self.first_step, self.last_step = checkpoints, first_step, last_step
         self.data_state, self.meta, self.warn = data_state, meta, warn
+        self.goodput = goodput or Goodput()
         self.saved: list[int] = []  # the steps this run checkpointed
 
     def save(self, step: int, state: TrainState) -> None:
-        if self.checkpoints.save(step, state, self.data_state(step), self.meta):
+        jax.block_until_ready(state)  # the step's own time is not the save's
+        with self.goodput.timed("checkpoint"):
+            saved = self.checkpoints.save(step, state, self.data_state(step), self.meta)
+        if saved:
             self.saved.append(step)
         else:
             self.warn(f"jzero: warning: step {step}: the state is not finite; not checkpointed")
@@ -173,7 +184,8 @@ class CheckpointHook(Hook):
             self.save(step, state)
 
     def close(self) -> None:
-        self.checkpoints.close()  # waits for the write in flight
+        with self.goodput.timed("checkpoint"):
+            self.checkpoints.close()  # waits for the write in flight
 
 
 class PreemptionHook(Hook):

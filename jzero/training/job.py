@@ -25,15 +25,16 @@ from jzero.gather import unit_options
 from jzero.ledger import targets
 from jzero.mesh import make_mesh, mesh_shape, on_gpus
 from jzero.models.gpt import GPT, lm_loss
+from jzero.models.sizes import gpt_flops_per_token
 from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
 from jzero.remat_policies import policy_name
 from jzero.stages import stage_rule
 from jzero.state import TrainState
-from jzero.step import LossFn, abstract_state, make_train_step, sharded_abstract, sharded_init
+from jzero.step import LossFn, abstract_state, make_eval_step, make_train_step, sharded_abstract, sharded_init
 
-__all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job"]
+__all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job", "model_flops_per_token"]
 
 InitFn = Callable[[jax.Array], Any]
 
@@ -96,6 +97,8 @@ class Job:
       abstract: the train state's shapes, parameters still boxed with their logical names.
       fetches_layers: the model moves its scanned layers' parameters to the device itself, inside
         its loop (jzero's GPT with ``zero.offload_params``); otherwise the step moves them all first.
+      flops_per_token: the training FLOPs one token needs (:func:`jzero.models.sizes.gpt_flops_per_token`
+        for jzero's GPT; what ``build_job`` was given, else 6 x the parameters, for a model of yours).
     """
 
     config: Config
@@ -108,6 +111,7 @@ class Job:
     precision: Precision
     abstract: TrainState
     fetches_layers: bool = False
+    flops_per_token: float = 0.0
 
     @property
     def batch_shape(self) -> tuple[int, int]:
@@ -141,6 +145,10 @@ class Job:
             microbatches=self.config.train.microbatches,
             fetched_by_model=self.fetches_layers,
         )
+
+    def make_eval_step(self):
+        """The jitted eval step (:func:`jzero.step.make_eval_step`) for this plan: ``(params, batch) -> loss``."""
+        return make_eval_step(self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers)
 
     def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Job:
         """The same model and optimizer planned for another stage or mesh; the abstract state is
@@ -182,6 +190,7 @@ def build_job(
     *,
     init_fn: InitFn | None = None,
     loss_fn: LossFn | None = None,
+    flops_per_token: float | None = None,
 ) -> Job:
     """The job a config describes, built: mesh, model, optimizer, plan and the compiled step (compiled
     when asked). Resolves the mesh on the devices and plans the stage.
@@ -193,6 +202,8 @@ def build_job(
         ``loss_fn``, any model instead of jzero's GPT. Both or neither.
       loss_fn: ``loss_fn(params, batch)`` returning the mean loss of a token batch
         ``[batch, model.seq_len + 1]``.
+      flops_per_token: your model's training FLOPs per token, for ``model_flops_per_sec`` and
+        ``mfu`` (default: 6 x its parameters, which leaves out attention's own term).
 
     Returns:
       The :class:`Job`; nothing is allocated on devices.
@@ -209,6 +220,7 @@ def build_job(
     precision = build_precision(config.precision)
     tx = build_optimizer(config.optimizer, config.train.steps)
     fetches_layers = init_fn is None and config.zero.offload_params
+    loss_fn_is_gpt = init_fn is None
     if init_fn is None:
         model = build_model(config.model, precision, model_parallel=model_ways(mesh.shape), fetch_params=fetches_layers)
         sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
@@ -221,7 +233,14 @@ def build_job(
     abstract = abstract_state(init_fn, tx, rng, precision)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
     plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
-    return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers)
+    if flops_per_token is None:
+        flops_per_token = model_flops_per_token(config.model) if loss_fn_is_gpt else 6 * plan.num_params
+    return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token)
+
+
+def model_flops_per_token(cfg: ModelConfig) -> int:
+    """The training FLOPs per token of jzero's GPT with the ``model:`` section's shape."""
+    return gpt_flops_per_token(cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.mlp_ratio, cfg.seq_len)
 
 
 def _zero_keys(config: Config) -> dict[str, Any]:

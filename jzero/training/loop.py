@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +30,27 @@ from jzero.checkpoint.export import load_params, match_params
 from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
-from jzero.config.schema import Config
+from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
 from jzero.errors import ConfigError, TrainingHalted
+from jzero.ledger import targets
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
 from jzero.optimizers import build_schedule
 from jzero.state import TrainState
 from jzero.step import state_from_params
-from jzero.training.data import TextBatches, text_batches
+from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, train_data
+from jzero.training.data import eval_data as load_eval_data
+from jzero.training.evaluation import Evaluator
+from jzero.training.goodput import NOT_TRAINING, Goodput, format_goodput
 from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
 from jzero.training.job import Job, build_job
 from jzero.training.preemption import Preemption
+from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
 from jzero.training.report import startup_ledger
 
-__all__ = ["MetricsLog", "TrainResult", "default_hooks", "initial_state", "train"]
+__all__ = ["Extras", "MetricsLog", "Throughput", "TrainResult", "default_hooks", "initial_state", "train"]
 
 
 def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
@@ -77,6 +84,7 @@ class TrainResult:
     final_step: int
     saved: list[int]  # checkpoint steps written by this run
     preempted: str | None = None  # the signal that stopped it early
+    goodput: dict[str, Any] | None = None  # where the wall time went (jzero.training.goodput)
 
 
 def initial_state(
@@ -103,31 +111,67 @@ def initial_state(
     return job.init_state(), 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """What turns tokens/s into model FLOPs/s per device and MFU.
+
+    Attributes:
+      tokens_per_step: tokens in one global batch.
+      flops_per_token: the model's training FLOPs per token (:attr:`jzero.training.job.Job.flops_per_token`).
+      devices: the devices the step runs on.
+      peak_flops: one device's dense bf16 peak, or None where it is not known (then no ``mfu``).
+    """
+
+    tokens_per_step: int
+    flops_per_token: float
+    devices: int
+    peak_flops: float | None
+
+    @classmethod
+    def of(cls, job: Job) -> Throughput:
+        devices = list(job.mesh.devices.flat)
+        peak = targets.peak_flops(devices[0].device_kind) if devices[0].platform == "gpu" else None
+        tokens = job.config.train.global_batch_size * job.config.model.seq_len
+        return cls(tokens, job.flops_per_token, len(devices), peak)
+
+    def figures(self, tokens_per_sec: float) -> dict[str, float]:
+        """``model_flops_per_sec`` (per device) and, where the peak is known, ``mfu``."""
+        flops = self.flops_per_token * tokens_per_sec / self.devices
+        return {"model_flops_per_sec": flops, **({"mfu": flops / self.peak_flops} if self.peak_flops else {})}
+
+
 class MetricsLog:
     """Collects each step's metrics on device and, at logged steps, makes one host-side record of
     them (one host sync per logged step). In ``halt`` mode it raises at the first step whose
     gradient was not finite.
 
     Args:
-      tokens_per_step: tokens in one global batch, for ``tokens_per_sec``.
+      throughput: the tokens per step and what gives ``model_flops_per_sec`` and ``mfu``.
       start: the step the run starts from.
       skipped: steps skipped before ``start``.
       halt: raise :class:`TrainingHalted` at a non-finite step.
       schedule: the learning-rate schedule, for ``learning_rate``.
+      goodput: the run's; ``tokens_per_sec`` leaves out the checkpoint, eval and profiler time it was charged.
     """
 
-    def __init__(self, tokens_per_step: int, start: int, skipped: int, halt: bool, schedule: optax.Schedule):
-        self.tokens_per_step, self.halt, self.schedule = tokens_per_step, halt, schedule
+    def __init__(
+        self, throughput: Throughput, start: int, skipped: int, halt: bool, schedule: optax.Schedule, goodput: Goodput
+    ):
+        self.throughput, self.halt, self.schedule, self.goodput = throughput, halt, schedule, goodput
         self.pending: list[dict[str, jax.Array]] = []
         self.skipped = skipped
-        self.mark, self.mark_step = time.perf_counter(), start
+        self.mark, self.mark_step = self._clock(), start
         self.history: list[dict[str, Any]] = []
+
+    def _clock(self) -> float:
+        """Wall time less what was not training (checkpoints, eval, the profiler's start and stop)."""
+        return time.perf_counter() - sum(self.goodput.seconds[k] for k in NOT_TRAINING)
 
     def add(self, metrics: dict[str, jax.Array]) -> None:
         self.pending.append(metrics)
 
-    def record(self, step: int) -> dict[str, Any]:
-        """The record of the steps since the last one, ending at ``step``."""
+    def record(self, step: int, extra: dict[str, float] | None = None) -> dict[str, Any]:
+        """The record of the steps since the last one, ending at ``step``, with ``extra`` (eval) figures."""
         interval, self.pending = jax.device_get(self.pending), []
         if self.halt:
             for offset, m in enumerate(interval):
@@ -135,18 +179,21 @@ class MetricsLog:
                     raise TrainingHalted(self.mark_step + offset + 1)
         last = interval[-1]
         self.skipped = int(last["skipped"])
-        now = time.perf_counter()
+        now = self._clock()
+        tokens_per_sec = self.throughput.tokens_per_step * (step - self.mark_step) / (now - self.mark)
         record = {
             "step": step,
             "loss": float(last["loss"]),
             "grad_norm": float(last["grad_norm"]),
             # optax counts applied updates: the rate of the last update applied
             "learning_rate": float(self.schedule(max(step - self.skipped - 1, 0))),
-            "tokens_per_sec": self.tokens_per_step * (step - self.mark_step) / (now - self.mark),
+            "tokens_per_sec": tokens_per_sec,
+            **self.throughput.figures(tokens_per_sec),
             "skipped_steps": self.skipped,
         }
         if "loss_scale" in last:
             record["loss_scale"] = float(last["loss_scale"])
+        record.update(extra or {})
         self.mark, self.mark_step = now, step
         self.history.append(record)
         return record
@@ -166,6 +213,7 @@ class PreparedRun:
       start: its step.
       notes: lines to announce before the run starts.
       meta: what each checkpoint records about the run.
+      ledger: the start-up ledger's file, once written (:func:`startup_outputs`).
     """
 
     folder: RunDir
@@ -176,6 +224,7 @@ class PreparedRun:
     start: int
     notes: list[str]
     meta: dict[str, Any]
+    ledger: Path | None = None
 
 
 def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> PreparedRun:
@@ -220,6 +269,10 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
     if not existing and primary:
         with writing(folder.config):
             folder.config.write_text(dump_config(config))
+        tokenizer = run_tokenizer_path(config)
+        if tokenizer is not None:  # the run's own copy: jzero sample decodes with it
+            with writing(folder.tokenizer):
+                shutil.copyfile(tokenizer, folder.tokenizer)
     dropped = 0
     if primary:
         with writing(folder.metrics):
@@ -230,7 +283,9 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
     return PreparedRun(folder, existing, primary, checkpoints, state, start, notes, meta)
 
 
-def startup_outputs(config: Config, job: Job, run: PreparedRun, data: TextBatches, bar: TrainProgress) -> Any:
+def startup_outputs(
+    config: Config, job: Job, run: PreparedRun, data: TextBatches, bar: TrainProgress, goodput: Goodput | None = None
+) -> Any:
     """Compile the step and write what the run reports at start-up: a resumed run's changed config
     (``config.step-N.yaml``), the compile line, and the start-up ledger (``ledger.json``, or
     ``ledger.step-N.json`` when resumed) with its summary; then the bar stands at the start step.
@@ -241,9 +296,10 @@ def startup_outputs(config: Config, job: Job, run: PreparedRun, data: TextBatche
       run: the prepared run (:func:`prepare_run`).
       data: the batches; the first one is what the step is compiled for.
       bar: the progress bar the notes go to.
+      goodput: where the compile's time is charged.
 
     Returns:
-      The compiled step.
+      The compiled step; ``run.ledger`` is set to the ledger's file.
 
     Raises:
       OutputWriteError: the config or the ledger could not be written.
@@ -254,12 +310,14 @@ def startup_outputs(config: Config, job: Job, run: PreparedRun, data: TextBatche
             folder.resumed_config(start).write_text(dump_config(config))
     t0 = time.perf_counter()
     compiled = job.compile(job.make_step().lower(run.state, data.device_batch(start, job.plan.batch)))
+    if goodput is not None:
+        goodput.charge("compile", time.perf_counter() - t0)
     bar.note(
         f"mesh {mesh_shape(job.mesh)}  stage {job.plan.stage}  params {job.plan.num_params:,}  "
         f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
     )
     report = startup_ledger(job, compiled, run.state)
-    ledger = folder.ledger(start)
+    ledger = run.ledger = folder.ledger(start)
     if run.primary:
         with writing(ledger):
             ledger.write_text(json.dumps(report, indent=1))
@@ -277,6 +335,7 @@ def default_hooks(
     start: int,
     data_state: Callable[[int], dict[str, Any]],
     meta: dict[str, Any],
+    goodput: Goodput | None = None,
 ) -> list[Hook]:
     """jzero's own hooks, in the order the loop calls them (Levanter's ``Trainer._add_default_hooks``):
     the checkpoint cadence, the progress bar, then on process 0 ``metrics.jsonl`` and, with
@@ -290,6 +349,7 @@ def default_hooks(
       start: the step the run starts from.
       data_state: ``data_state(step)``, the data iterator's state before ``step``.
       meta: what each checkpoint records about the run.
+      goodput: where the checkpoint hook charges its saves.
 
     Returns:
       The hooks. If one cannot be made, those made already are closed and the error raised.
@@ -300,7 +360,8 @@ def default_hooks(
     folder = RunDir(Path(config.run.dir))
     hooks: list[Hook] = []
     with _closed_on_error(hooks):
-        hooks += [CheckpointHook(checkpoints, start, config.train.steps, data_state, meta, bar.announce), ProgressHook(bar)]
+        saves = CheckpointHook(checkpoints, start, config.train.steps, data_state, meta, bar.announce, goodput)
+        hooks += [saves, ProgressHook(bar)]
         if is_primary():
             hooks.append(JsonlHook(folder.metrics))
             if config.run.tensorboard:
@@ -309,19 +370,44 @@ def default_hooks(
     return hooks
 
 
+@dataclasses.dataclass
+class Extras:
+    """What the loop measures and does besides stepping and calling hooks.
+
+    Attributes:
+      throughput: what gives ``tokens_per_sec``, ``model_flops_per_sec`` and ``mfu``.
+      evaluator: the validation loss at its steps (``train.eval_every``), or None.
+      goodput: where data waits and eval time are charged.
+      profile: ``run.profile``, the steps to trace into ``<run.dir>/profile``, or None.
+    """
+
+    throughput: Throughput
+    evaluator: Evaluator | None = None
+    goodput: Goodput = dataclasses.field(default_factory=Goodput)
+    profile: ProfileConfig | None = None
+
+
 def run_steps(
-    config: Config, compiled: Any, state: TrainState, data: TextBatches, sharding: Sharding, start: int, hooks: Sequence[Hook]
+    config: Config,
+    compiled: Any,
+    state: TrainState,
+    data: TextBatches,
+    sharding: Sharding,
+    start: int,
+    hooks: Sequence[Hook],
+    extras: Extras,
 ) -> tuple[TrainState, int, list[dict[str, Any]]]:
     """Step from ``start`` until ``train.steps`` or a hook asks to stop, calling the hooks.
 
     Args:
-      config: the run's config (``train``, ``model.seq_len``, ``optimizer``, ``run.log_every``).
+      config: the run's config (``train``, ``optimizer``, ``run.log_every``).
       compiled: the compiled step (:func:`startup_outputs`).
       state: the state at ``start``.
       data: the batches.
       sharding: the batch's sharding (the plan's).
       start: the step to start from.
       hooks: every hook of the run.
+      extras: throughput, eval, goodput and the profile window.
 
     Returns:
       The last state, the steps done by then, and the logged records.
@@ -329,25 +415,42 @@ def run_steps(
     Raises:
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
     """
-    steps = config.train.steps
-    tokens = config.train.global_batch_size * config.model.seq_len
+    steps, goodput = config.train.steps, extras.goodput
     schedule = build_schedule(config.optimizer, steps)
-    log = MetricsLog(tokens, start, int(state.skipped), config.train.nonfinite == "halt", schedule)
-    done = start
-    for step, batch in data.iterate(sharding, start):
+    log = MetricsLog(extras.throughput, start, int(state.skipped), config.train.nonfinite == "halt", schedule, goodput)
+    profile = ProfileWindow(extras.profile, RunDir(Path(config.run.dir)).profile, partial(goodput.charge, "profile"))
+    done, batches, metrics = start, data.iterate(sharding, start), None
+    try:
         # Every hook is asked (no short cut): with several processes a request is a collective.
-        if step >= steps or any([h.stop_requested() for h in hooks]):
-            break
-        state, metrics = compiled(state, batch)
-        log.add(metrics)
-        done = step + 1
-        for hook in hooks:
-            hook.step(done, state)
-        if done % config.run.log_every == 0 or done == steps:
+        while done < steps and not any([h.stop_requested() for h in hooks]):
+            t0 = time.perf_counter()
+            _, batch = next(batches)
+            if metrics is None or metrics["loss"].is_ready():  # the device had nothing left to do: a wait
+                goodput.charge("data", time.perf_counter() - t0)
+            with profile.step(done + 1) as outputs:
+                state, metrics = compiled(state, batch)
+                outputs.append(metrics)
+            log.add(metrics)
+            done += 1
+            for hook in hooks:
+                hook.step(done, state)
+            record = _evaluated(extras.evaluator, done, state, goodput)
+            if record or done % config.run.log_every == 0 or done == steps:
+                _log(hooks, log.record(done, record))
+        if log.pending:  # stopped early: the steps since the last record get one too
             _log(hooks, log.record(done))
-    if log.pending:  # stopped early: the steps since the last record get one too
-        _log(hooks, log.record(done))
+    finally:
+        profile.close(metrics)
     return state, done, log.history
+
+
+def _evaluated(evaluator: Evaluator | None, step: int, state: TrainState, goodput: Goodput) -> dict[str, float]:
+    """The eval figures at ``step`` if an eval is due, else none."""
+    if evaluator is None or not evaluator.due(step):
+        return {}
+    jax.block_until_ready(state.params)  # the step's own time is not the eval's
+    with goodput.timed("eval"):
+        return evaluator.evaluate(state.params)
 
 
 def train(
@@ -355,6 +458,7 @@ def train(
     *,
     progress: bool = True,
     data: TextBatches | None = None,
+    eval_data: EvalBatches | None = None,
     resume: bool = True,
     job: Job | None = None,
     hooks: Sequence[Hook] = (),
@@ -362,14 +466,17 @@ def train(
     """Train per ``config`` under ``run.dir``.
 
     Writes ``config.yaml``, ``metrics.jsonl``, ``ledger.json``, Orbax checkpoints in
-    ``checkpoints/`` and, with ``run.tensorboard``, TensorBoard scalars in ``tensorboard/``.
-    Resumes from the latest committed checkpoint. SIGTERM or SIGINT saves at the next step
-    boundary and stops.
+    ``checkpoints/`` and, with ``run.tensorboard``, TensorBoard scalars in ``tensorboard/``; with
+    ``run.profile``, a trace in ``profile/``. Resumes from the latest committed checkpoint. SIGTERM
+    or SIGINT saves at the next step boundary and stops. At the end, the goodput line, also added
+    to the ledger.
 
     Args:
       config: the run's config.
       progress: draw the progress bar.
-      data: the batches (default: ``data:`` of the config).
+      data: the batches (default: ``data:`` of the config, :func:`jzero.training.data.train_data`).
+      eval_data: the eval batches when ``train.eval_every`` is set (default: the config's
+        validation split, :func:`jzero.training.data.eval_data`).
       resume: False refuses a ``run.dir`` that already holds a run.
       job: a built job (:func:`jzero.training.job.build_job`), e.g. of your own model (default: built from
         ``config``, jzero's GPT).
@@ -384,11 +491,13 @@ def train(
       CheckpointWriteError: a checkpoint write failed.
       OutputWriteError: another output (ledger, metrics, TensorBoard, config) could not be written.
     """
-    job = job if job is not None else build_job(config)
-    if data is None:
-        m, t = config.model, config.train
-        data = text_batches(config.data.path, config.data.max_bytes, m.seq_len, t.global_batch_size, config.seed)
-    run = prepare_run(config, job, data, resume)  # refuses the run, if anything does, before writing
+    goodput = Goodput()
+    with goodput.timed("startup"):
+        job = job if job is not None else build_job(config)
+        data = data if data is not None else train_data(config)
+        if eval_data is None and config.train.eval_every:
+            eval_data = load_eval_data(config)
+        run = prepare_run(config, job, data, resume)  # refuses the run, if anything does, before writing
     start, steps = run.start, config.train.steps
     with (
         _Closing(run.checkpoints) as closing,
@@ -401,15 +510,41 @@ def train(
             bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
             run.checkpoints.close()
             return TrainResult([], start, start, [])
-        compiled = startup_outputs(config, job, run, data, bar)
+        with goodput.timed("startup"):
+            compiled = startup_outputs(config, job, run, data, bar, goodput)
+            extras = _extras(config, job, run, eval_data, goodput)
         closing.hooks = []  # from here the CheckpointHook closes the checkpoints (default_hooks does if it fails)
-        own = default_hooks(config, run.checkpoints, bar, preemption, start=start, data_state=data.state, meta=run.meta)
+        own = default_hooks(
+            config, run.checkpoints, bar, preemption, start=start, data_state=data.state, meta=run.meta, goodput=goodput
+        )
         closing.hooks += [*own, *hooks]
-        state, final, history = run_steps(config, compiled, run.state, data, job.plan.batch, start, closing.hooks)
+        state, final, history = run_steps(config, compiled, run.state, data, job.plan.batch, start, closing.hooks, extras)
         preempted = preemption.agreed
         for hook in closing.hooks:
             hook.end(final, state, preempted)
-    return TrainResult(history, start, final, own[0].saved, preempted)  # own[0]: the CheckpointHook
+    report = _goodput_out(goodput, run)
+    return TrainResult(history, start, final, own[0].saved, preempted, report)  # own[0]: the CheckpointHook
+
+
+def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches | None, goodput: Goodput) -> Extras:
+    """The eval step, compiled (its time charged to compile), the profile window and goodput."""
+    evaluator = None
+    if config.train.eval_every and eval_data is not None:
+        evaluator = Evaluator(job, eval_data, config.train.eval_every, config.train.steps)
+        with goodput.timed("compile"):
+            evaluator.compile(run.state.params)
+    return Extras(Throughput.of(job), evaluator, goodput, config.run.profile)
+
+
+def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
+    """The goodput report: printed in one line by process 0 and added to the start-up ledger."""
+    report = goodput.report()
+    if run.primary and run.ledger is not None:
+        print(format_goodput(report), file=sys.stderr)
+        with writing(run.ledger):
+            ledger = json.loads(run.ledger.read_text())
+            run.ledger.write_text(json.dumps({**ledger, "goodput": report}, indent=1))
+    return report
 
 
 def _log(hooks: Sequence[Hook], record: dict[str, Any]) -> None:

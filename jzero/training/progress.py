@@ -23,11 +23,13 @@ class TrainProgress:
             BarColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("{task.fields[eval]}"),
             TimeElapsedColumn(),
             console=self.console,
             disable=not self.enabled,
         )
-        self._task = self._progress.add_task("train", total=total_steps, loss="-", tps="-")
+        self._eval = ""
+        self._task = self._progress.add_task("train", total=total_steps, loss="-", tps="-", eval="")
 
     def __enter__(self) -> TrainProgress:
         self._progress.__enter__()
@@ -49,6 +51,11 @@ class TrainProgress:
         self._progress.update(self._task, completed=step)
 
     def update(self, step: int, record: dict[str, Any]) -> None:
-        self._progress.update(self._task, completed=step, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_sec']:,.0f}")
+        """Show a logged record: its loss and tokens/s, and the last eval loss (and perplexity)."""
+        if "eval_loss" in record:
+            self._eval = f"eval {record['eval_loss']:.4f} (ppl {record['eval_perplexity']:.1f})"
+        fields = {"loss": f"{record['loss']:.4f}", "tps": f"{record['tokens_per_sec']:,.0f}", "eval": self._eval}
+        self._progress.update(self._task, completed=step, **fields)
         if self.enabled and not self.console.is_terminal:
-            self.console.print(f"step {step}  loss {record['loss']:.4f}  {record['tokens_per_sec']:,.0f} tok/s", highlight=False)
+            line = f"step {step}  loss {fields['loss']}  {fields['tps']} tok/s"
+            self.console.print(line + (f"  {self._eval}" if "eval_loss" in record else ""), highlight=False)

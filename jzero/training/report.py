@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 
 from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.ledger import hlo as ledger
+from jzero.ledger import targets
 from jzero.ledger.gathered import gathered_peak
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
@@ -31,6 +32,7 @@ __all__ = [
     "communication",
     "device_description",
     "lowering_notes",
+    "model_flops",
     "one_group_reference",
     "paper_table",
     "plan_report",
@@ -116,6 +118,25 @@ def _memory_part(job: Job, compiled: Any, hlo: str) -> dict[str, Any]:
         "compiled_host": {"argument": mem["host_argument"], "output": mem["host_output"]},
         "device_peak": mem["device_peak"],
         "flops_per_device": ledger.flops_per_device(compiled),
+        "model_flops": model_flops(job),
+    }
+
+
+def model_flops(job: Job) -> dict[str, float | None]:
+    """The FLOPs one step needs (:attr:`~jzero.training.job.Job.flops_per_token` x the batch's tokens),
+    in all and per device; where the device's dense bf16 peak is known, ``peak_floor_s``: the step's
+    time at that peak, a floor no real step reaches."""
+    tokens = job.config.train.global_batch_size * job.config.model.seq_len
+    per_step = job.flops_per_token * tokens
+    per_device = per_step / job.mesh.size
+    device = job.mesh.devices.flat[0]
+    peak = targets.peak_flops(device.device_kind) if device.platform == "gpu" else None
+    return {
+        "per_token": job.flops_per_token,
+        "per_step": per_step,
+        "per_device_per_step": per_device,
+        "peak_flops": peak,
+        "peak_floor_s": per_device / peak if peak else None,
     }
 
 

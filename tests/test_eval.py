@@ -1,0 +1,58 @@
+"""The validation loss: one device's at every stage and mesh, from the same batches every time,
+and at stage 3 without ever holding the whole model gathered."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import assert_within_floor, loss_with_floor, tiny_config
+
+from jzero.training.data import eval_data, load_bytes, resolve_files, train_data
+from jzero.training.evaluation import Evaluator
+from jzero.training.job import build_job
+
+EVAL = ["train.eval_every=5", "train.eval_batches=2"]
+
+
+@pytest.fixture(scope="module")
+def trained_like():
+    """Parameters away from the init (the init's logits are near uniform), on the host, and the eval batches."""
+    one = build_job(tiny_config("mesh.axes.data=1", *EVAL), jax.devices()[:1])
+    params = jax.tree.map(lambda x: 4 * np.asarray(x), jax.device_get(one.init_state().params))
+    return one, params, eval_data(one.config)
+
+
+@pytest.mark.parametrize("axes", ["{data: 8}", "{data: 4, model: 2}"])
+def test_eval_loss_is_one_devices_at_every_stage(devices, trained_like, axes):
+    one, params, batches = trained_like
+    want, floor = loss_with_floor(one.loss_fn, params, [batches.global_batch(i) for i in range(len(batches))])
+    job = build_job(tiny_config(f"mesh.axes={axes}", *EVAL), devices)
+    for stage in range(4):
+        staged = job.replan(stage=stage)
+        placed = jax.device_put(params, staged.plan.params)
+        evaluator = Evaluator(staged, batches, every=5, last_step=10)
+        evaluator.compile(placed)
+        figures = evaluator.evaluate(placed)
+        assert_within_floor(figures["eval_loss"], want, floor, f"stage {stage} on {axes}")
+        assert figures["eval_perplexity"] == pytest.approx(np.exp(figures["eval_loss"]))
+        assert evaluator.evaluate(placed) == figures  # the same batches, the same loss
+
+
+def test_stage_3_eval_never_holds_the_whole_model(devices):
+    job = build_job(tiny_config("zero.stage=3", "mesh.axes.data=8", *EVAL), devices)
+    batch = jax.ShapeDtypeStruct(job.batch_shape, np.int32, sharding=job.plan.batch)
+    compiled = job.compile(job.make_eval_step().lower(job.abstract_state().params, batch))
+    whole = 4 * job.plan.num_params
+    assert compiled.memory_analysis().temp_size_in_bytes < whole
+    hlo = compiled.as_text()
+    assert "all-gather" in hlo and "reduce-scatter" not in hlo  # gathers parameters, reduces no gradient
+
+
+def test_eval_batches_never_come_from_training(devices):
+    """Bytes with eval on: the validation split is the data's tail, and training reads only the rest."""
+    config = tiny_config(*EVAL)
+    train, held = train_data(config), eval_data(config)
+    full = load_bytes(resolve_files(None), config.data.max_bytes)
+    split = len(full) - len(held.tokens)
+    np.testing.assert_array_equal(held.tokens, full[split:])
+    np.testing.assert_array_equal(train.tokens, full[:split])
+    assert len(held.tokens) == len(held) * held.global_batch_size * held.seq_len + 1

@@ -1,0 +1,72 @@
+"""What a run reports about its speed: model FLOPs per second from the model's shape, MFU only where
+the device's peak is known, goodput, and a profile of the steps asked for."""
+
+import gzip
+import json
+
+import flax.linen as nn
+import jax
+import pytest
+from test_checkpoint import run_config
+
+from jzero.ledger.targets import GPUS, peak_flops
+from jzero.training.job import build_job
+from jzero.training.loop import train
+from jzero.training.profile import STEP_NAME
+
+STEPS = 4
+
+
+def independent_flops_per_token(params, seq_len: int, n_layers: int, d_model: int) -> int:
+    """PaLM's 6 N + 12 L T d, with N counted from the parameters themselves: every kernel (the
+    matmuls) and, with no head of its own, the embedding the tied head multiplies by."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    kernels = sum(leaf.size for path, leaf in flat if jax.tree_util.keystr(path).endswith("['kernel']"))
+    if not any("lm_head" in jax.tree_util.keystr(path) for path, _ in flat):
+        kernels += params["embed"]["embedding"].size
+    return 6 * kernels + 12 * n_layers * seq_len * d_model
+
+
+def test_a_runs_throughput_eval_rows_trace_and_goodput(devices, tmp_path):
+    """One short run with eval and a profile: every row's model FLOPs/s is the shape's formula (no
+    ``mfu`` on a CPU), eval rows at the eval steps, the trace of the steps asked for, and goodput."""
+    sets = ["train.eval_every=2", "train.eval_batches=1", "run.log_every=1", "run.profile={start: 1, steps: 2}"]
+    config = run_config(tmp_path, f"train.steps={STEPS}", *sets)
+    result = train(config, progress=False)
+    per_token = _independent_flops_per_token(config, devices)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows == result.history
+    for row in rows:
+        assert row["model_flops_per_sec"] == pytest.approx(per_token * row["tokens_per_sec"] / 8, rel=1e-12)
+        assert "mfu" not in row  # a CPU's peak is not known: left out, never 0
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4]
+    # The trace of steps 2 and 3 (run.profile start 1, steps 2), one annotation per step.
+    (trace,) = (tmp_path / "profile").glob("plugins/profile/*/perfetto_trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert sorted(e["args"]["step_num"] for e in events if e.get("name") == STEP_NAME) == ["2", "3"]
+    assert list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))  # what TensorBoard reads
+    # Goodput: the shares add up to the wall time, and the ledger has the same figures.
+    report = result.goodput
+    assert sum(report["seconds"].values()) == pytest.approx(report["wall_s"])
+    assert report["goodput"] == pytest.approx(report["seconds"]["steps"] / report["wall_s"])
+    assert all(report["seconds"][k] > 0 for k in ("startup", "compile", "checkpoint", "eval", "profile"))
+    assert json.loads((tmp_path / "ledger.json").read_text())["goodput"] == report
+
+
+def _independent_flops_per_token(config, devices) -> int:
+    m = config.model
+    params = nn.unbox(build_job(config, devices).abstract.params)
+    return independent_flops_per_token(params, m.seq_len, m.n_layers, m.d_model)
+
+
+def test_a_tied_head_is_counted(devices, tmp_path):
+    """The tied head multiplies by the embedding: its FLOPs are counted though it has no kernel."""
+    config = run_config(tmp_path, "model.tie_embeddings=true")
+    assert build_job(config, devices).flops_per_token == _independent_flops_per_token(config, devices)
+
+
+def test_peak_flops_only_where_known():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == GPUS["h100"].bf16_dense_flops == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12 and peak_flops("NVIDIA H200") == 989e12
+    for unknown in ("cpu", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "Tesla V100-SXM2-16GB"):
+        assert peak_flops(unknown) is None
