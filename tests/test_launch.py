@@ -18,8 +18,9 @@ import pytest
 from conftest import TINY, reference_with_floor, tiny_config
 
 from jzero.checkpoint.runs import RunCheckpoints, describe
+from jzero.data.prepare import prepare
 from jzero.distributed.launch import fit_problem, free_port, process_env, shrunk_count
-from jzero.training.data import text_batches
+from jzero.training.data import stdlib_sources, text_batches, train_data
 from jzero.training.job import build_job
 from jzero.training.loop import train
 
@@ -52,9 +53,9 @@ def _launch(n, k, words, *flags, timeout=240):
 
 
 def _reference(steps, *overrides):
-    """One device's optax run over the same batches, with its reordering floor."""
+    """One device's optax run over the same batches (the config's data), with its reordering floor."""
     s = build_job(tiny_config("mesh.axes.data=1", *overrides), devices=jax.devices()[:1])
-    data = text_batches(None, s.config.data.max_bytes, s.config.model.seq_len, s.config.train.global_batch_size, 0)
+    data = train_data(s.config)
     return s, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), steps)
 
 
@@ -66,12 +67,19 @@ def _final_params(s, run_dir, step):
 @pytest.mark.parametrize("mesh", ["dp8", "dp4-mp2"])
 def test_two_processes_train_like_one(tmp_path, devices, mesh):
     """2 processes x 4 devices at stages 1 and 3 give one device's parameters, within the
-    tolerance of the single-process equivalence tests; process 0 alone writes the run's files."""
-    s, reference = _reference(STEPS)
+    tolerance of the single-process equivalence tests; process 0 alone writes the run's files.
+    On dp8 the data is a token folder: the processes read, each its own rows through the memory
+    map, the sample order one process reads whole."""
+    data = []
+    if mesh == "dp8":
+        tokens = tmp_path / "tokens"
+        prepare([str(p) for p in stdlib_sources()[:12]], tokens, vocab_size=300, progress=False)
+        data = [f"data.tokens={tokens}", "data.path=null", "model.vocab_size=300"]
+    s, reference = _reference(STEPS, *data)
     axes = "mesh.axes={data: 8}" if mesh == "dp8" else "mesh.axes={data: 4, model: 2}"
     for stage in (1, 3):
         run = tmp_path / f"stage{stage}"
-        done = _launch(2, 4, _train_words(run, axes, f"zero.stage={stage}"))
+        done = _launch(2, 4, _train_words(run, axes, f"zero.stage={stage}", *data))
         assert done.returncode == 0, done.stderr[-3000:]
         reference.check(params=_final_params(s, run, STEPS))
         # Process 0 speaks for the job: one result line, and the ledger's per-process figures.

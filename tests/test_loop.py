@@ -78,7 +78,8 @@ def test_tensorboard_holds_what_metrics_jsonl_holds(devices, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == {"loss", "grad_norm", "learning_rate", "tokens_per_sec", "model_flops_per_sec", "skipped_steps"}
+    scalars = {"loss", "grad_norm", "learning_rate", "tokens_per_sec", "model_flops_per_sec", "skipped_steps"}
+    assert set(events.Tags()["scalars"]) == scalars
     for tag in ("loss", "grad_norm", "learning_rate", "skipped_steps"):
         logged = [(e.step, e.value) for e in events.Scalars(tag)]
         # TensorBoard stores float32: 2**-24 relative rounding of the JSON float64, no summation involved.

@@ -87,6 +87,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``jzero train``: train, resuming from the run's latest checkpoint unless ``--no-resume``; 0 or 1 (the run failed)."""
     from jzero.config.rundir import CHECKPOINTS
     from jzero.distributed.runtime import is_primary
+    from jzero.training.goodput import format_goodput
     from jzero.training.loop import train
 
     config = _load(args)
@@ -103,6 +104,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     loss = f": loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}" if history else ""
     saved = f"; saved step {result.saved[-1]}" if result.saved else ""
     where = f"{config.run.dir}/{CHECKPOINTS}/{result.saved[-1]}" if result.saved else config.run.dir
+    if result.goodput is not None:
+        print(format_goodput(result.goodput), file=sys.stderr)
     if result.preempted:
         print(f"jzero: preempted by {result.preempted} after {span}{saved} to {where}")
     else:

@@ -4,15 +4,29 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from jzero.errors import ConfigError
 
-__all__ = ["BYTES", "EOS", "PAD", "SPECIAL_TOKENS", "BpeTokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer"]
+__all__ = [
+    "BYTES",
+    "EOS",
+    "MIN_BPE_VOCAB",
+    "PAD",
+    "SPECIAL_TOKENS",
+    "BpeTokenizer",
+    "ByteTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "train_bpe",
+]
 
 EOS = "<|endoftext|>"  # ends every document in a token file
 PAD = "<|pad|>"
 SPECIAL_TOKENS = (EOS, PAD)
+MIN_BPE_VOCAB = 256 + len(SPECIAL_TOKENS)  # a byte-level BPE always holds every byte, then the special tokens
 
 
 class Tokenizer:
@@ -81,3 +95,32 @@ class BpeTokenizer(Tokenizer):
 def load_tokenizer(path: str | Path | None, key: str = "--tokenizer") -> Tokenizer:
     """The BPE tokenizer at ``path``, or bytes when ``path`` is None; ``key`` names it in errors."""
     return BYTES if path is None else BpeTokenizer(path, key)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Any:
+    """Train a byte-level BPE on ``texts``, streamed, with :data:`SPECIAL_TOKENS` as ids 0 and 1.
+
+    Byte-level: every byte is in the vocabulary, so any text encodes and decodes back exactly.
+
+    Args:
+      texts: the documents; read once, one at a time.
+      vocab_size: at most this many ids (fewer when the text runs out of merges); at least
+        :data:`MIN_BPE_VOCAB`.
+
+    Returns:
+      The trained ``tokenizers.Tokenizer`` (``save`` writes its ``tokenizer.json``).
+    """
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HfTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # jzero data prepare draws its own bar
+    )
+    hf.train_from_iterator(texts, trainer=trainer)
+    return hf

@@ -42,7 +42,7 @@ from jzero.step import state_from_params
 from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, train_data
 from jzero.training.data import eval_data as load_eval_data
 from jzero.training.evaluation import Evaluator
-from jzero.training.goodput import NOT_TRAINING, Goodput, format_goodput
+from jzero.training.goodput import NOT_TRAINING, Goodput
 from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
 from jzero.training.job import Job, build_job
 from jzero.training.preemption import Preemption
@@ -463,13 +463,10 @@ def train(
     job: Job | None = None,
     hooks: Sequence[Hook] = (),
 ) -> TrainResult:
-    """Train per ``config`` under ``run.dir``.
-
-    Writes ``config.yaml``, ``metrics.jsonl``, ``ledger.json``, Orbax checkpoints in
-    ``checkpoints/`` and, with ``run.tensorboard``, TensorBoard scalars in ``tensorboard/``; with
-    ``run.profile``, a trace in ``profile/``. Resumes from the latest committed checkpoint. SIGTERM
-    or SIGINT saves at the next step boundary and stops. At the end, the goodput line, also added
-    to the ledger.
+    """Train per ``config`` under ``run.dir``: ``config.yaml``, ``metrics.jsonl``, ``ledger.json``
+    (with the goodput added at the end), checkpoints, TensorBoard scalars and a profile
+    (:class:`~jzero.config.rundir.RunDir`). Resumes from the latest committed checkpoint. SIGTERM or
+    SIGINT saves at the next step boundary and stops.
 
     Args:
       config: the run's config.
@@ -492,12 +489,11 @@ def train(
       OutputWriteError: another output (ledger, metrics, TensorBoard, config) could not be written.
     """
     goodput = Goodput()
-    with goodput.timed("startup"):
+    with goodput.timed("startup"):  # everything that can refuse the run does so before anything is written
         job = job if job is not None else build_job(config)
-        data = data if data is not None else train_data(config)
-        if eval_data is None and config.train.eval_every:
-            eval_data = load_eval_data(config)
-        run = prepare_run(config, job, data, resume)  # refuses the run, if anything does, before writing
+        data = train_data(config) if data is None else data
+        eval_data = load_eval_data(config) if eval_data is None else eval_data
+        run = prepare_run(config, job, data, resume)
     start, steps = run.start, config.train.steps
     with (
         _Closing(run.checkpoints) as closing,
@@ -507,23 +503,24 @@ def train(
         for line in run.notes:
             bar.announce(line)
         if start >= steps:
-            bar.announce(f"step {start} already reached train.steps={steps}; nothing to do")
-            run.checkpoints.close()
-            return TrainResult([], start, start, [])
+            return _nothing_to_do(run, bar, steps)
         with goodput.timed("startup"):
             compiled = startup_outputs(config, job, run, data, bar, goodput)
             extras = _extras(config, job, run, eval_data, goodput)
         closing.hooks = []  # from here the CheckpointHook closes the checkpoints (default_hooks does if it fails)
-        own = default_hooks(
-            config, run.checkpoints, bar, preemption, start=start, data_state=data.state, meta=run.meta, goodput=goodput
-        )
-        closing.hooks += [*own, *hooks]
+        kw = {"start": start, "data_state": data.state, "meta": run.meta, "goodput": goodput}
+        closing.hooks += [*(own := default_hooks(config, run.checkpoints, bar, preemption, **kw)), *hooks]
         state, final, history = run_steps(config, compiled, run.state, data, job.plan.batch, start, closing.hooks, extras)
-        preempted = preemption.agreed
         for hook in closing.hooks:
-            hook.end(final, state, preempted)
+            hook.end(final, state, preemption.agreed)
     report = _goodput_out(goodput, run)
-    return TrainResult(history, start, final, own[0].saved, preempted, report)  # own[0]: the CheckpointHook
+    return TrainResult(history, start, final, own[0].saved, preemption.agreed, report)  # own[0]: the CheckpointHook
+
+
+def _nothing_to_do(run: PreparedRun, bar: TrainProgress, steps: int) -> TrainResult:
+    bar.announce(f"step {run.start} already reached train.steps={steps}; nothing to do")
+    run.checkpoints.close()
+    return TrainResult([], run.start, run.start, [])
 
 
 def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches | None, goodput: Goodput) -> Extras:
@@ -537,10 +534,9 @@ def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches |
 
 
 def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
-    """The goodput report: printed in one line by process 0 and added to the start-up ledger."""
+    """The goodput report, added to the start-up ledger by process 0."""
     report = goodput.report()
     if run.primary and run.ledger is not None:
-        print(format_goodput(report), file=sys.stderr)
         with writing(run.ledger):
             ledger = json.loads(run.ledger.read_text())
             run.ledger.write_text(json.dumps({**ledger, "goodput": report}, indent=1))
