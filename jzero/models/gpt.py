@@ -31,6 +31,7 @@ __all__ = [
     "Block",
     "GPT",
     "SAVED_ACT",
+    "attend",
     "gathered",
     "lm_loss",
     "rotary",
@@ -45,12 +46,16 @@ def _init(init, *names):
     return nn.with_logical_partitioning(init, names)
 
 
-def rotary(x: jax.Array) -> jax.Array:
-    """Rotary position embedding over the last axis of ``x`` [batch, length, heads, head_dim]."""
+def rotary(x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+    """Rotary position embedding over the last axis of ``x`` [batch, length, heads, head_dim].
+
+    ``positions`` [length]: the positions along ``x``'s length axis (a decoder's new tokens after its
+    cache, :mod:`jzero.models.decode`); default ``0 .. length - 1``, as in training."""
     length, head_dim = x.shape[1], x.shape[-1]
     half = head_dim // 2
     freq = 1.0 / (10_000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
-    angles = jnp.arange(length, dtype=jnp.float32)[:, None] * freq[None, :]
+    positions = jnp.arange(length, dtype=jnp.float32) if positions is None else positions.astype(jnp.float32)
+    angles = positions[:, None] * freq[None, :]
     sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
@@ -98,15 +103,21 @@ def _dense(features: int, in_name: str, out_name: str, init, name: str, dtype: j
     )
 
 
-def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Causal softmax attention, rotary positions on ``q`` and ``k``; all [batch, length, heads, head_dim]."""
-    length, head_dim = q.shape[1], q.shape[-1]
-    q, k = rotary(q), rotary(k)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
-    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-    logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Softmax attention of ``q`` [batch, queries, heads, head_dim] over ``k`` and ``v`` [batch, keys,
+    heads, head_dim], positions already applied; ``mask`` [queries, keys] is True where a query sees a key."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Causal softmax attention, rotary positions on ``q`` and ``k``; all [batch, length, heads, head_dim]."""
+    length = q.shape[1]
+    q, k = rotary(q), rotary(k)
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    return attend(q, k, v, causal, dtype)
 
 
 class Block(nn.Module):

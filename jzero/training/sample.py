@@ -1,0 +1,240 @@
+"""``jzero sample RUN_DIR``: continue a prompt with a run's trained GPT, streamed to stdout.
+
+It reads the run's ``config.yaml`` and tokenizer (``tokenizer.json`` for a BPE run, else bytes),
+checks a committed checkpoint against its manifest, reads only its parameters (not the optimizer
+state) whole onto this host's first device, whatever mesh and stage wrote them, and decodes with
+:func:`jzero.models.decode.generate`: a KV cache inside one compiled loop. Only the continuation
+is printed, as it is made; the prompt is not repeated. Nothing is written to the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import traverse_util
+
+from jzero.checkpoint.export import restore_numpy
+from jzero.checkpoint.runs import array_metadata, committed_steps, shape_differences, step_folder, verify_step
+from jzero.config.loading import load_config
+from jzero.config.rundir import RunDir
+from jzero.config.schema import Config
+from jzero.data.tokenizer import Tokenizer, load_tokenizer
+from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, JzeroError, error_line
+from jzero.models.decode import generate
+from jzero.models.gpt import GPT
+from jzero.training.job import build_model, build_precision
+from jzero.trees import tree_paths
+
+__all__ = ["run_config", "sample", "sample_command"]
+
+_WORDS = {"missing": "missing", "extra": "not in the model", "shape": "shape {found}, the model has {want}"}
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def sample_command(args: argparse.Namespace) -> int:
+    """``jzero sample``: the continuation of ``--prompt`` on stdout, then a newline; 0.
+
+    Raises:
+      JzeroError: bad input (:func:`sample`); nothing has been printed on stdout then.
+    """
+    from jzero.distributed.process import start_backends
+
+    run_config(args.run_dir)  # not a run folder: refused before JAX starts
+    start_backends()  # one process, one device: no jax.distributed, no simulated CPU devices
+    options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
+    sample(args.run_dir, args.prompt, **options, step=args.step, out=sys.stdout, warn=_to_stderr)
+    print(flush=True)
+    return 0
+
+
+def run_config(run_dir: str | Path) -> Config:
+    """The resolved config a run folder holds (its ``config.yaml``).
+
+    Raises:
+      CheckpointError: the folder holds no ``config.yaml`` (it is not a run folder).
+      ConfigError: the file does not read as a config.
+    """
+    path = RunDir(Path(run_dir)).config
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(str(run_dir), "is not a run folder: no such folder")
+    if not path.is_file():
+        raise CheckpointError(str(run_dir), f"is not a run folder: it holds no {path.name} (train writes one)")
+    return load_config(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What :func:`sample` was asked for, checked: the model, the tokenizer and the prompt's ids."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    ids: list[int]
+    max_tokens: int
+    note: str | None  # why max_tokens was cut, told once the checkpoint has been read
+
+
+def sample(
+    run_dir: str | Path,
+    prompt: str = "",
+    *,
+    max_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    seed: int = 0,
+    step: int | None = None,
+    out: IO[str] | None = None,
+    warn: Callable[[str], None] = _to_stderr,
+) -> str:
+    """Continue ``prompt`` with a run's checkpoint, writing the text to ``out`` as it is made.
+
+    The prompt and the new tokens together fit ``model.seq_len`` (the positions trained): a larger
+    ``max_tokens`` is cut to what is left, with a note to ``warn``. Decoding ends early at the
+    tokenizer's end-of-document token (BPE), which is not printed. An empty prompt starts after
+    that token, or after a newline for bytes.
+
+    Args:
+      run_dir: a run folder (``run.dir``) with a committed checkpoint.
+      prompt: the text to continue.
+      max_tokens: how many tokens to make, at least 1.
+      temperature: 0 for greedy decoding, else the softmax temperature.
+      top_k: sample from the ``top_k`` most likely tokens only (1 to ``model.vocab_size``).
+      seed: the sampling key's seed.
+      step: a committed step (default: the newest that reads back; a damaged one is named and skipped).
+      out: where the continuation streams (default: nowhere; it is returned).
+      warn: told of notes and skipped checkpoints, one line each.
+
+    Returns:
+      The continuation's text.
+
+    Raises:
+      ConfigError: a bad option (``--max-tokens``, ``--temperature``, ``--top-k``, ``--prompt``, ``--step``).
+      CheckpointError: not a run folder, no committed checkpoint, or one of another model's shapes.
+    """
+    req = _request(run_dir, prompt, max_tokens, temperature, top_k)
+    params = _restore_params(run_dir, req.model, step, warn)
+    if req.note:
+        warn(req.note)  # after every refusal, so that bad input stays one line
+    stream = _Stream(req.tokenizer, out)
+    prompt_ids = jax.device_put(np.asarray([req.ids], np.int32), jax.local_devices()[0])
+    tokens, count = generate(
+        req.model,
+        params,
+        prompt_ids,
+        jax.random.key(seed),
+        max_tokens=req.max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        eos_id=req.tokenizer.eos_id,
+        on_token=stream,
+    )
+    return stream.finish([int(t) for t in tokens[0, :count] if t != req.tokenizer.eos_id])
+
+
+def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: float, top_k: int | None) -> _Request:
+    """The options checked against the run's model and tokenizer, before any checkpoint is read."""
+    if max_tokens < 1:
+        raise ConfigError("--max-tokens", f"must be at least 1, not {max_tokens}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError("--temperature", f"must be 0 (greedy) or more, not {temperature}")
+    config = run_config(run_dir)
+    m = config.model
+    if top_k is not None and not 1 <= top_k <= m.vocab_size:
+        raise ConfigError("--top-k", f"must be from 1 to the vocabulary's {m.vocab_size}, not {top_k}")
+    run = RunDir(Path(run_dir))
+    tokenizer = load_tokenizer(run.tokenizer if run.tokenizer.is_file() else None, key=str(run.tokenizer))
+    ids = tokenizer.encode(prompt) if prompt else _start(tokenizer)
+    if len(ids) >= m.seq_len:
+        raise ConfigError(
+            "--prompt", f"is {len(ids)} tokens; model.seq_len is {m.seq_len}, so at most {m.seq_len - 1} leave room for one more"
+        )
+    room = m.seq_len - len(ids)
+    note = None
+    if max_tokens > room:
+        note = (f"jzero: note: --max-tokens {max_tokens} cut to {room}: the prompt's {len(ids)} tokens and the new ones "
+                f"fit model.seq_len {m.seq_len}, the positions the model was trained on")  # fmt: skip
+    model = build_model(m, build_precision(config.precision))
+    return _Request(model, tokenizer, ids, min(max_tokens, room), note)
+
+
+def _start(tokenizer: Tokenizer) -> list[int]:
+    """What an empty prompt starts from: the end of a document (BPE), or a newline (bytes)."""
+    return [tokenizer.eos_id] if tokenizer.eos_id is not None else tokenizer.encode("\n")
+
+
+def _restore_params(run_dir: str | Path, model: GPT, step: int | None, warn: Callable[[str], None]) -> Any:
+    """The parameters of ``step`` (or of the newest step that reads back) on this host's first device."""
+    steps = committed_steps(run_dir, step)
+    if not steps:
+        raise CheckpointError(str(run_dir), "has no committed checkpoint (train saves one every checkpoint.every steps)")
+    expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), np.zeros((1, 1), np.int32))["params"]))
+    for s in reversed(steps):
+        try:
+            return _read_params(step_folder(run_dir, s), expected, warn)
+        except DamagedCheckpoint as err:
+            problem = err
+        except JzeroError:
+            raise  # another model's shapes: the config's fault, not the checkpoint's
+        except Exception as err:  # tensorstore and Orbax raise plain Exceptions for unreadable data
+            problem = CheckpointError(str(step_folder(run_dir, s)), f"could not be read ({error_line(err)})")
+        if step is not None:
+            raise problem
+        warn(f"jzero: warning: {problem}; trying the previous checkpoint")  # read only: nothing is moved aside
+    tried = ", ".join(map(str, reversed(steps)))
+    raise CheckpointError(str(run_dir), f"no committed checkpoint could be read (tried steps {tried})")
+
+
+def _read_params(step_dir: Path, expected: Any, warn: Callable[[str], None]) -> Any:
+    """A step's ``params`` (verified against its manifest first) as the model's tree, on one device."""
+    verify_step(step_dir, warn)
+    state_dir = step_dir / "state"
+    found = {p[len("params/") :]: shape for p, (shape, _) in array_metadata(state_dir).items() if p.startswith("params/")}
+    want = {p: x.shape for p, x in tree_paths(expected).items()}
+    differ = shape_differences(found, want, words=_WORDS)
+    if differ:
+        raise CheckpointError(str(step_dir), f"the run's model.* shapes differ from the checkpoint's: {differ}")
+    arrays = restore_numpy(state_dir, [f"params/{p}" for p in want])  # reads nothing else
+    tree = traverse_util.unflatten_dict({tuple(p.split("/")[1:]): a for p, a in arrays.items()})
+    return jax.device_put(tree, jax.local_devices()[0])
+
+
+class _Stream:
+    """The ``on_token`` callback of :func:`jzero.models.decode.generate` for one sequence: the text
+    so far, written out as it grows. Text that ends in an unfinished UTF-8 character (U+FFFD) is
+    held back until the character's last byte comes."""
+
+    def __init__(self, tokenizer: Tokenizer, out: IO[str] | None):
+        self.tokenizer, self.out = tokenizer, out
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, tokens: np.ndarray, index: int) -> None:
+        token = int(tokens[0])
+        if token != self.tokenizer.eos_id:
+            self.ids.append(token)
+            self._show(final=False)
+
+    def _show(self, final: bool) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if (final or not text.endswith("\ufffd")) and text.startswith(self.shown):
+            if self.out is not None and len(text) > len(self.shown):
+                self.out.write(text[len(self.shown) :])
+                self.out.flush()
+            self.shown = text
+
+    def finish(self, ids: list[int]) -> str:
+        """Write what was held back, given the tokens made (end-of-document dropped); returns their text."""
+        self.ids = ids
+        self._show(final=True)
+        return self.tokenizer.decode(ids)

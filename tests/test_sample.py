@@ -1,0 +1,152 @@
+"""``jzero sample``: KV-cache decoding equals the model, a memorised text comes back, and bad input
+is one line and exit 2."""
+
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY, assert_within_floor, snapshot
+
+from jzero.cli.main import main
+from jzero.config.loading import dump_config, load_config
+from jzero.models.decode import decode_loop, decode_step, prefill
+from jzero.models.gpt import GPT
+from jzero.training.loop import train
+from jzero.training.sample import sample
+
+TEXT = "the quick brown fox jumps over the lazy dog. "
+PROMPT, CONTINUATION = "the quick brown fox ", "jumps over t"  # 20 + 12 bytes: model.seq_len 32
+# Greedy decoding reproduced the text after 60 steps for seeds 0-4 and failed after 40 for 2 of 3
+# seeds (d_model 32, 2 layers, lr 1e-2); 100 leaves a margin.
+STEPS = 100
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["lm_head", "tied"])
+def test_kv_cache_decoding_gives_the_models_logits(devices, tie):
+    """A prefill of 5 tokens, then one cached step per token, against ``GPT.apply`` on the whole prefix.
+
+    The floor is the same model on the same tokens summed in other orders: the logits of a shorter
+    prefix (causal, so the same values) and of one row alone. Measured with ``JZERO_FLOOR_LOG``:
+    cache gaps 8.9e-8 (lm_head and tied) against floors of 4.5e-8 and 6.0e-8, so 0.13 and 0.09 of
+    the tolerance (10 x floor + 4 ulps of the largest logit, as conftest's); logits one position
+    off are 0.71 and 1.2 away, about 1e6 times it."""
+    model = GPT(vocab_size=256, d_model=32, n_layers=2, n_heads=2, seq_len=16, remat="none", tie_embeddings=tie)
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
+    params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
+    apply = jax.jit(lambda p, t: model.apply({"params": p}, t))
+    whole = apply(params, tokens)
+    orders = [apply(params, tokens[:, :9]) - whole[:, :9], apply(params, tokens[:1]) - whole[:1]]
+    floor = max(float(jnp.abs(gap).max()) for gap in orders)
+
+    logits, cache = jax.jit(lambda p, t: prefill(model, p, t, 16))(params, tokens[:, :5])
+    step = jax.jit(lambda p, t, c, i: decode_step(model, p, t, c, i))
+    cached = [logits]
+    for i in range(5, 15):
+        logits, cache = step(params, tokens[:, i], cache, i)
+        cached.append(logits)
+    cached = np.stack(cached, axis=1)  # the logits after positions 4 .. 14
+    assert_within_floor(cached, np.asarray(whole[:, 4:15]), floor, "cached logits")
+    with pytest.raises(AssertionError):  # even at 100 x the floor
+        assert_within_floor(cached[:, 1:], np.asarray(whole[:, 4:14]), 100 * floor, "one position off")
+
+
+def test_greedy_decoding_reproduces_a_memorised_text(devices, tmp_path, capsys):
+    """A tiny GPT trained at stage 3 on 8 devices on one sentence, repeated, then restored onto one
+    device: through the Python API (streamed text equals the returned text) and the command line.
+    One test, so that the model is trained once under pytest-xdist."""
+    (tmp_path / "text.txt").write_text(TEXT * 40)
+    run = tmp_path / "run"
+    overrides = [f"run.dir={run}", f"data.path={tmp_path / 'text.txt'}", f"train.steps={STEPS}", f"checkpoint.every={STEPS // 2}"]
+    overrides += ["model.seq_len=32", "optimizer.learning_rate=1e-2", "zero.stage=3", "run.tensorboard=false"]
+    train(load_config(None, [*TINY, *overrides]), progress=False)
+    capsys.readouterr()
+
+    out = io.StringIO()
+    assert sample(run, PROMPT, max_tokens=len(CONTINUATION), temperature=0.0, out=out) == CONTINUATION
+    assert out.getvalue() == CONTINUATION
+    # Top-1 sampling is greedy at any temperature.
+    assert sample(run, PROMPT, max_tokens=len(CONTINUATION), temperature=0.8, top_k=1, seed=3) == CONTINUATION
+
+    before = snapshot(run)
+    assert main(["sample", str(run), "--prompt", PROMPT, "--max-tokens", "5", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == CONTINUATION[:5] + "\n" and captured.err == ""
+    # More tokens than model.seq_len leaves room for: cut, with a note on stderr.
+    assert main(["sample", str(run), "--prompt", PROMPT + CONTINUATION[:8], "--max-tokens", "50", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == CONTINUATION[8:] + "\n"
+    assert "--max-tokens 50 cut to 4" in captured.err and len(captured.err.splitlines()) == 1
+    assert snapshot(run) == before
+
+    # A damaged newest step is named, and the one before it is read; nothing is moved aside.
+    state = run / "checkpoints" / str(STEPS) / "state"
+    victim = max((p for p in state.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    warnings = []
+    assert len(sample(run, PROMPT, max_tokens=2, temperature=0.0, warn=warnings.append)) == 2
+    assert len(warnings) == 1 and "is damaged" in warnings[0] and "trying the previous checkpoint" in warnings[0], warnings
+    assert main(["sample", str(run), "--step", str(STEPS)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1 and "is damaged" in captured.err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([str(STEPS // 2), str(STEPS)])
+
+
+def test_the_loop_decodes_any_model_with_a_prefill_and_a_step(devices):
+    """:func:`decode_loop` with a model that is not the GPT: token t is followed by t + 1 (mod 6),
+    and its cache is the sequence so far. Rows stop at eos (0); the loop ends when all have."""
+    table = jnp.where(jnp.arange(6)[None, :] == (jnp.arange(6)[:, None] + 1) % 6, 10.0, 0.0)
+
+    def prefill_fn(params, prompt, max_len):
+        cache = jnp.zeros((prompt.shape[0], max_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
+        return params[prompt[:, -1]], cache
+
+    def step_fn(params, token, cache, position):
+        return params[token], jax.lax.dynamic_update_slice_in_dim(cache, token[:, None], position, axis=1)
+
+    seen = []
+    tokens, count = decode_loop(prefill_fn, step_fn, table, jnp.array([[4, 1], [5, 3]]), jax.random.key(0), max_tokens=8,
+                                eos_id=0, on_token=lambda t, i: seen.append((i, t.tolist())))  # fmt: skip
+    assert count == 5 and tokens.tolist() == [[2, 3, 4, 5, 0, 0, 0, 0], [4, 5, 0, 0, 0, 0, 0, 0]]
+    assert seen == [(i, tokens[:, i].tolist()) for i in range(count)]  # in order, as made
+
+
+@pytest.fixture
+def untrained(tmp_path):
+    """A run folder as ``train`` leaves it before its first checkpoint: its config and an empty checkpoints folder."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(load_config(None, [*TINY, "model.seq_len=32", f"run.dir={run}"])))
+    return run
+
+
+BAD = {
+    "no checkpoint": ([], "has no committed checkpoint"),
+    "no checkpoints folder": ([], "holds no checkpoints"),
+    "not a run folder": ([], "is not a run folder"),
+    "step not committed": (["--step", "7"], "--step: no committed checkpoint at step 7"),
+    "prompt too long": (["--prompt", TEXT], "--prompt: is 45 tokens; model.seq_len is 32"),
+    "max tokens": (["--max-tokens", "0"], "--max-tokens: must be at least 1"),
+    "temperature": (["--temperature", "-0.5"], "--temperature: must be 0"),
+    "top-k zero": (["--top-k", "0"], "--top-k: must be from 1 to the vocabulary's 256"),
+    "top-k over vocab": (["--top-k", "257"], "--top-k: must be from 1"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_exit_2(devices, untrained, capsys, case):
+    flags, message = BAD[case]
+    run = untrained
+    if case == "no checkpoints folder":
+        (run / "checkpoints").rmdir()
+    elif case == "not a run folder":
+        (run / "config.yaml").unlink()
+    before = snapshot(run.parent), sorted(run.parent.rglob("*"))  # files' bytes, and every path (empty folders too)
+    assert main(["sample", str(run), *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
+    assert captured.err.startswith("jzero: error: ") and message in captured.err, captured.err
+    assert (snapshot(run.parent), sorted(run.parent.rglob("*"))) == before
