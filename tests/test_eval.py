@@ -1,16 +1,21 @@
 """The validation loss: one device's at every stage and mesh, from the same batches every time,
 and at stage 3 without ever holding the whole model gathered."""
 
+import sysconfig
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
 from conftest import assert_within_floor, loss_with_floor, tiny_config
 
-from jzero.training.data import eval_data, load_bytes, resolve_files, train_data
+from jzero.training.data import eval_data, load_bytes, resolve_files, stdlib_package_sources, stdlib_sources, train_data
 from jzero.training.evaluation import Evaluator
 from jzero.training.job import build_job
 
 EVAL = ["train.eval_every=5", "train.eval_batches=2"]
+
+STDLIB_GLOB = str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")  # the stdlib default's files, as a data.path
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +53,16 @@ def test_stage_3_eval_never_holds_the_whole_model(devices):
 
 
 def test_eval_batches_never_come_from_training(devices):
-    """Bytes with eval on: the validation split is the data's tail, and training reads only the rest."""
+    """The stdlib's top-level sources validate on its packages' sources, which training never reads;
+    other bytes hold out their tail, and training reads only the rest."""
     config = tiny_config(*EVAL)
+    held = eval_data(config)
+    assert not set(stdlib_package_sources()) & set(stdlib_sources())
+    assert len(train_data(config).tokens) == config.data.max_bytes  # nothing held out of the training bytes
+    np.testing.assert_array_equal(held.tokens, load_bytes(stdlib_package_sources(), len(held.tokens)))
+    config = tiny_config(*EVAL, f"data.path={STDLIB_GLOB}")
     train, held = train_data(config), eval_data(config)
-    full = load_bytes(resolve_files(None), config.data.max_bytes)
+    full = load_bytes(resolve_files(config.data.path), config.data.max_bytes)
     split = len(full) - len(held.tokens)
     np.testing.assert_array_equal(held.tokens, full[split:])
     np.testing.assert_array_equal(train.tokens, full[:split])

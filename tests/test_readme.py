@@ -21,6 +21,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SNIPPETS = {
     "README.md": ("test_readme_own_loop_and_its_checkpoints", 2),
     "docs/checkpoints.md": ("test_checkpoints_page_plain_orbax", 1),
+    "docs/sampling.md": ("test_sampling_page_sample_and_decode_loop", 2),
 }
 
 
@@ -75,3 +76,30 @@ def test_checkpoints_page_plain_orbax(devices, tmp_path, monkeypatch):
     kernel = namespace["state"]["params"]["lm_head"]["kernel"]
     assert isinstance(kernel, np.ndarray)
     assert np.array_equal(kernel, np.asarray(state.params["lm_head"]["kernel"]))
+
+
+def test_sampling_page_sample_and_decode_loop(devices, tmp_path, monkeypatch):
+    """``sample`` on a run at the path the page names (one step of the tests' tiny GPT), then
+    ``decode_loop`` with a model of one's own: token t is followed by t + 1 (mod 64)."""
+    import jax.numpy as jnp
+
+    from jzero.training.loop import train
+
+    python_sample, own_model = python_blocks("docs/sampling.md")
+    monkeypatch.chdir(tmp_path)
+    train(tiny_config("run.dir=runs/gpt-tiny", "train.steps=1", "run.tensorboard=false"), progress=False)
+    namespace = {}
+    exec(python_sample, namespace)
+    assert isinstance(namespace["text"], str) and namespace["text"]
+
+    def prefill_fn(params, prompt, max_len):
+        return params[prompt[:, -1]], jnp.zeros((prompt.shape[0], max_len), jnp.int32)
+
+    def step_fn(params, token, cache, position):
+        return params[token], cache
+
+    table = jnp.where(jnp.arange(64)[None, :] == (jnp.arange(64)[:, None] + 1) % 64, 100.0, 0.0)  # others: e^-125 at T 0.8
+    namespace = {"prefill_fn": prefill_fn, "step_fn": step_fn, "params": table, "prompt": jnp.array([[62]]),
+                 "key": jax.random.key(0)}  # fmt: skip
+    exec(own_model, namespace)
+    assert int(namespace["count"]) == 50 and namespace["tokens"][0, :3].tolist() == [63, 0, 1]

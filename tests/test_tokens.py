@@ -3,6 +3,7 @@ it back through a memory map for training and validation; and bad input, one lin
 
 import json
 import shutil
+import sysconfig
 from pathlib import Path
 
 import grain
@@ -24,6 +25,8 @@ from jzero.training.data import TextBatches, eval_data, run_tokenizer_path, trai
 CONFIG = str(Path(__file__).resolve().parents[1] / "configs/gpt-tiny.yaml")
 VOCAB = 300  # the 256 bytes, the 2 special tokens and a few merges: trains in milliseconds
 FRACTION = 0.25
+
+STDLIB_GLOB = str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")  # the stdlib default's files, as a data.path
 
 
 def sets(*overrides: str) -> list[str]:
@@ -263,7 +266,7 @@ def test_eval_data_is_the_held_out_split_unshuffled(devices, corpus):
 
 
 def test_bytes_hold_out_their_last_windows_for_validation():
-    base = ["model.seq_len=16", "train.global_batch_size=4", "data.max_bytes=20000"]
+    base = ["model.seq_len=16", "train.global_batch_size=4", "data.max_bytes=20000", f"data.path={STDLIB_GLOB}"]
     off = train_data(load_config(None, base))
     config = load_config(None, [*base, "train.eval_every=10", "train.eval_batches=2"])
     data, evals = train_data(config), eval_data(config)

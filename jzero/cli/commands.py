@@ -105,7 +105,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     saved = f"; saved step {result.saved[-1]}" if result.saved else ""
     where = f"{config.run.dir}/{CHECKPOINTS}/{result.saved[-1]}" if result.saved else config.run.dir
     if result.goodput is not None:
-        print(format_goodput(result.goodput), file=sys.stderr)
+        print(format_goodput(result.goodput))
     if result.preempted:
         print(f"jzero: preempted by {result.preempted} after {span}{saved} to {where}")
     else:

@@ -12,7 +12,8 @@ state is the next step number.
 
 Validation (``train.eval_every > 0``) uses ``train.eval_batches`` fixed global batches of
 consecutive windows, never shuffled: from the token folder's ``eval.bin``, from ``data.eval_path``,
-or, for bytes, from the last windows of ``data.path``, which training then leaves out.
+for the stdlib's top-level sources from its packages' sources, or for other bytes from the last
+windows of ``data.path``, which training then leaves out.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "load_bytes",
     "resolve_files",
     "run_tokenizer_path",
+    "stdlib_package_sources",
     "stdlib_sources",
     "text_batches",
     "train_data",
@@ -47,6 +49,13 @@ __all__ = [
 def stdlib_sources() -> list[Path]:
     """The Python standard library's own top-level ``.py`` files: real text, no download."""
     return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+def stdlib_package_sources() -> list[Path]:
+    """The ``.py`` files of the standard library's packages (its sub-folders, ``site-packages``
+    left out): whole documents that :func:`stdlib_sources` never holds, the default's validation split."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.glob("*/**/*.py") if "site-packages" not in p.relative_to(root).parts)
 
 
 def resolve_files(path: str | None, key: str = "data.path") -> list[Path]:
@@ -225,9 +234,10 @@ def _eval_tokens_needed(config: Config) -> int:
 
 
 def _held_out(config: Config, n_bytes: int) -> int:
-    """How many bytes at the end of ``data.path`` are the validation split (0: eval is off, or
-    ``data.eval_path`` is given); at least one training window is left, or it is an error."""
-    if config.train.eval_every == 0 or config.data.eval_path is not None:
+    """How many bytes at the end of ``data.path`` are the validation split (0: eval is off,
+    ``data.eval_path`` is given, or the data is the stdlib's, validated on its packages); at least one
+    training window is left, or it is an error."""
+    if config.train.eval_every == 0 or config.data.eval_path is not None or config.data.path is None:
         return 0
     need, seq_len = _eval_tokens_needed(config), config.model.seq_len
     if n_bytes - need < seq_len + 1:
@@ -248,8 +258,8 @@ def train_data(config: Config) -> TextBatches:
       config: the run's config.
 
     Returns:
-      The :class:`TextBatches` of its seed, batch and sequence length. For bytes with eval on and no
-      ``data.eval_path``, the last windows (the validation split) are left out.
+      The :class:`TextBatches` of its seed, batch and sequence length. For a ``data.path`` with eval
+      on and no ``data.eval_path``, the last windows (the validation split) are left out.
 
     Raises:
       ConfigError: no data at ``data.path``; a token folder that is not one (:func:`jzero.data.tokens.open_split`);
@@ -269,8 +279,9 @@ def eval_data(config: Config) -> EvalBatches | None:
     """The validation batches ``config`` names, or None when ``train.eval_every`` is 0.
 
     From the token folder's ``eval.bin``; or ``data.eval_path``, read as the training data is (a
-    token folder of the same tokenizer, whose ``tokens.bin`` is used, or files of bytes); or the
-    last windows of ``data.path``'s bytes, which :func:`train_data` leaves out.
+    token folder of the same tokenizer, whose ``tokens.bin`` is used, or files of bytes); or, for the
+    stdlib's top-level sources (``data.path`` null), its packages' sources (:func:`stdlib_package_sources`);
+    or the last windows of ``data.path``'s bytes, which :func:`train_data` leaves out.
 
     Args:
       config: the run's config.
@@ -303,6 +314,8 @@ def _eval_tokens(config: Config) -> tuple[np.ndarray, str]:
     if d.eval_path is not None:  # only the bytes the batches use are read
         files = resolve_files(d.eval_path, "data.eval_path")
         return load_bytes(files, _eval_tokens_needed(config)), f"data.eval_path {d.eval_path}"
+    if d.path is None:
+        return load_bytes(stdlib_package_sources(), _eval_tokens_needed(config)), "the stdlib's package sources"
     full = load_bytes(resolve_files(d.path), d.max_bytes)
     return full[len(full) - _held_out(config, len(full)) :].copy(), "the last windows of data.path"
 
