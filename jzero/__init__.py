@@ -37,6 +37,7 @@ _API = {
     "Precision": "jzero.precision",
     "TrainState": "jzero.state",
     "abstract_state": "jzero.step",
+    "make_eval_step": "jzero.step",
     "make_train_step": "jzero.step",
     "sharded_abstract": "jzero.step",
     "sharded_init": "jzero.step",
