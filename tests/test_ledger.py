@@ -274,3 +274,38 @@ def test_overlap_is_compute_between_start_and_done():
     assert ops["all-reduce-start"].overlapped is True  # a cuBLAS GEMM between
     assert ops["all-gather-start.1"].overlapped is False and ops["all-gather-start.2"].overlapped is True
     assert ops["all-reduce.6"].overlapped is None  # synchronous: nothing to overlap
+
+
+LEVEL_HLO = """\
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %all-gather.1 = f32[64]{0} all-gather(f32[16]{0} %a), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}
+  %all-gather.2 = f32[32]{0} all-gather(f32[16]{0} %a), replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}
+  %reduce-scatter.3 = f32[4]{0} reduce-scatter(f32[16]{0} %g), replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, dimensions={0}
+  %all-reduce.4 = f32[8]{0} all-reduce(f32[8]{0} %h), replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, to_apply=%add
+  %all-reduce.5 = f32[2]{0} all-reduce(f32[2]{0} %n), replica_groups={}, to_apply=%add
+  %all-gather.6 = f32[16]{0} all-gather(f32[8]{0} %b), replica_groups=mesh['axis_0'=8], device_ids=([2,4]T(1,0)) {'axis_0'}, dimensions={0}
+}
+"""
+
+
+def test_traffic_splits_by_level_as_the_groups_say():
+    """Devices 0-3 on host 0, 4-7 on host 1. Groups within a host are within-host; a group with a
+    device of each host is cross-host, all its bytes (ZeRO++'s accounting)."""
+    from jzero.ledger.levels import bytes_by_level, group_members, spans_hosts
+
+    hosts = [0, 0, 0, 0, 1, 1, 1, 1]
+    ops = parse_collectives(LEVEL_HLO)
+    assert [group_members(o.replica_groups, 8) for o in ops] == [
+        [[0, 1, 2, 3], [4, 5, 6, 7]],
+        [[0, 4], [1, 5], [2, 6], [3, 7]],
+        [[0, 1, 2, 3], [4, 5, 6, 7]],
+        [[0, 4], [1, 5], [2, 6], [3, 7]],
+        [list(range(8))],
+        [[0, 4, 1, 5, 2, 6, 3, 7]],
+    ]
+    assert [spans_hosts(o, hosts) for o in ops] == [False, True, False, True, True, True]
+    # Paper bytes: a gather its result, a reduce-scatter its input, an all-reduce twice its result.
+    assert bytes_by_level(ops, hosts) == {"within_host": 64 * 4 + 16 * 4, "cross_host": 32 * 4 + 2 * 8 * 4 + 2 * 2 * 4 + 16 * 4}
+    assert bytes_by_level(ops, [0] * 8)["cross_host"] == 0  # one host: nothing crosses
+    # Hosts interleaved (even devices on host 0): now the groups of stride 4 stay within a host.
+    assert bytes_by_level(ops, [0, 1] * 4)["within_host"] == 32 * 4 + 2 * 8 * 4

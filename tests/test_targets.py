@@ -90,6 +90,25 @@ def test_communication_at_the_papers_volume(h100x8, config, stage):
     assert report["backend"] == "gpu" and report["device_kind"] == "NVIDIA H100 80GB HBM3"
 
 
+def test_traffic_by_level_on_two_hosts(h100x8):
+    """Two hosts of 4 GPUs. ZeRO-3 over all 8: every gather and reduction spans both hosts, so all of
+    it is cross-host. With ``replica`` across the hosts (HSDP) the ``data`` collectives stay within a
+    host and only the gradient's all-reduce over ``replica`` crosses."""
+    from jzero.training.report import plan_report
+
+    two_hosts = target_devices("h100", hosts=2, gpus_per_host=4)
+    one = plan_report(*_compiled(tiny_config("zero.stage=3", "mesh.axes.data=8", *BF16), h100x8))["communication"]
+    assert one["hosts"] == 1 and one["cross_host_bytes"] == 0 and one["within_host_bytes"] == one["total"]
+    zero3 = tiny_config("zero.stage=3", "mesh.axes.data=8", "mesh.dcn.data=2", *BF16)
+    comm = plan_report(*_compiled(zero3, two_hosts))["communication"]
+    assert comm["hosts"] == 2 and comm["within_host_bytes"] == 0 and comm["cross_host_bytes"] == comm["total"]
+    assert comm["zeropp_cross_host_bytes"] == 0.25 * comm["paper"]
+    hsdp = tiny_config("zero.stage=3", "mesh.axes={data: 4, replica: 2}", "mesh.dcn.replica=2", *BF16)
+    comm = plan_report(*_compiled(hsdp, two_hosts))["communication"]
+    reduced = comm["bytes_per_step"]["all-reduce"]
+    assert 0 < comm["cross_host_bytes"] <= reduced < comm["total"] and comm["within_host_bytes"] >= comm["total"] - reduced
+
+
 def test_async_ops_report_overlap_and_the_options_apply(h100x8):
     """Stage 3's layer all-gathers are async, and compute is scheduled under them."""
     s, compiled = _compiled(tiny_config("zero.stage=3", *BF16), h100x8)

@@ -23,6 +23,7 @@ __all__ = [
     "host_entry_bytes",
     "live_bytes_per_device",
     "live_bytes_per_process",
+    "paper_bytes",
     "parse_collectives",
     "saved_activations",
     "summarize_collectives",
@@ -255,7 +256,7 @@ def _executions(calls: dict[str, list], found: dict[str, list[Collective]], entr
     def weigh(name: str) -> float:  # paper bytes of one run of ``name``, with what it calls
         if name not in cost:
             cost[name] = 0.0  # the call graph is acyclic; this only guards against a malformed module
-            own = sum(_paper_bytes(op) for op in found.get(name, ()))
+            own = sum(paper_bytes(op) for op in found.get(name, ()))
             out = []
             for ins, callees in calls.get(name, ()):
                 branches = [c for attr, c in callees if attr in _BRANCHES]
@@ -295,7 +296,7 @@ def _executions(calls: dict[str, list], found: dict[str, list[Collective]], entr
     return counts
 
 
-def _paper_bytes(op: Collective) -> int:
+def paper_bytes(op: Collective) -> int:
     """Bytes one run of ``op`` sends per device, in the paper's accounting: an all-gather or a
     reduce-scatter moves the whole tensor once, an all-reduce twice (a reduce-scatter, then an
     all-gather)."""
@@ -309,7 +310,7 @@ def communication_bytes(ops: list[Collective]) -> dict[str, int]:
     all-gather). Loop bodies count once per iteration, a conditional's branches as one runs."""
     out: dict[str, int] = {}
     for op in ops:
-        out[op.kind] = out.get(op.kind, 0) + _paper_bytes(op) * op.executions
+        out[op.kind] = out.get(op.kind, 0) + paper_bytes(op) * op.executions
     return out
 
 
@@ -319,7 +320,7 @@ def communication_by_dtype(ops: list[Collective]) -> dict[str, dict[str, int]]:
     for op in ops:
         per_kind = out.setdefault(op.kind, {})
         for dtype, nbytes in op.dtypes:
-            share = _paper_bytes(op) * nbytes // op.bytes if op.bytes else 0
+            share = paper_bytes(op) * nbytes // op.bytes if op.bytes else 0
             per_kind[dtype] = per_kind.get(dtype, 0) + share * op.executions
     return out
 

@@ -311,8 +311,19 @@ def _communication_lines(report: dict[str, Any]) -> list[str]:
     return [
         f"communication per device per step: {human_bytes(comm['total'])} ({parts or 'none'}; an all-reduce counts "
         f"twice, loops times their trip counts), the paper's {comm['paper_model']} = {human_bytes(comm['paper'])}: "
-        f"ratio {comm['ratio']:.2f}"
+        f"ratio {comm['ratio']:.2f}",
+        *_level_lines(comm),
     ]
+
+
+def _level_lines(comm: dict[str, Any]) -> list[str]:
+    """On several hosts: the bytes that cross hosts and those that stay within one."""
+    if comm.get("hosts", 1) < 2:
+        return []
+    cross = f"  cross-host {human_bytes(comm['cross_host_bytes'])} ({comm['cross_host_ratio']:.2f} of {comm['paper_model']}"
+    if comm["zeropp_cross_host_bytes"] is not None:
+        cross += f"; ZeRO++'s 0.75Ψ would be {human_bytes(comm['zeropp_cross_host_bytes'])}"
+    return [f"{cross}), within a host {human_bytes(comm['within_host_bytes'])}, over {comm['hosts']} hosts"]
 
 
 def _scaling_lines(report: dict[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.gathered import gathered_peak
+from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, TensorPlan, shard_bytes
@@ -353,10 +354,14 @@ def process_figures(job: Job, state: TrainState, planned_per_device: int) -> dic
 def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any]) -> dict[str, Any]:
     """Bytes per device per step from the compiled HLO (loops times their trip counts), against
     the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3), sized from ``table`` (:func:`paper_table`).
-    Tensor-parallel all-reduces count too."""
+    Tensor-parallel all-reduces count too. They are split by level as ZeRO++ counts them
+    (:mod:`jzero.ledger.levels`): a collective whose group spans hosts is cross-host. At stage 3,
+    ZeRO++'s own cross-host figure, 0.75Ψ of the paper's 3Ψ, stands beside them."""
     measured = ledger.communication_bytes(ops)
     paper = paper_communication_bytes(plan.num_params, plan.stage, table["param_bytes"], table["n_m"])
     total = sum(measured.values())
+    hosts = [d.process_index for d in plan.mesh.devices.flat]
+    levels = bytes_by_level(ops, hosts)
     return {
         "bytes_per_step": measured,
         "by_dtype": ledger.communication_by_dtype(ops),
@@ -364,6 +369,11 @@ def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any
         "paper": paper,
         "paper_model": f"{plan.rule.communication_units}Ψ",
         "ratio": total / paper if paper else None,
+        "hosts": len(set(hosts)),
+        "within_host_bytes": levels["within_host"],
+        "cross_host_bytes": levels["cross_host"],
+        "cross_host_ratio": levels["cross_host"] / paper if paper else None,
+        "zeropp_cross_host_bytes": paper * ZEROPP_CROSS_HOST_SHARE if plan.stage == 3 else None,
     }
 
 
