@@ -3,6 +3,8 @@
 import dataclasses
 import json
 import os
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 # LLVM optimisation level 0 cuts compile time by about a third on these tiny models; the HLO (its
@@ -32,6 +34,9 @@ TINY = [
     "data.max_bytes=200000",
     "train.eval_every=0",  # configs/gpt-tiny.yaml evaluates; tests/test_eval.py tests that, the others need not compile it
 ]
+
+
+STDLIB_GLOB = str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")  # the default data's files, as a data.path
 
 
 def tiny_config(*overrides: str) -> Config:

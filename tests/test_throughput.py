@@ -37,6 +37,7 @@ def test_a_runs_throughput_eval_rows_trace_and_goodput(devices, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows == result.history
     for row in rows:
+        # The same float64 product in another order: a few ulps at most, so 1e-12 has a margin of 1e3.
         assert row["model_flops_per_sec"] == pytest.approx(per_token * row["tokens_per_sec"] / 8, rel=1e-12)
         assert "mfu" not in row  # a CPU's peak is not known: left out, never 0
     assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4]

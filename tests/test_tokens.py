@@ -3,15 +3,15 @@ it back through a memory map for training and validation; and bad input, one lin
 
 import json
 import shutil
-import sysconfig
 from pathlib import Path
 
 import grain
 import numpy as np
 import pytest
-from conftest import TINY, snapshot
+from conftest import STDLIB_GLOB, TINY, snapshot
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_bad_input import one_line_error, sets
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
@@ -26,20 +26,6 @@ CONFIG = str(Path(__file__).resolve().parents[1] / "configs/gpt-tiny.yaml")
 VOCAB = 300  # the 256 bytes, the 2 special tokens and a few merges: trains in milliseconds
 FRACTION = 0.25
 
-STDLIB_GLOB = str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")  # the stdlib default's files, as a data.path
-
-
-def sets(*overrides: str) -> list[str]:
-    return [arg for kv in overrides for arg in ("--set", kv)]
-
-
-def one_line_error(capsys, argv: list[str], fragment: str) -> str:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    lines = err.splitlines()
-    assert code == 2 and len(lines) == 1, err[-2000:]
-    assert lines[0].startswith("jzero: error: ") and fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def write_corpus(root):
