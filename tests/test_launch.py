@@ -74,7 +74,7 @@ def test_two_processes_train_like_one(tmp_path, devices, mesh):
     if mesh == "dp8":
         tokens = tmp_path / "tokens"
         prepare([str(p) for p in stdlib_sources()[:12]], tokens, vocab_size=300, progress=False)
-        data = [f"data.tokens={tokens}", "data.path=null", "model.vocab_size=300"]
+        data = [f"data.tokens={tokens}", "data.path=null", "model.vocab_size=300", "train.eval_every=3"]
     s, reference = _reference(STEPS, *data)
     axes = "mesh.axes={data: 8}" if mesh == "dp8" else "mesh.axes={data: 4, model: 2}"
     for stage in (1, 3):
@@ -87,6 +87,8 @@ def test_two_processes_train_like_one(tmp_path, devices, mesh):
         assert result.startswith(f"[0] trained steps 0 -> {STEPS}: loss ")
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+        if data:  # eval across the processes, each loading its own rows of the validation split
+            assert [r["step"] for r in records if "eval_loss" in r] == [3, 6]
         ledger = json.loads((run / "ledger.json").read_text())
         processes = ledger["processes"]
         assert processes["count"] == 2 and processes["devices_per_process"] == 4

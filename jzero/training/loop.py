@@ -418,7 +418,10 @@ def run_steps(
     steps, goodput = config.train.steps, extras.goodput
     schedule = build_schedule(config.optimizer, steps)
     log = MetricsLog(extras.throughput, start, int(state.skipped), config.train.nonfinite == "halt", schedule, goodput)
-    profile = ProfileWindow(extras.profile, RunDir(Path(config.run.dir)).profile, partial(goodput.charge, "profile"))
+    folder = RunDir(Path(config.run.dir)).profile
+    if jax.process_count() > 1:  # the trace files are named by host: processes of one machine would share them
+        folder = folder / f"process_{jax.process_index()}"
+    profile = ProfileWindow(extras.profile, folder, partial(goodput.charge, "profile"))
     done, batches, metrics = start, data.iterate(sharding, start), None
     try:
         # Every hook is asked (no short cut): with several processes a request is a collective.
