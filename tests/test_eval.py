@@ -25,6 +25,9 @@ def trained_like():
 
 @pytest.mark.parametrize("axes", ["{data: 8}", "{data: 4, model: 2}"])
 def test_eval_loss_is_one_devices_at_every_stage(devices, trained_like, axes):
+    """Within MARGIN x the floor of the same loss summed in 2-16 chunks, + 4 ulps. Measured with
+    ``JZERO_FLOOR_LOG``: floor 2.4e-7, tolerance 5.9e-6; gaps 0 on data=8 and 2.4e-7 (0.04 of the
+    tolerance) on data=4 x model=2, at every stage."""
     one, params, batches = trained_like
     want, floor = loss_with_floor(one.loss_fn, params, [batches.global_batch(i) for i in range(len(batches))])
     job = build_job(tiny_config(f"mesh.axes={axes}", *EVAL), devices)

@@ -48,6 +48,7 @@ def test_a_runs_throughput_eval_rows_trace_and_goodput(devices, tmp_path):
     assert list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))  # what TensorBoard reads
     # Goodput: the shares add up to the wall time, and the ledger has the same figures.
     report = result.goodput
+    # Seven float64 timings summed in another order: rounding only, far inside approx's 1e-6.
     assert sum(report["seconds"].values()) == pytest.approx(report["wall_s"])
     assert report["goodput"] == pytest.approx(report["seconds"]["steps"] / report["wall_s"])
     assert all(report["seconds"][k] > 0 for k in ("startup", "compile", "checkpoint", "eval", "profile"))

@@ -21,6 +21,7 @@ import pkgutil
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from jzero.axes import mesh_text, resolve_axes
 from jzero.errors import ConfigError
@@ -32,6 +33,7 @@ __all__ = [
     "Target",
     "check_target_fits_mesh",
     "cuda_plugins",
+    "device_peak_flops",
     "gpu_compiler_available",
     "jax_plugin_modules",
     "parse_target",
@@ -58,6 +60,11 @@ GPUS: dict[str, Gpu] = {
     "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12),  # H200 SXM: the H100's tensor cores, more HBM
 }
 GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
+
+
+def device_peak_flops(device: Any) -> float | None:
+    """A JAX device's dense bf16 peak (:func:`peak_flops` of its kind), or None off GPUs."""
+    return peak_flops(device.device_kind) if device.platform == "gpu" else None
 
 
 def peak_flops(device_kind: str) -> float | None:

@@ -130,7 +130,7 @@ class Throughput:
     @classmethod
     def of(cls, job: Job) -> Throughput:
         devices = list(job.mesh.devices.flat)
-        peak = targets.peak_flops(devices[0].device_kind) if devices[0].platform == "gpu" else None
+        peak = targets.device_peak_flops(devices[0])
         tokens = job.config.train.global_batch_size * job.config.model.seq_len
         return cls(tokens, job.flops_per_token, len(devices), peak)
 

@@ -130,8 +130,7 @@ def model_flops(job: Job) -> dict[str, float | None]:
     tokens = job.config.train.global_batch_size * job.config.model.seq_len
     per_step = job.flops_per_token * tokens
     per_device = per_step / job.mesh.size
-    device = job.mesh.devices.flat[0]
-    peak = targets.peak_flops(device.device_kind) if device.platform == "gpu" else None
+    peak = targets.device_peak_flops(job.mesh.devices.flat[0])
     return {
         "per_token": job.flops_per_token,
         "per_step": per_step,
