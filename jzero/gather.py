@@ -30,16 +30,33 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 from jax._src import source_info_util  # the op names of the traced program survive the replay
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Literal, Var
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.mesh import on_gpus
+from jzero.quantize import Layout, dequantize, from_blocks, quantize, to_blocks
 from jzero.trees import path_str
 
-__all__ = ["CPU_UNIT_OPTIONS", "GPU_UNIT_OPTIONS", "Region", "UnitSpec", "regions", "unit_call", "unit_options", "with_units"]
+__all__ = [
+    "CPU_UNIT_OPTIONS",
+    "GPU_UNIT_OPTIONS",
+    "Region",
+    "SAVE_SECONDARY",
+    "SECONDARY",
+    "UnitSpec",
+    "gather",
+    "gathering",
+    "regions",
+    "tree_gather",
+    "unit_call",
+    "unit_options",
+    "with_units",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +69,10 @@ class UnitSpec:
       whole: its spec once gathered (the model axes only).
       reduce_dtype: the dtype its gradient is reduce-scattered in (None: the parameter's).
       compute_dtype: the dtype it is gathered and read in (None: the parameter's).
+      layout: qwZ's blocks on the resting shards (:func:`jzero.quantize.layout`): the leaf is
+        gathered as int8 values and a scale per block, dequantized to the compute dtype. None:
+        gathered in the compute dtype.
+      secondary: hpZ's secondary partition (the resting spec without ``replica``), or None.
     """
 
     mesh: Any
@@ -59,22 +80,76 @@ class UnitSpec:
     whole: P
     reduce_dtype: Any = None
     compute_dtype: Any = None
+    layout: Layout | None = None
+    secondary: P | None = None
 
 
-def _gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
-    """One leaf whole (the all-gather, in the compute dtype); in the backward its gradient goes
-    straight from the devices' partial sums to the resting spec (a reduce-scatter, in the reduce
-    dtype), never through a whole, all-reduced copy."""
+# hpZ's secondary copy, by the name checkpoint policies save it under (:data:`SAVE_SECONDARY`).
+SECONDARY = "jzero_hpz_secondary"
+
+
+def _spec_axes(spec: P) -> list[str]:
+    return [a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)]
+
+
+def _to(x: jax.Array, spec: UnitSpec, target: P, compute: Any) -> jax.Array:
+    """``x`` (at rest) gathered to ``target`` in ``compute``: quantized where ``spec`` has a layout."""
+    if spec.layout is not None:
+        return _quantized_gather(x, spec, target, compute)
+    return jax.lax.with_sharding_constraint(x.astype(compute), NamedSharding(spec.mesh, target))
+
+
+def _secondary(x: jax.Array, spec: UnitSpec, compute: Any) -> jax.Array:
+    """hpZ: the secondary copy of ``x`` (at rest), sliced from the forward's gather over all devices."""
+    # The barrier keeps the gather whole: otherwise XLA sees only the slice used and gathers that.
+    whole = jax.lax.optimization_barrier(_to(x, spec, spec.whole, compute))
+    return jax.lax.with_sharding_constraint(whole, NamedSharding(spec.mesh, spec.secondary))
+
+
+def _quantized_gather(x: jax.Array, spec: UnitSpec, target: P, compute: Any) -> jax.Array:
+    """qwZ: ``x`` (at rest) quantized on its own shards, gathered to ``target`` as int values and
+    scales, and dequantized."""
+    lay, mesh = spec.layout, spec.mesh
+    kept = _spec_axes(target)
+    values, scales = quantize(jax.lax.with_sharding_constraint(to_blocks(x, lay), NamedSharding(mesh, lay.spec(lay.axes))))
+    # Without the barrier CPU XLA moves the int conversion after the gather, which then sends f32.
+    values, scales = jax.lax.optimization_barrier((values, scales))
+    values = jax.lax.with_sharding_constraint(values, NamedSharding(mesh, lay.spec(kept)))
+    scales = jax.lax.with_sharding_constraint(scales, NamedSharding(mesh, lay.scale_spec(kept)))
+    return jax.lax.with_sharding_constraint(from_blocks(dequantize(values, scales, compute), lay), NamedSharding(mesh, target))
+
+
+def gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
+    """One parameter leaf whole (the all-gather, in the compute dtype, or quantized); in the backward its
+    gradient goes straight from the devices' partial sums to the resting spec (a reduce-scatter, in
+    the reduce dtype), never through a whole, all-reduced copy. Quantized, the backward is the same:
+    straight through.
+
+    With hpZ the leaf goes whole through its secondary copy, named :data:`SECONDARY` between two
+    ``custom_vjp`` s (a checkpoint policy sees no name inside one): the backward's recomputation
+    then gathers it from the saved copy, within the host, and the gradient still goes to the
+    resting spec in one reduce-scatter."""
     compute = spec.compute_dtype or shard.dtype
+    if spec.secondary is None:
+        return _reduced_back(lambda x: _to(x, spec, spec.whole, compute), shard, spec)
+    secondary = checkpoint_name(_reduced_back(lambda x: _secondary(x, spec, compute), shard, spec), SECONDARY)
+    split, whole = NamedSharding(spec.mesh, spec.secondary), NamedSharding(spec.mesh, spec.whole)
+    # Split again after the name, so that the copy is saved split, not as the whole it becomes;
+    # inside the custom_vjp, so that the gradient is not reduced to it on the way back.
+    return _passed_back(lambda x: jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, split), whole), secondary)
+
+
+def _reduced_back(fn: Callable[[jax.Array], jax.Array], shard: jax.Array, spec: UnitSpec) -> jax.Array:
+    """``fn`` of the leaf pinned to its resting spec; the backward constrains the cotangent to that
+    spec, in the reduce dtype."""
     reduce = spec.reduce_dtype or shard.dtype
-    resting, whole = NamedSharding(spec.mesh, spec.resting), NamedSharding(spec.mesh, spec.whole)
+    resting = NamedSharding(spec.mesh, spec.resting)
 
     @jax.custom_vjp
     def jzero_gather(x):
         # Pinned to the resting spec first: otherwise sharding propagation moves the backward's
         # gather above the checkpoint's barrier, where XLA merges it with the forward's.
-        x = jax.lax.with_sharding_constraint(x, resting)
-        return jax.lax.with_sharding_constraint(x.astype(compute), whole)
+        return fn(jax.lax.with_sharding_constraint(x, resting))
 
     def backward(_, ct):
         return (jax.lax.with_sharding_constraint(ct.astype(reduce), resting).astype(shard.dtype),)
@@ -83,12 +158,56 @@ def _gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
     return jzero_gather(shard)
 
 
+def _passed_back(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    """``fn`` of ``x``, its cotangent passed back unconstrained (a reshard, not a reduction)."""
+
+    @jax.custom_vjp
+    def jzero_regather(v):
+        return fn(v)
+
+    jzero_regather.defvjp(lambda v: (jzero_regather(v), None), lambda _, ct: (ct,))
+    return jzero_regather(x)
+
+
+def tree_gather(specs: dict[str, UnitSpec]) -> Callable[[str, Any], Any]:
+    """A model's own gather: ``gather(prefix, tree)`` gathers each leaf of ``tree`` whose path under
+    ``prefix`` has a spec (:func:`gather`), and leaves the others as they are.
+
+    jzero's GPT calls it on each block's parameters inside its scan (:func:`gathering`), and on the
+    embedding and the head, so that stage 3 gathers each layer explicitly, quantized under qwZ.
+    """
+
+    def gather_tree(prefix: str, tree: Any) -> Any:
+        def one(path, x):
+            name = "/".join(filter(None, (prefix, path_str(path))))
+            return gather(x, specs[name]) if name in specs else x
+
+        return jax.tree_util.tree_map_with_path(one, tree)
+
+    return gather_tree
+
+
+def gathering(module: Any, gather_tree: Callable[[str, Any], Any] | None, prefix: str) -> Any:
+    """A Flax linen module class whose parameters go through ``gather_tree(prefix, params)`` where it
+    runs (the class unchanged when ``gather_tree`` is None). Wrap the layer a scan repeats, before
+    ``nn.remat``: the rematerialised backward then gathers its layer again."""
+    if gather_tree is None:
+        return module
+
+    def trans_in(variables):  # {collection: tree}
+        return {**variables, "params": gather_tree(prefix, variables["params"])}
+
+    return nn.map_variables(module, "params", trans_in_fn=trans_in, init=False)
+
+
 # The unit's checkpoint policy: keep the projections' outputs (matmuls without batch dimensions),
 # redo the rest, attention's batched products and the gathered parameters included (gathered
 # again). Two others were measured (benchmarks/units.py): saving everything but the gathered
 # parameters kept what layout ops made of them (a reshaped scale, a transposed kernel), which held
 # the gathered buffers into the backward; saving every matmul output kept attention's scores too.
 _SAVED = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+# hpZ: every checkpoint around a gather keeps the secondary copy too.
+SAVE_SECONDARY = jax.checkpoint_policies.save_only_these_names(SECONDARY)
 
 
 def _token(gathered: Any, specs: Any) -> jax.Array | None:
@@ -128,10 +247,11 @@ def unit_call(fn: Callable[..., Any], shards: Any, specs: Any, *args: Any, after
 
     def unit(shards, args, after):
         # Tied inside the checkpoint: the backward regathers from the resting shards themselves.
-        gathered = jax.tree.map(_gather, _tie(shards, after), specs)
+        gathered = jax.tree.map(gather, _tie(shards, after), specs)
         return fn(gathered, *args), _token(gathered, specs)
 
-    return jax.checkpoint(unit, policy=_SAVED, prevent_cse=True)(shards, args, jax.lax.stop_gradient(after))
+    policy = jax.checkpoint_policies.save_from_both_policies(_SAVED, SAVE_SECONDARY)
+    return jax.checkpoint(unit, policy=policy, prevent_cse=True)(shards, args, jax.lax.stop_gradient(after))
 
 
 @dataclasses.dataclass(frozen=True)

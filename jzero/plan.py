@@ -32,7 +32,18 @@ from jax.sharding import PartitionSpec as P
 from jzero.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
 from jzero.errors import PlanError
 from jzero.offload import on_host
-from jzero.stages import StageRule, check_offload, per_device_parts, stage_rule
+from jzero.precision import MasterState
+from jzero.quantize import NONE, Layout, layout
+from jzero.stages import (
+    DEFAULT_BLOCK,
+    HIERARCHICAL,
+    StageRule,
+    check_hierarchical,
+    check_offload,
+    check_quantization,
+    per_device_parts,
+    stage_rule,
+)
 from jzero.state import TrainState
 from jzero.trees import path_str
 from jzero.units import AUTO, choose_units
@@ -116,6 +127,59 @@ class Plan:
     units: dict[str, int] = dataclasses.field(default_factory=dict)
     prefetch: int = 1  # how many units ahead a gather may start
     persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole
+    quantized_weights: str = NONE  # qwZ: the width parameter gathers send (none: the compute dtype)
+    quantization_block: int = DEFAULT_BLOCK  # qwZ: elements per scale
+    hierarchical: str = HIERARCHICAL[0]  # hpZ: the primary partition spans replica too
+
+    @property
+    def hpz(self) -> bool:
+        return self.hierarchical != HIERARCHICAL[0]
+
+    def secondary_spec(self, spec: P) -> P:
+        """hpZ: a resting spec without ``replica``, the secondary partition within a host."""
+        return P(*(_without(e, REPLICA) for e in spec))
+
+    def secondary_bytes(self, dtype: Any = None) -> int:
+        """hpZ: per device, the secondary copy of every gathered parameter, in ``dtype`` (default
+        their own): the paper's parameter bytes over the devices of a host (``data``) and N_m."""
+        if not self.hpz:
+            return 0
+        return sum(
+            shard_bytes(t.shape, dtype or t.dtype, self.secondary_spec(t.param_spec), self.mesh)
+            for t in self.tensors
+            if t.param_spec != t.replicated_spec
+        )
+
+    def parameter_gather(self, t: TensorPlan) -> tuple[tuple[int, ...], P, P] | None:
+        """``(shape, from, to)`` of the all-gather that makes a parameter whole for the forward: at
+        stage 3 its resting spec to its model spec (for one layer of a scanned stack, gathered in
+        the loop), at stages 1-2 the updated slice to its resting spec; None if it has none."""
+        source, target = (t.param_spec, t.replicated_spec) if self.rule.params else (t.optimizer_spec, t.param_spec)
+        if source == target:
+            return None
+        shape = t.shape
+        if self.rule.params and (t.logical or (None,))[0] == LAYERS:
+            shape, source, target = shape[1:], _drop_first(source, len(shape)), _drop_first(target, len(shape))
+        return shape, source, target
+
+    def weight_layouts(self) -> dict[str, Layout | str]:
+        """qwZ: each gathered parameter's blocks (:func:`jzero.quantize.layout`), or why it is
+        gathered at full precision; empty when weights are not quantized."""
+        if self.quantized_weights == NONE:
+            return {}
+        out: dict[str, Layout | str] = {}
+        for t in self.tensors:
+            gathered = self.parameter_gather(t)
+            if gathered is None:
+                continue
+            shape, source, _ = gathered
+            if source == P(*([None] * len(shape))):
+                out[t.path] = "split along its layers dimension"
+            elif (t.logical or (None,))[0] == LAYERS and len(t.shape) < 3:
+                out[t.path] = "1-D"  # a stack of 1-D layers, gathered whole at stages 1-2
+            else:
+                out[t.path] = layout(shape, source, self.mesh, self.quantization_block)
+        return out
 
     @property
     def persistent(self) -> list[TensorPlan]:
@@ -141,6 +205,11 @@ class Plan:
     @property
     def data_size(self) -> int:
         return int(self.mesh.shape[DATA])
+
+    @property
+    def partition_size(self) -> int:
+        """N_d of the paper's formulas: the ``data`` axis, times ``replica`` under hpZ."""
+        return self.data_size * (int(self.mesh.shape.get(REPLICA, 1)) if self.hpz else 1)
 
     @property
     def replicated(self) -> list[TensorPlan]:
@@ -186,10 +255,19 @@ class Plan:
         """
         full_params = sum(t.nbytes for t in self.tensors)
         full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
-        parts = per_device_parts(full_params, full_params, full_opt, self.stage, self.data_size, model_ways(self.mesh.shape))
+        parts = per_device_parts(full_params, full_params, full_opt, self.stage, self.partition_size, model_ways(self.mesh.shape))
         out = {k: int(round(parts[k])) for k in ("params", "grads", "optimizer")}
         out["total"] = sum(out.values())
         return out
+
+
+def _without(entry: Any, axis: str) -> Any:
+    rest = tuple(a for a in _axes_of(entry) if a != axis)
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+def _drop_first(spec: P, ndim: int) -> P:
+    return P(*(list(spec) + [None] * (ndim - len(spec)))[1:])
 
 
 def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
@@ -260,7 +338,8 @@ def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: 
 
 def zero_axes(mesh: Mesh) -> tuple[str, ...]:
     """The axes ZeRO partitions model states over: ``data``, then every other axis of size > 1
-    except ``replica`` (whose groups keep whole copies).
+    except ``replica`` (whose groups keep whole copies; under hpZ it goes with ``data``, see
+    :func:`data_partition`).
 
     A tensor the model axis does not split is held whole by every device of that axis; ZeRO then
     partitions it over ``model`` too, so per-device bytes fall by N_d x N_m as the paper assumes.
@@ -269,11 +348,15 @@ def zero_axes(mesh: Mesh) -> tuple[str, ...]:
     return (DATA, *others)
 
 
-def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None) -> tuple[P, int | None]:
-    """Add the ZeRO axes to ``spec``: returns (D spec, the dim ``data`` went on, or None).
+def data_partition(
+    shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None, hierarchical: bool = False
+) -> tuple[P, int | None]:
+    """Add the ZeRO axes (:func:`zero_axes`) to ``spec``: returns (D spec, the dim ``data`` went on, or None).
 
-    ``data`` goes on the best dimension it divides; then each other ZeRO axis the spec leaves
-    unused goes on the best dimension that still divides, if any.
+    ``data`` goes on the best dimension it divides (with ``hierarchical``, hpZ's primary partition,
+    ``replica`` and ``data`` together on one dimension, in mesh order: one reduce-scatter over all
+    devices then reduces the gradient); then each other ZeRO axis the spec leaves unused goes on
+    the best dimension that still divides, if any.
     """
     entries = list(spec) + [None] * (len(shape) - len(spec))
     if any(DATA in _axes_of(e) for e in entries):
@@ -284,21 +367,25 @@ def data_partition(shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple |
         # The scan axis last, then dims no model axis uses, then larger first, then earlier first.
         return (logical[dim] == LAYERS, entries[dim] is not None, -shape[dim], dim)
 
-    def place(axis: str) -> int | None:
+    def place(new: tuple[str, ...]) -> int | None:
         for dim in sorted(range(len(shape)), key=rank):
             axes = _axes_of(entries[dim])
-            factor = math.prod(int(mesh.shape[a]) for a in axes) * int(mesh.shape[axis])
+            factor = math.prod(int(mesh.shape[a]) for a in (*axes, *new))
             if shape[dim] % factor == 0:
-                entries[dim] = (*axes, axis) if axes else axis
+                entries[dim] = (*axes, *new) if axes or len(new) > 1 else new[0]
                 return dim
         return None
 
-    data_dim = place(DATA)
+    data_dim = None
+    if hierarchical and int(mesh.shape.get(REPLICA, 1)) > 1:
+        data_dim = place(tuple(a for a in mesh.axis_names if a in (REPLICA, DATA)))
+    if data_dim is None:  # hpZ's partition does not divide: ``data`` alone (plan lists it)
+        data_dim = place((DATA,))
     if data_dim is not None:
         used = {a for e in entries for a in _axes_of(e)}
         for axis in zero_axes(mesh)[1:]:
             if axis not in used:
-                place(axis)
+                place((axis,))
     return P(*entries), data_dim
 
 
@@ -332,11 +419,12 @@ def _tensor_plan(
     path_rules: Sequence[Sequence[Any]],
     rule: StageRule,
     persist_below_bytes: int,
+    hierarchical: bool = False,
 ) -> TensorPlan:
     """One parameter's R and D specs, and which of them the stage gives each role."""
     shape = tuple(leaf.shape)
     rspec = _model_spec(name, shape, logical, mesh, rules, path_rules)
-    dspec, dim = data_partition(shape, rspec, mesh, logical)
+    dspec, dim = data_partition(shape, rspec, mesh, logical, hierarchical)
     return TensorPlan(
         path=name,
         shape=shape,
@@ -358,6 +446,7 @@ def _tensor_plans(
     path_rules: Sequence[Sequence[Any]],
     rule: StageRule,
     persist_below_bytes: int,
+    hierarchical: bool = False,
 ) -> tuple[list[TensorPlan], Any]:
     """Every parameter's :class:`TensorPlan`, in tree order, and the unboxed parameters' treedef."""
     names = logical_names(abstract_params)
@@ -365,7 +454,8 @@ def _tensor_plans(
     tensors = []
     for path, leaf in leaves:
         name = path_str(path)
-        tensors.append(_tensor_plan(name, leaf, names.get(name), mesh, rules, path_rules, rule, persist_below_bytes))
+        logical = names.get(name)
+        tensors.append(_tensor_plan(name, leaf, logical, mesh, rules, path_rules, rule, persist_below_bytes, hierarchical))
     return tensors, treedef
 
 
@@ -422,6 +512,9 @@ def make_plan(
     gather_units: str | Sequence[str] = AUTO,
     prefetch: int = 1,
     persist_below_bytes: int = 0,
+    quantized_weights: str = NONE,
+    quantization_block: int = DEFAULT_BLOCK,
+    hierarchical: str = HIERARCHICAL[0],
 ) -> Plan:
     """The shardings of a ZeRO stage on a mesh.
 
@@ -439,13 +532,18 @@ def make_plan(
       batch and the whole train state, and each tensor's specs and bytes.
 
     Raises:
-      PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, or an
-        offload the stage does not partition for.
+      PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, an
+        offload the stage does not partition for, or a qwZ or hpZ setting the stage, precision or
+        mesh cannot have (:func:`jzero.stages.check_quantization`, :func:`jzero.stages.check_hierarchical`).
     """
     rule = _check_args(stage, mesh, offload_optimizer, offload_params, prefetch, persist_below_bytes)
+    master_copy = isinstance(abstract_state.opt_state, MasterState)
+    check_quantization(stage, quantized_weights, quantization_block, master_copy=master_copy)
+    check_hierarchical(stage, hierarchical, int(mesh.shape.get(REPLICA, 1)))
+    hpz = hierarchical != HIERARCHICAL[0]
     rules = _normal_rules(rules, mesh)
 
-    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes)
+    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes, hpz)
     shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, offload_optimizer, offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
     units = _units(tensors, gather_units) if rule.params else {}
@@ -460,6 +558,9 @@ def make_plan(
         units=units,
         prefetch=prefetch,
         persist_below_bytes=persist_below_bytes,
+        quantized_weights=quantized_weights,
+        quantization_block=quantization_block,
+        hierarchical=hierarchical,
         **shardings,
     )
 

@@ -51,8 +51,12 @@ def policy_name(value: str | bool) -> str:
     return value
 
 
-def checkpoint_policy(name: str | bool) -> Callable[..., Any] | None:
+def checkpoint_policy(name: str | bool, also_save: tuple[str, ...] = ()) -> Callable[..., Any] | None:
     """The ``jax.checkpoint`` policy of a name (None for ``full``: save nothing but the inputs).
+
+    Args:
+      name: one of :data:`REMAT_POLICIES` but ``none``.
+      also_save: ``checkpoint_name`` names whose values are saved too (hpZ's secondary copy).
 
     Raises:
       ValueError: ``none`` (no checkpoint at all) or an unknown name.
@@ -62,10 +66,14 @@ def checkpoint_policy(name: str | bool) -> Callable[..., Any] | None:
     name = policy_name(name)
     if name not in _POLICIES:
         raise ValueError(f"remat policy {name!r} has no checkpoint (the layer is not rematerialised)")
-    return _POLICIES[name](jax.checkpoint_policies)
+    policy = _POLICIES[name](jax.checkpoint_policies)
+    if not also_save:
+        return policy
+    named = jax.checkpoint_policies.save_only_these_names(*also_save)
+    return named if policy is None else jax.checkpoint_policies.save_from_both_policies(policy, named)
 
 
-def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = True) -> Wrapped:
+def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = True, also_save: tuple[str, ...] = ()) -> Wrapped:
     """Rematerialise a layer function or a Flax linen module class with a named policy.
 
     Args:
@@ -74,6 +82,7 @@ def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = T
       policy: one of :data:`REMAT_POLICIES`, or ``True``/``False`` for ``full``/``none``.
       prevent_cse: pass False for a layer that runs under a scan, where XLA cannot merge the
         forward and the recomputation anyway (JAX's own advice; it saves work).
+      also_save: names whose values are saved too (:func:`checkpoint_policy`).
 
     Returns:
       The wrapped function or module class.
@@ -90,5 +99,5 @@ def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = T
     if name == "none":
         return target
     if isinstance(target, type) and issubclass(target, nn.Module):
-        return nn.remat(target, prevent_cse=prevent_cse, policy=checkpoint_policy(name))
-    return jax.checkpoint(target, prevent_cse=prevent_cse, policy=checkpoint_policy(name))
+        return nn.remat(target, prevent_cse=prevent_cse, policy=checkpoint_policy(name, also_save))
+    return jax.checkpoint(target, prevent_cse=prevent_cse, policy=checkpoint_policy(name, also_save))

@@ -13,10 +13,15 @@ from collections.abc import Iterable
 from jzero.errors import JzeroError, PlanError
 
 __all__ = [
+    "DEFAULT_BLOCK",
+    "HIERARCHICAL",
     "OFFLOADABLE",
+    "QUANTIZED_WEIGHTS",
     "STAGES",
     "StageRule",
+    "check_hierarchical",
     "check_offload",
+    "check_quantization",
     "paper_bytes_per_device",
     "paper_communication_bytes",
     "paper_parts_per_device",
@@ -94,6 +99,64 @@ def check_offload(stage: int, *, optimizer: bool = False, params: bool = False, 
             able = _spoken(s for s, rule in STAGES.items() if rule.can_offload(part))
             needs = f"needs zero.stage {able} (the {_PART_WORDS[part]} partitioned)"
             raise error(f"zero.offload_{part}", f"{needs}, got stage {stage}")
+
+
+# qwZ (ZeRO++): the widths a parameter gather may send, and its elements per scale.
+QUANTIZED_WEIGHTS = ("none", "int8")
+DEFAULT_BLOCK = 2048
+
+
+def check_quantization(
+    stage: int, quantized_weights: str, block: int, *, master_copy: bool, error: type[JzeroError] = PlanError
+) -> None:
+    """Refuse a qwZ setting the stage or the precision cannot have.
+
+    Args:
+      master_copy: the optimizer keeps an fp32 master copy (16-bit parameters).
+
+    Raises:
+      PlanError (or ``error``): an unknown width, a block that is not a power of two, quantization at
+        stage 0, or at stages 1-2 without a master copy, naming the key.
+    """
+    key = "zero.quantized_weights"
+    if quantized_weights not in QUANTIZED_WEIGHTS:
+        raise error(key, f"must be {' or '.join(QUANTIZED_WEIGHTS)}, got {quantized_weights!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1):
+        raise error("zero.quantization_block", f"must be a power of two, got {block!r}")
+    if quantized_weights == QUANTIZED_WEIGHTS[0]:
+        return
+    rule = stage_rule(stage, error)
+    if not rule.optimizer:
+        raise error(key, f"needs zero.stage 1, 2 or 3 (stage {stage} gathers no parameters)")
+    if not rule.params and not master_copy:
+        # Without a master the quantized copy would be what the next update starts from.
+        needs = "needs a master copy (precision.param_dtype bfloat16) or stage 3"
+        raise error(key, f"at stage {stage} the gathered parameters are the ones updated: it {needs}")
+
+
+# hpZ (ZeRO++): none, or a secondary copy of the parameter shards within each host.
+HIERARCHICAL = ("none", "hpz")
+
+
+def check_hierarchical(stage: int, hierarchical: str, replica: int, *, error: type[JzeroError] = PlanError) -> None:
+    """Refuse an hpZ setting the stage or the mesh cannot have.
+
+    Args:
+      replica: the size of the mesh's ``replica`` axis (1 when it has none): the hosts, across which
+        the primary partition spans and the secondary one does not.
+
+    Raises:
+      PlanError (or ``error``): an unknown value, hpZ below stage 3, or hpZ without a ``replica`` axis.
+    """
+    key = "zero.hierarchical"
+    if hierarchical not in HIERARCHICAL:
+        raise error(key, f"must be {' or '.join(HIERARCHICAL)}, got {hierarchical!r}")
+    if hierarchical == HIERARCHICAL[0]:
+        return
+    if not stage_rule(stage, error).params:
+        raise error(key, f"hpz keeps a secondary copy of parameter shards: needs zero.stage 3, got {stage}")
+    if replica in (0, 1):
+        raise error(key, "hpz needs a replica axis (mesh.axes.replica > 1, across the hosts) to keep its secondary copy within")
 
 
 def per_device_parts(params: float, grads: float, optimizer: float, stage: int, n_d: int, n_m: int = 1) -> dict[str, float]:

@@ -29,10 +29,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.axes import LAYERS
-from jzero.gather import UnitSpec, unit_options, with_units
+from jzero.gather import UnitSpec, gather, tree_gather, unit_options, with_units
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
+from jzero.quantize import Layout
 from jzero.state import TrainState, create_state, unbox_state
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "activation_rules",
     "make_eval_step",
     "make_train_step",
+    "model_gather",
     "sharded_abstract",
     "sharded_init",
     "state_from_params",
@@ -305,10 +307,28 @@ def _guarded_update(
         lambda: _apply_update(tx, grads, opt_state, params),
         lambda: (params, opt_state),
     )
-    new_params = _constrain(new_params, on_device(plan.params))
+    new_params = _gather_updated(plan, new_params)
     new_params = to_host(new_params) if plan.offload_params else new_params
     opt_state = to_host(opt_state) if plan.offload_optimizer else opt_state
     return new_params, opt_state, grad_norm, finite
+
+
+def _gather_updated(plan: Plan, new_params: Any) -> Any:
+    """The updated parameters to their resting spec: at stages 1-2 the all-gather of the updated
+    slices, quantized where qwZ gives the leaf a layout (from the exact master, so nothing compounds)."""
+    layouts = plan.weight_layouts()
+    if not layouts or plan.rule.params:
+        return _constrain(new_params, on_device(plan.params))
+
+    def one(t, x, sharding):
+        lay = layouts.get(t.path)
+        if not isinstance(lay, Layout):
+            return jax.lax.with_sharding_constraint(x, sharding)
+        return gather(x, UnitSpec(plan.mesh, t.optimizer_spec, t.param_spec, layout=lay))
+
+    shardings = jax.tree.leaves(on_device(plan.params))
+    leaves = [one(t, x, s) for t, x, s in zip(plan.tensors, jax.tree.leaves(new_params), shardings, strict=True)]
+    return jax.tree.unflatten(jax.tree.structure(new_params), leaves)
 
 
 def _step_outputs(
@@ -431,9 +451,43 @@ def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossF
     None when the plan has no units. It takes the resting parameters and casts them itself."""
     if not plan.units:
         return None
+    layouts = plan.weight_layouts()
     specs = {
-        t.path: UnitSpec(plan.mesh, t.param_spec, t.replicated_spec, reduce_dtype=precision.grad_reduce_dtype)
+        t.path: _unit_spec(plan, precision, t.param_spec, t.replicated_spec, _layout(layouts, t.path))
         for t in plan.tensors
         if t.path in plan.units
     }
     return with_units(loss_fn, plan.units, specs, compute_dtype=precision.compute_dtype, prefetch=plan.prefetch)
+
+
+def _layout(layouts: dict[str, Any], path: str) -> Layout | None:
+    lay = layouts.get(path)
+    return lay if isinstance(lay, Layout) else None
+
+
+def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any], Any] | None:
+    """The gather a model that gathers its own parameters calls (:func:`jzero.gather.tree_gather`):
+    at stage 3 with qwZ, each quantizable parameter (one layer of a scanned stack at a time), and
+    with hpZ every gathered one; the others left to XLA. None when there is nothing for the model
+    to gather itself.
+
+    jzero's GPT takes it as its ``gather`` field; a plan with units gathers in :func:`unit_loss`
+    instead.
+    """
+    if not plan.rule.params or plan.units:
+        return None
+    layouts = plan.weight_layouts()
+    specs = {}
+    for t in plan.tensors:
+        lay = _layout(layouts, t.path)
+        gathered = plan.parameter_gather(t)
+        if gathered is not None and (lay is not None or plan.hpz):
+            _, source, target = gathered
+            specs[t.path] = _unit_spec(plan, precision, source, target, lay)
+    return tree_gather(specs) if specs else None
+
+
+def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None) -> UnitSpec:
+    """How one leaf resting as ``source`` is gathered to ``target`` under the plan's ZeRO++ knobs."""
+    secondary = plan.secondary_spec(source) if plan.hpz else None
+    return UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)

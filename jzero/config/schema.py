@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from jzero.axes import DATA, MODEL
+from jzero.stages import DEFAULT_BLOCK
 
 __all__ = [
     "CheckpointConfig",
@@ -75,6 +76,12 @@ class ZeroConfig:
     gather_units: str | list[str] = "auto"
     prefetch: int = 1  # units ahead a gather may start (0: once the previous unit is done)
     persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole, never gathered
+    # ZeRO++'s qwZ: parameter gathers send int8 blocks with a float32 scale each (jzero.quantize).
+    quantized_weights: str = "none"
+    quantization_block: int = DEFAULT_BLOCK  # qwZ's elements per scale, a power of two
+    # ZeRO++'s hpZ: everything partitioned over replica x data, plus a secondary copy of each gathered
+    # layer's shards over data (within a host) that the backward gathers again from.
+    hierarchical: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from jzero.errors import ConfigError, clip, show_value
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.remat_policies import REMAT_POLICIES
-from jzero.stages import check_offload, stage_rule
+from jzero.stages import check_hierarchical, check_offload, check_quantization, stage_rule
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 
@@ -109,7 +109,7 @@ def validate(config: Config) -> None:
     # One section after another, in this order: a config with several bad keys names the same one first.
     _in_range(config.seed, "seed", 0, MAX_SEED)
     _check_mesh(config.mesh)
-    _check_zero(config.zero)
+    _check_zero(config.zero, config.precision, config.mesh.axes)
     _check_model(config.model)
     _check_optimizer(config.optimizer)
     _check_nonfinite(config.train)  # before precision, the rest of train after it: the order it always had
@@ -143,8 +143,11 @@ def _check_mesh(mesh: MeshConfig) -> None:
         raise ConfigError("mesh.axes", "only one axis size may be -1")
 
 
-def _check_zero(zero: ZeroConfig) -> None:
+def _check_zero(zero: ZeroConfig, precision: PrecisionConfig, axes: dict[str, int]) -> None:
     stage_rule(zero.stage, error=ConfigError)
+    check_hierarchical(zero.stage, zero.hierarchical, axes.get(REPLICA, 1), error=ConfigError)
+    master_copy = precision.param_dtype != precision.master_dtype
+    check_quantization(zero.stage, zero.quantized_weights, zero.quantization_block, master_copy=master_copy, error=ConfigError)
     check_offload(zero.stage, optimizer=zero.offload_optimizer, params=zero.offload_params, error=ConfigError)
     units.check(zero.gather_units, ConfigError)
     _in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)

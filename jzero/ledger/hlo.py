@@ -19,6 +19,7 @@ __all__ = [
     "communication_bytes",
     "compiled_memory",
     "flops_per_device",
+    "forward_loop_writes",
     "group_size",
     "host_entry_bytes",
     "live_bytes_per_device",
@@ -102,6 +103,7 @@ class Collective:
     in_loop: bool  # inside a while loop body (e.g. the scan over layers)
     executions: int = 1  # times it runs per step (loops' trip counts; 0 in a conditional branch not counted)
     dtypes: tuple[tuple[str, int], ...] = ()  # (element type, result bytes) of each type in its results
+    arrays: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (element type, dims) of each result array
     name: str = ""
     is_async: bool = False  # a -start/-done pair
     overlapped: bool | None = None  # async: compute is scheduled between its start and done (None: not async)
@@ -198,6 +200,7 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
                     computation=name,
                     in_loop=False,
                     dtypes=tuple(by_dtype.items()),
+                    arrays=tuple(results),
                     name=ins.name,
                     is_async=is_async,
                     overlapped=_overlapped(instructions, i) if is_async else None,
@@ -362,27 +365,20 @@ _OPERANDS = re.compile(r"\btuple\((?P<args>[^)]*)\)")
 _GTE_INDEX = re.compile(r"get-tuple-element\(%?(?P<of>[\w.\-]+)\),\s*index=(?P<index>\d+)")
 
 
-def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str, int]:
-    """What the forward layer loops save for the backward, per device, from compiled HLO.
+def forward_loop_writes(hlo_text: str) -> list[list[tuple[str, tuple[int, ...], bool, bool]]]:
+    """The stacks each forward layer loop writes for the backward, from compiled HLO.
 
     A differentiated scan is two while loops: the forward (``jvp(...)`` in its op name) writes
     each iteration's residuals into stacked buffers, the backward (``transpose(jvp(...))``) reads
-    them. The saved bytes are the forward loop's outputs that the loop writes (not carried through
-    unchanged), that have one row per iteration and that hold activations: a batch of examples, or
-    without ``batch_rows``, a shape unlike any parameter stack the loop reads (JAX also saves the
-    slices of parameters it used). A buffer in host memory (layout ``S(5)``) counts as host bytes.
-
-    Args:
-      hlo_text: ``compiled.as_text()`` of an SPMD program.
-      batch_rows: the batch rows each device computes at once; when given, a saved stack must have
-        them as its second dimension.
+    them. These are the forward loop's outputs that the loop writes (not carried through
+    unchanged) and that have one row per iteration.
 
     Returns:
-      ``{"device", "host", "loops"}``: bytes per device, and how many forward layer loops save
-      (each counts once: a loop inside a microbatch loop saves for one microbatch at a time).
+      Per forward loop, ``(dtype, dims, in_host_memory, like_a_read_only_input)`` for each such
+      stack; the last says a state the loop only reads has the same type (a parameter stack).
     """
     computations, _ = _computations(hlo_text)
-    device = host = loops = 0
+    loops = []
     for ins in (ins for body in computations.values() for ins in body):
         name = _OP_NAME.search(ins.line)
         if ins.op != "while" or not name or "jvp(" not in name.group(1) or "transpose(" in name.group(1):
@@ -396,21 +392,39 @@ def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str,
         items = list(_ARRAY.finditer(state_type))
         written = _written_elements(computations[body])
         read_only = {item.group("dtype", "dims") for i, item in enumerate(items) if i not in written}
-        saved = 0
+        stacks = []
         for index, item in enumerate(items):
             dims = _dims(item)
-            if (
-                index in written
-                and len(dims) > 1
-                and dims[0] == rows
-                and (_per_example(dims, batch_rows) if batch_rows else item.group("dtype", "dims") not in read_only)
-            ):
-                nbytes = _array_bytes(item.group("dtype"), dims)
+            if index in written and len(dims) > 1 and dims[0] == rows:
+                host = "S(5)" in (item.group("layout") or "")
+                stacks.append((item.group("dtype"), dims, host, item.group("dtype", "dims") in read_only))
+        loops.append(stacks)
+    return loops
+
+
+def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str, int]:
+    """What the forward layer loops save for the backward, per device, from compiled HLO: the
+    stacks of :func:`forward_loop_writes` that hold activations, a batch of examples, or without
+    ``batch_rows``, a shape unlike any parameter stack the loop reads (JAX also saves the slices of
+    parameters it used). A buffer in host memory (layout ``S(5)``) counts as host bytes.
+
+    Args:
+      hlo_text: ``compiled.as_text()`` of an SPMD program.
+      batch_rows: the batch rows each device computes at once; when given, a saved stack must have
+        them as its second dimension.
+
+    Returns:
+      ``{"device", "host", "loops"}``: bytes per device, and how many forward layer loops save
+      (each counts once: a loop inside a microbatch loop saves for one microbatch at a time).
+    """
+    device = host = loops = 0
+    for stacks in forward_loop_writes(hlo_text):
+        saved = 0
+        for dtype, dims, in_host, like_input in stacks:
+            if _per_example(dims, batch_rows) if batch_rows else not like_input:
+                nbytes = _array_bytes(dtype, dims)
                 saved += nbytes
-                if "S(5)" in (item.group("layout") or ""):
-                    host += nbytes
-                else:
-                    device += nbytes
+                host, device = (host + nbytes, device) if in_host else (host, device + nbytes)
         loops += int(saved > 0)
     return {"device": device, "host": host, "loops": loops}
 

@@ -72,6 +72,8 @@ def format_plan(report: dict[str, Any]) -> str:
         *_compiled_lines(report),
         *_collective_lines(report),
         *_communication_lines(report),
+        *_quantization_lines(report.get("quantization")),
+        *_hierarchical_lines(report.get("hierarchical")),
         *_scaling_lines(report),
         "",
         *_paper_table(report),
@@ -324,6 +326,38 @@ def _level_lines(comm: dict[str, Any]) -> list[str]:
     if comm["zeropp_cross_host_bytes"] is not None:
         cross += f"; ZeRO++'s 0.75Ψ would be {human_bytes(comm['zeropp_cross_host_bytes'])}"
     return [f"{cross}), within a host {human_bytes(comm['within_host_bytes'])}, over {comm['hosts']} hosts"]
+
+
+def _quantization_lines(q: dict[str, Any] | None) -> list[str]:
+    """qwZ: what is quantized, what is not and why, and any gather the program sends otherwise."""
+    if not q:
+        return []
+    gathers = q["gathers"]
+    lines = [
+        f"qwZ {q['weights']} (block {q['block']}): {q['quantized']} parameters gathered as {gathers['type']} "
+        f"({human_bytes(q['quantized_bytes'])} whole), {human_bytes(gathers['quantized_bytes'])} of {gathers['type']} "
+        "gathers per device per step"
+    ]
+    kept = q["not_quantized"]
+    if kept:
+        total = human_bytes(sum(t["bytes"] for t in kept))
+        lines.append(f"  gathered at full precision: {len(kept)} tensors, {total}")
+        lines += [f"    {t['path']} {t['shape']} {human_bytes(t['bytes'])}: {t['why']}" for t in kept]
+    for m in gathers["mismatched"]:
+        lines.append(f"  warning: {m['name']} gathers {m['elements']:,} elements as {m['dtype']}, a quantized parameter's size")
+    return lines
+
+
+def _hierarchical_lines(h: dict[str, Any] | None) -> list[str]:
+    """hpZ: the secondary copy per device against the formula, and what the layer loops save of it."""
+    if not h:
+        return []
+    return [
+        f"hpZ secondary copy per device: {human_bytes(h['secondary_bytes'])} (the formula, parameters over the devices of "
+        f"a host: {human_bytes(h['formula_bytes'])}); the layer loops save {human_bytes(h['saved_by_loops_bytes'])} "
+        f"of its scanned layers' {human_bytes(h['scanned_bytes'])}",
+        *_tensor_list("  partitioned over data alone (replica x data divides none of their dimensions)", h["not_over_replica"]),
+    ]
 
 
 def _scaling_lines(report: dict[str, Any]) -> list[str]:

@@ -9,6 +9,8 @@
   and gathered at each block's input.
 - ``fetch_params`` (parameter offload): each block's parameters come from pinned host memory to the
   device inside the loop (:func:`jzero.offload.fetching`).
+- ``gather`` (stage 3 with qwZ, :func:`jzero.step.model_gather`): each block gathers its own
+  parameters inside the loop, as do the embedding and the head (:func:`jzero.gather.gathering`).
 - Activations are constrained with the batch on ``data`` at each block input and inside attention
   and the MLP. Without that, GSPMD may replicate attention over the global batch on every device.
   Constraints only act under a mesh and ``nn.logical_axis_rules``, which :mod:`jzero.step` sets.
@@ -17,12 +19,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from jzero.gather import SECONDARY, gathering
 from jzero.offload import fetching
 from jzero.remat_policies import checkpoint_policy, policy_name, remat
 
@@ -184,6 +188,7 @@ class GPT(nn.Module):
     partition_activations: bool = False  # the saved block inputs split over model (ZeRO-R's P_a)
     fetch_params: bool = False  # each block's parameters come from host memory inside the loop
     dtype: jnp.dtype = jnp.float32
+    gather: Any = None  # (prefix, params) -> params gathered (jzero.step.model_gather); None: XLA gathers
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -196,12 +201,15 @@ class GPT(nn.Module):
         )
         # Gather the table (a parameter gather, as ZeRO-3 does for every layer) rather than let GSPMD
         # gather the batch's activations to meet a data-sharded table in the lookup's backward.
-        table = nn.with_logical_constraint(embed.embedding, ("vocab", "embed"))
+        table = self._table(embed.embedding)
         x = jnp.take(table, tokens, axis=0).astype(self.dtype)  # positions: rotary, in attention
 
         policy = policy_name(self.remat)
         # Under the scan, XLA cannot fold the recomputation into the forward: no CSE barrier needed.
-        block = remat(fetching(Block) if self.fetch_params else Block, policy, prevent_cse=False)
+        block = gathering(Block, self.gather, "blocks")
+        # A model that gathers itself saves hpZ's secondary copies for the backward's gathers.
+        also_save = (SECONDARY,) if self.gather is not None else ()
+        block = remat(fetching(block) if self.fetch_params else block, policy, prevent_cse=False, also_save=also_save)
         # Whole along the sequence into the loop, even with partitioned activations: split here, XLA
         # partitioned the lookup and the loss with permutes across batch groups (the loop's carry
         # is split at the first block's output anyway).
@@ -219,19 +227,26 @@ class GPT(nn.Module):
         x = nn.with_logical_constraint(x, BATCH_ACT)
         # Rematerialised like the blocks: the backward gathers the head's weights again instead of
         # holding them whole from the forward (ZeRO-3 frees a gathered parameter after its use).
-        head = GPT._head if policy == "none" else nn.remat(GPT._head, policy=checkpoint_policy(policy))
+        head = GPT._head if policy == "none" else nn.remat(GPT._head, policy=checkpoint_policy(policy, also_save))
         logits = head(self, x, embed.embedding)
         return logits.astype(jnp.float32)
 
+    def _table(self, embedding: jax.Array) -> jax.Array:
+        """The embedding table whole: the model's own gather, else the logical constraint's."""
+        if self.gather is not None:
+            return self.gather("embed", {"embedding": embedding})["embedding"]
+        return nn.with_logical_constraint(embedding, ("vocab", "embed"))
+
     def _head(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         """The final LayerNorm and the output layer: the tied embedding or its own ``lm_head``."""
-        x = _layer_norm(self.dtype, "ln_f")(x)
+        x = _layer_norm(self.dtype, "ln_f")(x)  # 1-D parameters: never quantized, left to XLA
         if self.tie_embeddings:
             # The same gather as the lookup's, but the head's gradient is left unconstrained:
             # constrained whole, GSPMD all-reduces it (2x the bytes) rather than adding it to the
             # lookup's and reduce-scattering the sum once into the gradient's spec.
-            return jnp.einsum("ble,ve->blv", x, gathered(embedding).astype(self.dtype))
-        return nn.Dense(
+            table = gathered(embedding) if self.gather is None else self._table(embedding)
+            return jnp.einsum("ble,ve->blv", x, table.astype(self.dtype))
+        return gathering(nn.Dense, self.gather, "lm_head")(
             self.vocab_size,
             use_bias=False,
             dtype=self.dtype,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jzero.axes import model_ways
+from jzero.axes import REPLICA, model_ways
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.gather import unit_options
@@ -32,9 +32,9 @@ from jzero.precision import Precision
 from jzero.remat_policies import policy_name
 from jzero.stages import stage_rule
 from jzero.state import TrainState
-from jzero.step import LossFn, abstract_state, make_eval_step, make_train_step, sharded_abstract, sharded_init
+from jzero.step import LossFn, abstract_state, make_eval_step, make_train_step, model_gather, sharded_abstract, sharded_init
 
-__all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job", "model_flops_per_token"]
+__all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job", "gpt_loss", "model_flops_per_token"]
 
 InitFn = Callable[[jax.Array], Any]
 
@@ -97,6 +97,8 @@ class Job:
       abstract: the train state's shapes, parameters still boxed with their logical names.
       fetches_layers: the model moves its scanned layers' parameters to the device itself, inside
         its loop (jzero's GPT with ``zero.offload_params``); otherwise the step moves them all first.
+      model: jzero's GPT, whose loss the job builds for its plan (:func:`gpt_loss`); None for a
+        model of yours.
       flops_per_token: the training FLOPs one token needs (:func:`jzero.models.sizes.gpt_flops_per_token`
         for jzero's GPT; what ``build_job`` was given, else 6 x the parameters, for a model of yours).
     """
@@ -112,6 +114,7 @@ class Job:
     abstract: TrainState
     fetches_layers: bool = False
     flops_per_token: float = 0.0
+    model: GPT | None = None
 
     @property
     def batch_shape(self) -> tuple[int, int]:
@@ -168,11 +171,15 @@ class Job:
         axes = {name: int(size) for name, size in mesh.shape.items()}
         # An offload the new stage cannot have is dropped (another stage of the same run, in a comparison).
         rule = stage_rule(stage)
+        quantizes = rule.params or (rule.optimizer and self.precision.uses_master)
         zero = dataclasses.replace(
             cfg.zero,
             stage=stage,
             offload_optimizer=cfg.zero.offload_optimizer and rule.can_offload("optimizer"),
             offload_params=cfg.zero.offload_params and rule.can_offload("params"),
+            # qwZ likewise, where the stage gathers no parameters or would quantize what it updates.
+            quantized_weights=cfg.zero.quantized_weights if quantizes else "none",
+            hierarchical=cfg.zero.hierarchical if rule.params and REPLICA in mesh.shape else "none",
         )
         config = dataclasses.replace(
             cfg,
@@ -181,7 +188,8 @@ class Job:
         )
         plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules, **_zero_keys(config))
         fetches_layers = self.fetches_layers and zero.offload_params
-        return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers)
+        loss_fn = self.loss_fn if self.model is None else gpt_loss(self.model, plan, self.precision)
+        return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers, loss_fn=loss_fn)
 
 
 def build_job(
@@ -220,22 +228,29 @@ def build_job(
     precision = build_precision(config.precision)
     tx = build_optimizer(config.optimizer, config.train.steps)
     fetches_layers = init_fn is None and config.zero.offload_params
-    loss_fn_is_gpt = init_fn is None
+    model = None
     if init_fn is None:
         model = build_model(config.model, precision, model_parallel=model_ways(mesh.shape), fetch_params=fetches_layers)
         sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
 
         def init_fn(key):
             return model.init(key, sample)["params"]
-
-        loss_fn = partial(lm_loss, model)
     rng = jax.random.key(config.seed)
     abstract = abstract_state(init_fn, tx, rng, precision)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
     plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
+    if model is not None:
+        loss_fn = gpt_loss(model, plan, precision)
     if flops_per_token is None:
-        flops_per_token = model_flops_per_token(config.model) if loss_fn_is_gpt else 6 * plan.num_params
-    return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token)
+        flops_per_token = model_flops_per_token(config.model) if model is not None else 6 * plan.num_params
+    return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
+
+
+def gpt_loss(model: GPT, plan: Plan, precision: Precision) -> LossFn:
+    """The GPT's loss for ``plan``: the model gathers its own parameters where the plan needs it to
+    (:func:`jzero.step.model_gather`, stage 3 with qwZ)."""
+    gather = model_gather(plan, precision)
+    return partial(lm_loss, model if gather is None else model.clone(gather=gather))
 
 
 def model_flops_per_token(cfg: ModelConfig) -> int:
@@ -252,4 +267,7 @@ def _zero_keys(config: Config) -> dict[str, Any]:
         "gather_units": z.gather_units,
         "prefetch": z.prefetch,
         "persist_below_bytes": z.persist_below_bytes,
+        "quantized_weights": z.quantized_weights,
+        "quantization_block": z.quantization_block,
+        "hierarchical": z.hierarchical,
     }

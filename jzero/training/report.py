@@ -14,29 +14,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
 
 from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
+from jzero.ledger.element_types import parameter_gathers
 from jzero.ledger.gathered import gathered_peak
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, TensorPlan, shard_bytes
+from jzero.quantize import Layout
 from jzero.remat_policies import policy_name
 from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
 from jzero.state import TrainState
 from jzero.step import activation_rules, sharded_abstract
 from jzero.training.job import Job, partitions_activations
 
+# HLO element types by their NumPy names, where the two differ.
+_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
 __all__ = [
     "communication",
     "device_description",
+    "hierarchical",
     "lowering_notes",
     "model_flops",
     "one_group_reference",
     "paper_table",
     "plan_report",
+    "quantization",
     "startup_ledger",
     "with_scaling",
     "with_verdict",
@@ -98,6 +106,68 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
         **_tensors_part(plan),
         "paper_table": table,
         "communication": communication(plan, ops, table),
+        "quantization": quantization(plan, ops),
+        "hierarchical": hierarchical(job, hlo),
+    }
+
+
+def hierarchical(job: Job, hlo_text: str) -> dict[str, Any] | None:
+    """hpZ's secondary copy per device: the plan's bytes, the paper's formula (the parameters in
+    the compute dtype over the devices of a host, ``data``, and N_m), and what the compiled layer
+    loops save of it (its scanned layers' stacks, found by shape); None without hpZ."""
+    plan = job.plan
+    if not plan.hpz:
+        return None
+    dtype = job.precision.compute_dtype
+    itemsize = np.dtype(dtype).itemsize
+    gathered = [t for t in plan.tensors if t.param_spec != t.replicated_spec]
+    formula = sum(math.prod(t.shape) for t in gathered) * itemsize / plan.data_size / model_ways(plan.mesh.shape)
+    stacks = [
+        (np.dtype(dtype).name, NamedSharding(plan.mesh, plan.secondary_spec(t.param_spec)).shard_shape(t.shape))
+        for t in gathered
+        if (t.logical or (None,))[0] == LAYERS
+    ]
+    written = [(_DTYPE_NAMES.get(d, d), dims) for loop in ledger.forward_loop_writes(hlo_text) for d, dims, _, _ in loop]
+    saved = 0
+    for stack in stacks:
+        if stack in written:
+            written.remove(stack)
+            saved += math.prod(stack[1]) * itemsize
+    alone = [t for t in gathered if plan.secondary_spec(t.param_spec) == t.param_spec]
+    return {
+        "not_over_replica": [{**_tensor_entry(t), "why": "replica x data divides none of its dimensions"} for t in alone],
+        "secondary_bytes": plan.secondary_bytes(dtype),
+        "formula_bytes": formula,
+        "scanned_bytes": sum(math.prod(dims) * itemsize for _, dims in stacks),
+        "saved_by_loops_bytes": saved,
+    }
+
+
+def quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any] | None:
+    """qwZ's part of the report: what is quantized, what is gathered at full precision and why,
+    and what the compiled gathers really send (:func:`jzero.ledger.element_types.parameter_gathers`);
+    None when weights are not quantized."""
+    layouts = plan.weight_layouts()
+    if not layouts:
+        return None
+    by_path = {t.path: t for t in plan.tensors}
+    quantized, others, kept = [], [], []
+    for path, lay in layouts.items():
+        shape, _, target = plan.parameter_gather(by_path[path])
+        elements = math.prod(NamedSharding(plan.mesh, target).shard_shape(shape))
+        if isinstance(lay, Layout):
+            quantized.append(elements)
+            others.append(lay.blocks * math.prod(NamedSharding(plan.mesh, target).shard_shape(shape)) // lay.local_size)
+        else:
+            others.append(elements)
+            kept.append({**_tensor_entry(by_path[path]), "why": lay})
+    return {
+        "weights": plan.quantized_weights,
+        "block": plan.quantization_block,
+        "quantized": len(quantized),
+        "quantized_bytes": sum(by_path[p].nbytes for p, lay in layouts.items() if isinstance(lay, Layout)),
+        "not_quantized": kept,
+        "gathers": parameter_gathers(ops, plan.quantized_weights, quantized, others),
     }
 
 
@@ -383,7 +453,7 @@ def paper_table(plan: Plan) -> dict[str, Any]:
     psi = plan.num_params
     param_bytes = sum(t.nbytes for t in plan.tensors) / psi
     k = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves) / psi
-    n_d = plan.data_size
+    n_d = plan.partition_size
     n_m = model_ways(plan.mesh.shape)
     sizes = {"k": k, "param_bytes": param_bytes, "grad_bytes": param_bytes, "n_m": n_m}
     rows = [

@@ -1,0 +1,283 @@
+"""ZeRO++'s qwZ: block-quantized parameter gathers (jzero/quantize.py, jzero.gather)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import LR, reference_with_floor, tiny_config, train_sharded
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_bad_input import one_line_error, sets
+from test_targets import BF16, _compiled, h100x8  # noqa: F401 (a fixture)
+
+from jzero.checkpoint.runs import RunCheckpoints
+from jzero.gather import UnitSpec, gather
+from jzero.ledger import hlo as ledger
+from jzero.quantize import Layout, dequantize, from_blocks, layout, quantize, to_blocks
+from jzero.training.data import text_batches
+from jzero.training.job import build_job
+from jzero.training.report import plan_report
+
+QWZ = ["zero.quantized_weights=int8", "zero.quantization_block=64"]  # the tiny model's shards hold 128+ elements
+HPZ = ["mesh.axes={replica: 2, data: 4}", "zero.hierarchical=hpz"]
+CASES = [  # shape, resting spec, gathered spec, on data=4 x model=2
+    ((64, 32), P("data", None), P(None, None)),
+    ((64, 32), P("model", "data"), P("model", None)),
+    ((64, 32), P(None, ("model", "data")), P(None, "model")),
+    ((8, 64, 32), P(None, "data", "model"), P(None, None, "model")),
+    ((64, 32), P(("data", "model"), None), P(None, None)),
+]
+
+
+@pytest.fixture(scope="module")
+def mesh(devices):
+    return Mesh(np.array(devices).reshape(4, 2), ("data", "model"))
+
+
+def _reference(whole: np.ndarray, lay: Layout, dtype) -> np.ndarray:
+    """Gather first, then quantize: the whole tensor on one device, cut into the same blocks."""
+    one = jax.devices()[0]
+    blocks = to_blocks(jax.device_put(whole, one), lay)
+    return np.asarray(from_blocks(dequantize(*quantize(blocks), dtype), lay))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape, spec, whole", CASES)
+def test_quantize_then_gather_is_gather_then_quantize(mesh, shape, spec, whole, dtype):
+    lay = layout(shape, spec, mesh, 64)
+    spread = jnp.exp(jax.random.uniform(jax.random.key(1), shape[-1:]) * 8)  # blocks of very different scales
+    x = (jax.random.normal(jax.random.key(0), shape) * spread).astype(dtype)
+    sharded = jax.device_put(x, NamedSharding(mesh, spec))
+    got = jax.jit(lambda a: gather(a, UnitSpec(mesh, spec, whole, layout=lay)))(sharded)
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, whole), len(shape))
+    want = _reference(np.asarray(x), lay, dtype)
+    assert got.dtype == want.dtype and np.array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
+
+
+def test_dequantized_values_are_within_half_a_step_per_block():
+    """|x - q s| <= s/2 per block, plus the two float32 roundings (x / s, then q * s), each at most
+    127 s 2^-24: an exact bound, not a tolerance."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((64, 256)) * np.exp(rng.uniform(-20, 20, (64, 1)))).astype(np.float32)
+    x[0] = 0.0  # an all-zero block: scale 0, values exact
+    x[1, 3] = 1e30  # one huge value in a block
+    values, scales = quantize(jnp.asarray(x))
+    back = np.asarray(dequantize(values, scales, jnp.float32), np.float64)
+    step = np.asarray(scales, np.float64)[:, None]
+    assert values.dtype == jnp.int8 and int(jnp.max(jnp.abs(values))) == 127
+    assert np.all(np.abs(back - x) <= step * (0.5 + 254 * 2.0**-24)) and np.all(back[0] == 0)
+
+
+def test_layouts_split_by_mesh_axis_and_leave_1d_whole(mesh):
+    assert layout((128,), P("data"), mesh, 8) == "1-D"
+    lay = layout((8, 64, 32), P(None, "data", "model"), mesh, 64)
+    assert lay.axes == ("data", "model") and lay.parts == ((8,), (4, 16), (2, 16)) and lay.local_size == 2048
+
+
+def test_a_block_that_does_not_divide_the_shard_is_padded(mesh):
+    """136 elements per device in blocks of 16: nine blocks, the last half zeros; still exact. A
+    shard under eight blocks is not padded, and one under a block is not quantized."""
+    too_few = "24 elements per device, not a multiple of the block (16) and too few to pad"
+    assert layout((8, 12), P("data", None), mesh, 16) == too_few
+    assert layout((8, 12), P("data", None), mesh, 32) == "24 elements per device, fewer than a block (32)"
+    lay = layout((8, 68), P("data", None), mesh, 16)
+    assert lay.blocks == 9 and to_blocks(jnp.ones((8, 68)), lay).shape == (4, 9, 16)
+    x = jax.random.normal(jax.random.key(2), (8, 68))
+    sharded = jax.device_put(x, NamedSharding(mesh, P("data")))
+    got = jax.jit(lambda a: gather(a, UnitSpec(mesh, P("data", None), P(), layout=lay)))(sharded)
+    assert np.array_equal(np.asarray(got), _reference(np.asarray(x), lay, jnp.float32))
+
+
+def _gathered_arrays(compiled, sizes, dtypes):
+    """Bytes per step of the all-gather arrays of ``dtypes`` with an element count in ``sizes``."""
+    total = 0
+    for op in ledger.parse_collectives(compiled.as_text()):
+        if op.kind == "all-gather":
+            for dtype, dims in op.arrays:
+                if dtype in dtypes and int(np.prod(dims)) in sizes:
+                    total += int(np.prod(dims)) * ledger._DTYPE_BYTES[dtype] * op.executions
+    return total
+
+
+def _assert_int8_gathers(plain, quantized) -> None:
+    """Each bf16 parameter gather of the plain program became an s8 gather of the same elements,
+    and the ledger finds no parameter-sized gather left in another type."""
+    (job, compiled), (_, plain_compiled) = quantized, plain
+    report = plan_report(job, compiled)["quantization"]
+    assert report["quantized"] > 0 and report["gathers"]["mismatched"] == [], report
+    layouts = job.plan.weight_layouts()
+    sizes = set()
+    for t in job.plan.tensors:
+        if isinstance(layouts.get(t.path), Layout):
+            shape, _, target = job.plan.parameter_gather(t)
+            sizes.add(int(np.prod(NamedSharding(job.mesh, target).shard_shape(shape))))
+    bf16 = _gathered_arrays(plain_compiled, sizes, {"bf16"})
+    assert bf16 > 0 and _gathered_arrays(compiled, sizes, {"s8"}) * 2 == bf16
+    assert _gathered_arrays(compiled, sizes, {"bf16"}) == 0
+    assert report["gathers"]["quantized_bytes"] == bf16 // 2
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_every_quantized_gather_is_int8_on_the_gpu_target(h100x8, stage):  # noqa: F811
+    """jzero's GPT: at stage 3 the layer loop's gathers, at stage 2 the updated parameters'."""
+    plain = _compiled(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
+    _assert_int8_gathers(plain, _compiled(tiny_config(f"zero.stage={stage}", *BF16, *QWZ), h100x8))
+
+
+def test_gathering_units_quantize_too(h100x8):  # noqa: F811
+    """An unscanned model (a Llama of your own) gathered unit by unit: its units' gathers are s8."""
+    from helpers.llama import llama_parts
+
+    init_fn, loss_fn = llama_parts(16, d=32, layers=3, heads=4, kv_heads=2)
+
+    def compiled(*sets):
+        cfg = tiny_config("zero.stage=3", *BF16, *sets)
+        job = build_job(cfg, h100x8, init_fn=init_fn, loss_fn=loss_fn)
+        assert job.plan.units
+        return job, job.compile_step()[1]
+
+    _assert_int8_gathers(compiled(), compiled(*QWZ))
+
+
+def _qdq_reference_loss(job, loss_fn):
+    """The loss on parameters quantized and dequantized as the plan's gathers do (a scanned leaf one
+    layer at a time), with the gradient passed straight through: what qwZ computes, on one device."""
+    layouts = job.plan.weight_layouts()
+
+    def qdq(x, lay, scanned):
+        @jax.custom_vjp
+        def straight(x):
+            one = lambda v: from_blocks(dequantize(*quantize(to_blocks(v, lay)), v.dtype), lay)  # noqa: E731
+            return jax.vmap(one)(x) if scanned else one(x)
+
+        straight.defvjp(lambda x: (straight(x), None), lambda _, ct: (ct,))
+        return straight(x)
+
+    def loss(params, batch):
+        leaves = []
+        for t, x in zip(job.plan.tensors, jax.tree.leaves(params), strict=True):
+            lay = layouts.get(t.path)
+            leaves.append(qdq(x, lay, x.ndim > len(lay.shape)) if isinstance(lay, Layout) else x)
+        return loss_fn(jax.tree.unflatten(jax.tree.structure(params), leaves), batch)
+
+    return loss
+
+
+def test_qwz_training_equals_one_device_training_on_quantized_weights(devices):
+    """fp32, stage 3, 8 steps: with qwZ over data=8, and with qwZ and hpZ over replica x data, the
+    parameters equal one-device optax whose loss reads each matrix (6 per block, the embedding and
+    the head) quantized as the plan's gathers do, within its reordering floor. Both meshes cut the
+    same blocks (replica x data in mesh order is data=8's order), so one reference serves both."""
+    data = text_batches(None, 200_000, 16, 16, 0)
+    runs = [build_job(tiny_config(LR, "zero.stage=3", *QWZ)), build_job(tiny_config(LR, "zero.stage=3", *HPZ, *QWZ))]
+
+    def blocks(s):
+        return sorted(lay.blocks for lay in s.plan.weight_layouts().values() if isinstance(lay, Layout))
+
+    assert len(blocks(runs[0])) == 8 and blocks(runs[1]) == blocks(runs[0])
+    one = build_job(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    loss = _qdq_reference_loss(runs[0], one.loss_fn)
+    s = runs[0]
+    reference = reference_with_floor(s.init_fn, loss, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), 8)
+    for s in runs:
+        state = train_sharded(s, lambda k, sharding: data.device_batch(k, sharding), 8)
+        reference.check(params=nn.unbox(state.params))
+
+
+def test_a_checkpoint_saved_with_qwz_restores_without_it_bit_identical(devices, tmp_path):
+    data = text_batches(None, 200_000, 16, 16, 0)
+    s = build_job(tiny_config(LR, "zero.stage=3", *BF16, *QWZ))
+    state = train_sharded(s, lambda k, sharding: data.device_batch(k, sharding), 2)
+    want = jax.device_get(state)
+    ckpts = RunCheckpoints(tmp_path)
+    assert ckpts.save(2, state, data.state(2), {"mesh": {"data": 8}, "stage": 3})
+    ckpts.wait()
+    plain = build_job(tiny_config(LR, "zero.stage=3", *BF16))
+    restored = jax.device_get(ckpts.restore(2, plain.abstract_state()).state)
+    for got, expected in zip(jax.tree.leaves(restored), jax.tree.leaves(want), strict=True):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["zero.stage=0", "zero.quantized_weights=int8"], "zero.quantized_weights: needs zero.stage 1, 2 or 3"),
+        (["zero.stage=3", "zero.quantized_weights=int4"], "zero.quantized_weights: must be none or int8, got 'int4'"),
+        (["zero.stage=3", *QWZ[:1], "zero.quantization_block=100"], "zero.quantization_block: must be a power of two, got 100"),
+        (["zero.stage=1", *QWZ[:1]], "zero.quantized_weights: at stage 1 the gathered parameters are the ones updated"),
+    ],
+)
+def test_bad_quantization_settings_are_one_line(capsys, overrides, fragment):
+    one_line_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], fragment)
+
+
+
+@pytest.fixture(scope="module")
+def two_hosts(h100x8):  # noqa: F811 (h100x8: the gpu-target extra is there)
+    from jzero.ledger.targets import target_devices
+
+    return target_devices("h100", hosts=2, gpus_per_host=4)
+
+
+def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(devices, two_hosts):
+    """Live model states: ZeRO-3's formula over all 8 devices. The secondary copy: the parameters
+    (bf16) over the 4 devices of a host, and the compiled layer loop saves it for every scanned kernel."""
+    from jzero.ledger.hlo import forward_loop_writes, live_bytes_per_device
+
+    s = build_job(tiny_config("zero.stage=3", *BF16, *HPZ))
+    flat = build_job(tiny_config("zero.stage=3", *BF16, "mesh.axes.data=8"))
+    assert s.plan.per_device_bytes() == flat.plan.per_device_bytes()
+    assert s.plan.per_device_bytes()["total"] <= s.plan.ideal_per_device_bytes()["total"] + 64  # whole-row rounding
+    state, planned = s.init_state(), s.plan.per_device_bytes()
+    assert live_bytes_per_device(state.params) == planned["params"]
+    assert 0 <= live_bytes_per_device(state.opt_state) - planned["optimizer"] <= 8  # the optimizer's step counts
+    job, compiled = _compiled(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
+    h = plan_report(job, compiled)["hierarchical"]
+    whole = sum(int(np.prod(t.shape)) * 2 for t in job.plan.tensors)  # bf16
+    assert h["secondary_bytes"] == h["formula_bytes"] == whole / 4
+    written = [dims for loop in forward_loop_writes(compiled.as_text()) for dtype, dims, _, _ in loop if dtype == "bf16"]
+    for t in job.plan.tensors:
+        if t.path.startswith("blocks/") and t.path.endswith("kernel"):
+            assert NamedSharding(job.mesh, job.plan.secondary_spec(t.param_spec)).shard_shape(t.shape) in written, t.path
+    # All of it but a bias the backward never reads (the value projection's): not saved.
+    assert 0.95 * h["scanned_bytes"] <= h["saved_by_loops_bytes"] <= h["scanned_bytes"]
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama units"])
+def test_hpz_keeps_the_backwards_gathers_within_the_host(two_hosts, model):
+    """Two hosts of 4: flat ZeRO-3 gathers across hosts in the forward and again in the backward;
+    with hpZ only the forward's gather crosses, and the backward's stays within a host: in jzero's
+    scanned GPT and in an unscanned model's gathering units."""
+    from helpers.llama import llama_parts
+
+    from jzero.ledger.levels import bytes_by_level
+
+    parts = {}
+    if model != "gpt":
+        parts["init_fn"], parts["loss_fn"] = llama_parts(16, d=32, layers=3, heads=4, kv_heads=2)
+
+    def gathers(*sets):
+        job = build_job(tiny_config("zero.stage=3", *BF16, *sets), two_hosts, **parts)
+        assert bool(job.plan.units) == (model != "gpt")
+        ops = [op for op in ledger.parse_collectives(job.compile_step()[1].as_text()) if op.kind == "all-gather"]
+        return bytes_by_level(ops, [d.process_index for d in job.mesh.devices.flat])
+
+    flat = gathers("mesh.axes.data=8", "mesh.dcn.data=2")
+    hpz = gathers(*HPZ, "mesh.dcn.replica=2")
+    assert flat["within_host"] == 0 and hpz["cross_host"] < flat["cross_host"]
+    # The backward's gathers (flat's cross-host bytes that hpZ's no longer has) went within the
+    # host, beside the forward's second, within-host gather: at most flat's bytes in all.
+    assert flat["cross_host"] - hpz["cross_host"] <= hpz["within_host"] <= flat["cross_host"], (flat, hpz)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["zero.stage=3", "zero.hierarchical=hpz"], "zero.hierarchical: hpz needs a replica axis (mesh.axes.replica > 1"),
+        (["zero.stage=2", *HPZ], "zero.hierarchical: hpz keeps a secondary copy of parameter shards: needs zero.stage 3, got 2"),
+        (["zero.stage=3", "zero.hierarchical=mics"], "zero.hierarchical: must be none or hpz, got 'mics'"),
+    ],
+)
+def test_bad_hierarchical_settings_are_one_line(capsys, overrides, fragment):
+    one_line_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], fragment)
