@@ -4,7 +4,9 @@
 
 Each case is ``jzero plan CONFIG --target T --json`` at stage 3 in bf16, with ``mesh.dcn`` across
 the hosts: the baseline partitions over ``data`` (all devices), hpZ's cases over ``replica`` (the
-hosts) x ``data`` (the GPUs of a host). The ledger splits every collective's bytes by level
+hosts) x ``data`` (the GPUs of a host). qgZ's cases reduce gradients by quantized all-to-alls: one
+over ``data`` when it is the only axis, two hops (within the host, then across) under hpZ. The
+ledger splits every collective's bytes by level
 (:mod:`jzero.ledger.levels`, ZeRO++'s accounting); the table gives them over the baseline's.
 """
 
@@ -23,6 +25,10 @@ QWZ = ["zero.quantized_weights=int8"]
 HPZ = ["zero.hierarchical=hpz"]
 
 
+def qgz(width: str) -> list[str]:
+    return [f"zero.quantized_gradients={width}"]
+
+
 def cases(hosts: int, per_host: int) -> dict[str, list[str]]:
     flat = [f"mesh.axes={{data: {hosts * per_host}}}", f"mesh.dcn.data={hosts}"]
     nested = [f"mesh.axes={{replica: {hosts}, data: {per_host}}}", f"mesh.dcn.replica={hosts}"]
@@ -31,6 +37,10 @@ def cases(hosts: int, per_host: int) -> dict[str, list[str]]:
         "+ qwZ": [*flat, *QWZ],
         "+ hpZ": [*nested, *HPZ],
         "+ qwZ + hpZ": [*nested, *QWZ, *HPZ],
+        "+ qgZ int8": [*flat, *qgz("int8")],
+        "+ qwZ + qgZ int8": [*flat, *QWZ, *qgz("int8")],
+        "+ qwZ + hpZ + qgZ int8": [*nested, *QWZ, *HPZ, *qgz("int8")],
+        "+ qwZ + hpZ + qgZ int4": [*nested, *QWZ, *HPZ, *qgz("int4")],
     }
 
 

@@ -1,6 +1,7 @@
 """Training quality under ZeRO++'s quantization: the final loss of gpt-tiny, bf16, stage 3.
 
-    python benchmarks/zeropp_quality.py [--steps 300] [--seeds 0 1 2] [--case "NAME=KEY=VALUE;..."] [--out DIR]
+    python benchmarks/zeropp_quality.py [--steps 300] [--seeds 0 1 2] [--case "NAME=KEY=VALUE;..."] [--all-seeds]
+        [--reuse PREVIOUS.json] [--out DIR]
 
 The plain run trains once per seed, for the spread that initialisation and data order alone give.
 Each ZeRO++ case trains with the first seed (with ``--all-seeds``, with each). Every run is
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16", "zero.stage=3"]
 CASES = {
     "qwZ int8": ["zero.quantized_weights=int8"],
+    "qwZ + qgZ int8": ["zero.quantized_weights=int8", "zero.quantized_gradients=int8"],
+    "qgZ int4": ["zero.quantized_gradients=int4"],
 }
 
 
@@ -44,6 +47,16 @@ def train(steps: int, seed: int, sets: list[str], folder: Path) -> dict:
     return {"final": final, "last10": sum(losses[-10:]) / len(losses[-10:]), "seconds": time.perf_counter() - start}
 
 
+def _reused(path: Path | None, steps: int, seeds: list[int]) -> dict:
+    """The runs of a previous table, when it trained the same steps on the same seeds."""
+    if path is None:
+        return {}
+    record = json.loads(path.read_text())
+    if record["steps"] != steps or record["seeds"] != seeds:
+        raise SystemExit(f"{path}: {record['steps']} steps on seeds {record['seeds']}, not {steps} on {seeds}")
+    return record["results"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -51,18 +64,21 @@ def main() -> None:
     parser.add_argument("--case", action="append", default=[], help="NAME=KEY=VALUE;KEY=VALUE (repeatable)")
     parser.add_argument("--all-seeds", action="store_true", help="train each case with every seed, not only the first")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--reuse", type=Path, help="a previous zeropp_quality.json: its runs (same steps, seeds) are kept")
     args = parser.parse_args()
     cases = dict(CASES)
     for text in args.case:
         name, _, sets = text.partition("=")
         cases[name] = sets.split(";")
-    results = {}
+    results = _reused(args.reuse, args.steps, args.seeds)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        results["plain"] = [train(args.steps, seed, [], folder) for seed in args.seeds]
         case_seeds = args.seeds if args.all_seeds else args.seeds[:1]
-        for name, sets in cases.items():
-            results[name] = [train(args.steps, seed, sets, folder) for seed in case_seeds]
+        for name, sets in {"plain": [], **cases}.items():
+            seeds = args.seeds if name == "plain" else case_seeds
+            if len(results.get(name, [])) != len(seeds):
+                results[name] = [train(args.steps, seed, sets, folder) for seed in seeds]
+                print(name, results[name], flush=True)
     plain = [r["final"] for r in results["plain"]]
     lines = [
         f"gpt-tiny, {args.steps} steps, bf16, stage 3, 8 CPU devices (`python benchmarks/zeropp_quality.py`)",

@@ -38,8 +38,9 @@ from jax.extend.core import Literal, Var
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jzero.collectives import gather_axes, quantized_gather, quantized_reduce_scatter, reduce_scatter, spec_axes
 from jzero.mesh import on_gpus
-from jzero.quantize import Layout, dequantize, from_blocks, quantize, to_blocks
+from jzero.quantize import NONE, Layout, dequantize, from_blocks, quantize, to_blocks
 from jzero.trees import path_str
 
 __all__ = [
@@ -73,6 +74,11 @@ class UnitSpec:
         gathered as int8 values and a scale per block, dequantized to the compute dtype. None:
         gathered in the compute dtype.
       secondary: hpZ's secondary partition (the resting spec without ``replica``), or None.
+      manual: under qgZ, the batch axes of the ``shard_map`` the gather runs in
+        (:func:`jzero.step.manual_loss`): it gathers with explicit collectives over them, and its
+        gradient is reduced over them by all-to-alls. Empty: GSPMD places the collectives.
+      grad_width: under ``manual``, qgZ's width (``int8``, ``int4``); none: reduced in ``reduce_dtype``.
+      grad_block: the gradient's elements per scale (:meth:`jzero.plan.Plan.gradient_blocks`).
     """
 
     mesh: Any
@@ -82,14 +88,13 @@ class UnitSpec:
     compute_dtype: Any = None
     layout: Layout | None = None
     secondary: P | None = None
+    manual: tuple[str, ...] = ()
+    grad_width: str = NONE
+    grad_block: int = 0
 
 
 # hpZ's secondary copy, by the name checkpoint policies save it under (:data:`SAVE_SECONDARY`).
 SECONDARY = "jzero_hpz_secondary"
-
-
-def _spec_axes(spec: P) -> list[str]:
-    return [a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)]
 
 
 def _to(x: jax.Array, spec: UnitSpec, target: P, compute: Any) -> jax.Array:
@@ -110,7 +115,7 @@ def _quantized_gather(x: jax.Array, spec: UnitSpec, target: P, compute: Any) -> 
     """qwZ: ``x`` (at rest) quantized on its own shards, gathered to ``target`` as int values and
     scales, and dequantized."""
     lay, mesh = spec.layout, spec.mesh
-    kept = _spec_axes(target)
+    kept = spec_axes(target)
     values, scales = quantize(jax.lax.with_sharding_constraint(to_blocks(x, lay), NamedSharding(mesh, lay.spec(lay.axes))))
     # Without the barrier CPU XLA moves the int conversion after the gather, which then sends f32.
     values, scales = jax.lax.optimization_barrier((values, scales))
@@ -130,6 +135,8 @@ def gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
     then gathers it from the saved copy, within the host, and the gradient still goes to the
     resting spec in one reduce-scatter."""
     compute = spec.compute_dtype or shard.dtype
+    if spec.manual:
+        return _manual_gather(shard, spec, compute)
     if spec.secondary is None:
         return _reduced_back(lambda x: _to(x, spec, spec.whole, compute), shard, spec)
     secondary = checkpoint_name(_reduced_back(lambda x: _secondary(x, spec, compute), shard, spec), SECONDARY)
@@ -167,6 +174,49 @@ def _passed_back(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Arra
 
     jzero_regather.defvjp(lambda v: (jzero_regather(v), None), lambda _, ct: (ct,))
     return jzero_regather(x)
+
+
+def _manual_gather(shard: jax.Array, spec: UnitSpec, compute: Any) -> jax.Array:
+    """:func:`gather` under qgZ's ``shard_map``: explicit all-gathers over the batch axes, and a
+    backward that reduces the devices' partial gradients by quantized all-to-alls
+    (:func:`jzero.collectives.quantized_reduce_scatter`). With hpZ, two hops each way: across the
+    hosts (``replica``) to the secondary copy, named :data:`SECONDARY` between them, then within."""
+    if spec.secondary is None:
+        return _manually_reduced(lambda x: _gathered(x, spec, spec.manual, compute), shard, spec, spec.resting, spec.manual)
+    inner = tuple(a for a in spec.manual if a in spec_axes(spec.secondary))
+    outer = tuple(a for a in spec.manual if a not in inner)
+    secondary = _manually_reduced(lambda x: _gathered(x, spec, outer, compute), shard, spec, spec.resting, outer)
+    secondary = checkpoint_name(secondary, SECONDARY)
+    within = dataclasses.replace(spec, resting=spec.secondary, layout=None)  # the copy is dequantized already
+    return _manually_reduced(lambda x: _gathered(x, within, inner, compute), secondary, spec, spec.secondary, inner)
+
+
+def _gathered(x: jax.Array, spec: UnitSpec, axes: tuple[str, ...], compute: Any) -> jax.Array:
+    if spec.layout is not None:
+        return quantized_gather(x, spec.layout, axes, compute)
+    return gather_axes(x.astype(compute), spec.resting, axes)
+
+
+def _manually_reduced(
+    fn: Callable[[jax.Array], jax.Array], x: jax.Array, spec: UnitSpec, resting: P, axes: tuple[str, ...]
+) -> jax.Array:
+    """``fn(x)``, whose backward sums every device's cotangent over ``axes`` down to ``x``'s part
+    (``x`` resting as ``resting``): quantized where ``spec`` has a gradient width."""
+    reduce = spec.reduce_dtype or x.dtype
+
+    @jax.custom_vjp
+    def jzero_gather(v):
+        return fn(v)
+
+    def backward(_, ct):
+        if spec.grad_width != NONE:
+            ct = quantized_reduce_scatter(ct, resting, axes, spec.grad_width, spec.grad_block)
+        else:
+            ct = reduce_scatter(ct.astype(reduce), resting, axes)
+        return (ct.astype(x.dtype),)
+
+    jzero_gather.defvjp(lambda v: (jzero_gather(v), None), backward)
+    return jzero_gather(x)
 
 
 def tree_gather(specs: dict[str, UnitSpec]) -> Callable[[str, Any], Any]:

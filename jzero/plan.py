@@ -41,6 +41,7 @@ from jzero.stages import (
     check_hierarchical,
     check_offload,
     check_quantization,
+    check_quantized_gradients,
     per_device_parts,
     stage_rule,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "Plan",
     "TensorPlan",
     "data_partition",
+    "hierarchy",
     "default_rules",
     "logical_names",
     "logical_to_mesh",
@@ -130,10 +132,23 @@ class Plan:
     quantized_weights: str = NONE  # qwZ: the width parameter gathers send (none: the compute dtype)
     quantization_block: int = DEFAULT_BLOCK  # qwZ: elements per scale
     hierarchical: str = HIERARCHICAL[0]  # hpZ: the primary partition spans replica too
+    quantized_gradients: str = NONE  # qgZ: the width gradient all-to-alls send (none: no qgZ)
 
     @property
     def hpz(self) -> bool:
         return self.hierarchical != HIERARCHICAL[0]
+
+    @property
+    def qgz(self) -> bool:
+        """The loss runs under ``jax.shard_map`` (:func:`jzero.step.manual_loss`), its gradient
+        reduced by quantized all-to-alls."""
+        return self.quantized_gradients != NONE
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes the batch is split over, major first."""
+        axes = self.batch.spec[0]
+        return axes if isinstance(axes, tuple) else (axes,)
 
     def secondary_spec(self, spec: P) -> P:
         """hpZ: a resting spec without ``replica``, the secondary partition within a host."""
@@ -179,6 +194,22 @@ class Plan:
                 out[t.path] = "1-D"  # a stack of 1-D layers, gathered whole at stages 1-2
             else:
                 out[t.path] = layout(shape, source, self.mesh, self.quantization_block)
+        return out
+
+    def gradient_blocks(self) -> dict[str, int]:
+        """qgZ: the quantization block of each gathered parameter's gradient, the plan's block or,
+        for a shard smaller than it, the largest power of two that fits (at least 2, the two int4
+        values of a byte); empty without qgZ. Every one is quantized: an all-to-all's rows are
+        padded to whole blocks, so no shape falls back to full precision."""
+        if not self.qgz:
+            return {}
+        out = {}
+        for t in self.tensors:
+            gathered = self.parameter_gather(t)
+            if gathered is not None:
+                shape, source, _ = gathered
+                local = shard_bytes(shape, np.int8, source, self.mesh)
+                out[t.path] = max(2, min(self.quantization_block, 1 << (local.bit_length() - 1)))
         return out
 
     @property
@@ -348,15 +379,26 @@ def zero_axes(mesh: Mesh) -> tuple[str, ...]:
     return (DATA, *others)
 
 
+def hierarchy(mesh: Mesh, hpz: bool, qgz: bool) -> tuple[str, ...]:
+    """hpZ's primary partition: ``replica`` and ``data`` on one dimension, major first (empty without hpZ).
+
+    In mesh order, one GSPMD reduce-scatter over all devices reduces the gradient. Under qgZ,
+    ``data`` major: a device's secondary slice (its ``data`` chunk) is then the ``replica`` gather
+    of its own lane's primary shards, and the gradient's two hops run within the host, then across.
+    """
+    if not hpz:
+        return ()
+    return (DATA, REPLICA) if qgz else tuple(a for a in mesh.axis_names if a in (REPLICA, DATA))
+
+
 def data_partition(
-    shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None, hierarchical: bool = False
+    shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None, hierarchy: tuple[str, ...] = ()
 ) -> tuple[P, int | None]:
     """Add the ZeRO axes (:func:`zero_axes`) to ``spec``: returns (D spec, the dim ``data`` went on, or None).
 
-    ``data`` goes on the best dimension it divides (with ``hierarchical``, hpZ's primary partition,
-    ``replica`` and ``data`` together on one dimension, in mesh order: one reduce-scatter over all
-    devices then reduces the gradient); then each other ZeRO axis the spec leaves unused goes on
-    the best dimension that still divides, if any.
+    ``data`` goes on the best dimension it divides (with a ``hierarchy``, hpZ's primary partition:
+    those axes together on one dimension, major first; see :func:`hierarchy`); then each other
+    ZeRO axis the spec leaves unused goes on the best dimension that still divides, if any.
     """
     entries = list(spec) + [None] * (len(shape) - len(spec))
     if any(DATA in _axes_of(e) for e in entries):
@@ -377,8 +419,8 @@ def data_partition(
         return None
 
     data_dim = None
-    if hierarchical and int(mesh.shape.get(REPLICA, 1)) > 1:
-        data_dim = place(tuple(a for a in mesh.axis_names if a in (REPLICA, DATA)))
+    if hierarchy and int(mesh.shape.get(REPLICA, 1)) > 1:
+        data_dim = place(hierarchy)
     if data_dim is None:  # hpZ's partition does not divide: ``data`` alone (plan lists it)
         data_dim = place((DATA,))
     if data_dim is not None:
@@ -419,12 +461,12 @@ def _tensor_plan(
     path_rules: Sequence[Sequence[Any]],
     rule: StageRule,
     persist_below_bytes: int,
-    hierarchical: bool = False,
+    hierarchy: tuple[str, ...] = (),
 ) -> TensorPlan:
     """One parameter's R and D specs, and which of them the stage gives each role."""
     shape = tuple(leaf.shape)
     rspec = _model_spec(name, shape, logical, mesh, rules, path_rules)
-    dspec, dim = data_partition(shape, rspec, mesh, logical, hierarchical)
+    dspec, dim = data_partition(shape, rspec, mesh, logical, hierarchy)
     return TensorPlan(
         path=name,
         shape=shape,
@@ -446,7 +488,7 @@ def _tensor_plans(
     path_rules: Sequence[Sequence[Any]],
     rule: StageRule,
     persist_below_bytes: int,
-    hierarchical: bool = False,
+    hierarchy: tuple[str, ...] = (),
 ) -> tuple[list[TensorPlan], Any]:
     """Every parameter's :class:`TensorPlan`, in tree order, and the unboxed parameters' treedef."""
     names = logical_names(abstract_params)
@@ -455,7 +497,7 @@ def _tensor_plans(
     for path, leaf in leaves:
         name = path_str(path)
         logical = names.get(name)
-        tensors.append(_tensor_plan(name, leaf, logical, mesh, rules, path_rules, rule, persist_below_bytes, hierarchical))
+        tensors.append(_tensor_plan(name, leaf, logical, mesh, rules, path_rules, rule, persist_below_bytes, hierarchy))
     return tensors, treedef
 
 
@@ -515,6 +557,7 @@ def make_plan(
     quantized_weights: str = NONE,
     quantization_block: int = DEFAULT_BLOCK,
     hierarchical: str = HIERARCHICAL[0],
+    quantized_gradients: str = NONE,
 ) -> Plan:
     """The shardings of a ZeRO stage on a mesh.
 
@@ -540,13 +583,18 @@ def make_plan(
     master_copy = isinstance(abstract_state.opt_state, MasterState)
     check_quantization(stage, quantized_weights, quantization_block, master_copy=master_copy)
     check_hierarchical(stage, hierarchical, int(mesh.shape.get(REPLICA, 1)))
-    hpz = hierarchical != HIERARCHICAL[0]
+    axes = {a: int(n) for a, n in mesh.shape.items()}
+    check_quantized_gradients(stage, quantized_gradients, hierarchical, axes, offload_params=offload_params)
+    order = hierarchy(mesh, hierarchical != HIERARCHICAL[0], quantized_gradients != NONE)
     rules = _normal_rules(rules, mesh)
 
-    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes, hpz)
+    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes, order)
     shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, offload_optimizer, offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
     units = _units(tensors, gather_units) if rule.params else {}
+    if units and quantized_gradients != NONE:
+        needs = "it needs a model that gathers itself, as jzero's GPT"
+        raise PlanError("zero.quantized_gradients", f"not yet with gathering units (zero.gather_units): {needs}")
     return Plan(
         mesh=mesh,
         stage=stage,
@@ -561,6 +609,7 @@ def make_plan(
         quantized_weights=quantized_weights,
         quantization_block=quantization_block,
         hierarchical=hierarchical,
+        quantized_gradients=quantized_gradients,
         **shardings,
     )
 

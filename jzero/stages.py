@@ -8,20 +8,23 @@ module reads a stage through :func:`stage_rule`, never by comparing its number.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from jzero.axes import MODEL, REPLICA
 from jzero.errors import JzeroError, PlanError
 
 __all__ = [
     "DEFAULT_BLOCK",
     "HIERARCHICAL",
     "OFFLOADABLE",
+    "QUANTIZED_GRADIENTS",
     "QUANTIZED_WEIGHTS",
     "STAGES",
     "StageRule",
     "check_hierarchical",
     "check_offload",
     "check_quantization",
+    "check_quantized_gradients",
     "paper_bytes_per_device",
     "paper_communication_bytes",
     "paper_parts_per_device",
@@ -157,6 +160,49 @@ def check_hierarchical(stage: int, hierarchical: str, replica: int, *, error: ty
         raise error(key, f"hpz keeps a secondary copy of parameter shards: needs zero.stage 3, got {stage}")
     if replica in (0, 1):
         raise error(key, "hpz needs a replica axis (mesh.axes.replica > 1, across the hosts) to keep its secondary copy within")
+
+
+# qgZ (ZeRO++): the widths a gradient reduction may send (its all-to-all's values).
+QUANTIZED_GRADIENTS = ("none", "int8", "int4")
+
+
+def check_quantized_gradients(
+    stage: int,
+    quantized_gradients: str,
+    hierarchical: str,
+    axes: Mapping[str, int],
+    *,
+    offload_params: bool = False,
+    error: type[JzeroError] = PlanError,
+) -> None:
+    """Refuse a qgZ setting the stage or the mesh cannot have.
+
+    qgZ runs the loss under ``jax.shard_map`` over the batch axes, every gather and gradient
+    reduction an explicit collective. That step has no ``model`` axis yet, and its two hops need
+    the gradient partitioned over every batch axis: with a ``replica`` axis, hpZ's partition.
+
+    Args:
+      axes: the mesh's axis sizes.
+      offload_params: ``zero.offload_params``.
+
+    Raises:
+      PlanError (or ``error``): an unknown width, qgZ below stage 3, with a ``model`` axis over 1,
+        with a ``replica`` axis but no hpZ, or with the parameters offloaded.
+    """
+    key = "zero.quantized_gradients"
+    if quantized_gradients not in QUANTIZED_GRADIENTS:
+        widths = f"{', '.join(QUANTIZED_GRADIENTS[:-1])} or {QUANTIZED_GRADIENTS[-1]}"
+        raise error(key, f"must be {widths}, got {quantized_gradients!r}")
+    if quantized_gradients == QUANTIZED_GRADIENTS[0]:
+        return
+    if not stage_rule(stage, error).params:
+        raise error(key, f"reduces the gradients layer by layer as stage 3 does: needs zero.stage 3, got {stage}")
+    if int(axes.get(MODEL, 1)) > 1:
+        raise error(key, f"needs mesh.axes.model 1 (got {axes[MODEL]}): the all-to-all step does not split the model yet")
+    if int(axes.get(REPLICA, 1)) > 1 and hierarchical == HIERARCHICAL[0]:
+        raise error(key, "with a replica axis it needs zero.hierarchical hpz (the second hop runs across replica)")
+    if offload_params:
+        raise error(key, "not with zero.offload_params yet (the all-to-all step fetches nothing from the host)")
 
 
 def per_device_parts(params: float, grads: float, optimizer: float, stage: int, n_d: int, n_m: int = 1) -> dict[str, float]:

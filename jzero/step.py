@@ -16,6 +16,7 @@ Inside it, sharding constraints tell XLA where each tensor must be; XLA inserts 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = [
     "activation_rules",
     "make_eval_step",
     "make_train_step",
+    "manual_loss",
     "model_gather",
     "sharded_abstract",
     "sharded_init",
@@ -217,8 +219,7 @@ def _microbatch_loop(
 
 def _batch_groups(plan: Plan) -> tuple[tuple[str, ...], int, Any]:
     """The batch's mesh axes, the number of batch groups they make, and the grad shardings with a group dim on them."""
-    axes = plan.batch.spec[0]
-    axes = axes if isinstance(axes, tuple) else (axes,)
+    axes = plan.batch_axes
     groups = math.prod(plan.mesh.shape[a] for a in axes)
     on_groups = [NamedSharding(plan.mesh, P(axes, *s.spec)) for s in jax.tree.leaves(plan.grads)]
     return axes, groups, jax.tree.unflatten(jax.tree.structure(plan.grads), on_groups)
@@ -481,13 +482,36 @@ def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any]
     for t in plan.tensors:
         lay = _layout(layouts, t.path)
         gathered = plan.parameter_gather(t)
-        if gathered is not None and (lay is not None or plan.hpz):
+        if gathered is not None and (lay is not None or plan.hpz or plan.qgz):
             _, source, target = gathered
-            specs[t.path] = _unit_spec(plan, precision, source, target, lay)
+            specs[t.path] = _unit_spec(plan, precision, source, target, lay, t.path)
     return tree_gather(specs) if specs else None
 
 
-def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None) -> UnitSpec:
+def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None, path: str = "") -> UnitSpec:
     """How one leaf resting as ``source`` is gathered to ``target`` under the plan's ZeRO++ knobs."""
     secondary = plan.secondary_spec(source) if plan.hpz else None
-    return UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)
+    spec = UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)
+    if not plan.qgz:
+        return spec
+    block = plan.gradient_blocks()[path]
+    return dataclasses.replace(spec, manual=plan.batch_axes, grad_width=plan.quantized_gradients, grad_block=block)
+
+
+def manual_loss(loss_fn: LossFn, plan: Plan) -> LossFn:
+    """qgZ: ``loss_fn`` run under ``jax.shard_map`` over the mesh, each device on its own rows and
+    its own parameter shards; the batch mean is the devices' mean.
+
+    ``loss_fn`` must gather its parameters itself with the plan's manual gathers
+    (:func:`model_gather`): under ``shard_map`` each gradient's partial sums are the devices' own
+    arrays, which the gathers' backward quantizes before reducing. The leaves it does not gather
+    (whole at rest) have their gradients summed by ``shard_map`` itself, at full precision.
+    """
+    param_specs = jax.tree.map(lambda s: s.spec, plan.params)
+    unmapped = tuple((name, None) for name, _ in plan.rules)  # activations: each device's own
+
+    def local(params, batch):
+        with nn.logical_axis_rules((("batch", None), *unmapped)):
+            return jax.lax.pmean(loss_fn(params, batch), plan.batch_axes)
+
+    return jax.shard_map(local, mesh=plan.mesh, in_specs=(param_specs, plan.batch.spec), out_specs=P())

@@ -82,6 +82,9 @@ class ZeroConfig:
     # ZeRO++'s hpZ: everything partitioned over replica x data, plus a secondary copy of each gathered
     # layer's shards over data (within a host) that the backward gathers again from.
     hierarchical: str = "none"
+    # ZeRO++'s qgZ: the gradient reduce-scatter becomes an all-to-all of int8 or int4 blocks (two
+    # hops under hpZ, within the host then across), summed in float32 between the hops.
+    quantized_gradients: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)

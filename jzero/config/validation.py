@@ -37,7 +37,13 @@ from jzero.errors import ConfigError, clip, show_value
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.remat_policies import REMAT_POLICIES
-from jzero.stages import check_hierarchical, check_offload, check_quantization, stage_rule
+from jzero.stages import (
+    check_hierarchical,
+    check_offload,
+    check_quantization,
+    check_quantized_gradients,
+    stage_rule,
+)
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 
@@ -148,6 +154,8 @@ def _check_zero(zero: ZeroConfig, precision: PrecisionConfig, axes: dict[str, in
     check_hierarchical(zero.stage, zero.hierarchical, axes.get(REPLICA, 1), error=ConfigError)
     master_copy = precision.param_dtype != precision.master_dtype
     check_quantization(zero.stage, zero.quantized_weights, zero.quantization_block, master_copy=master_copy, error=ConfigError)
+    qgz = (zero.stage, zero.quantized_gradients, zero.hierarchical, axes)
+    check_quantized_gradients(*qgz, offload_params=zero.offload_params, error=ConfigError)
     check_offload(zero.stage, optimizer=zero.offload_optimizer, params=zero.offload_params, error=ConfigError)
     units.check(zero.gather_units, ConfigError)
     _in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)

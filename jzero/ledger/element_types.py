@@ -1,4 +1,9 @@
-"""Whether the compiled program's parameter gathers send the element type the config asked for.
+"""Whether the compiled program's parameter gathers and gradient reductions send the element type the
+config asked for.
+
+A gradient reduction under qgZ is an all-to-all: its values travel as ``s8`` (int4 packed two to
+a byte) beside ``f32`` scales, and any ``reduce-scatter`` left in the program is a gradient
+reduced at full precision, which is reported.
 
 A parameter gather is recognised by its size: each array an all-gather returns has as many
 elements, per device, as one parameter gathered whole (or one layer of a scanned stack). With qwZ
@@ -14,7 +19,7 @@ from collections.abc import Iterable
 
 from jzero.ledger.hlo import Collective
 
-__all__ = ["HLO_TYPES", "parameter_gathers"]
+__all__ = ["HLO_TYPES", "gradient_reductions", "parameter_gathers"]
 
 # The HLO element type each quantization width is sent as.
 HLO_TYPES = {"int8": "s8", "int4": "s4"}
@@ -49,3 +54,31 @@ def parameter_gathers(
             if dtype != wanted and elements in sizes and elements not in expected:
                 mismatched.append({"name": op.name, "dtype": dtype, "elements": elements})
     return {"type": wanted, "quantized_bytes": sent, "mismatched": mismatched}
+
+
+def gradient_reductions(ops: Iterable[Collective], width: str) -> dict[str, object]:
+    """qgZ's gradient reductions, by element type.
+
+    Args:
+      ops: the program's collectives (:func:`jzero.ledger.hlo.parse_collectives`).
+      width: the quantization asked for (``int8`` or ``int4``).
+
+    Returns:
+      ``{"type", "quantized_bytes", "scale_bytes", "mismatched"}``: the HLO type the values travel
+      as (``s8`` for both widths: XLA widens ``s4``, so int4 is packed), the bytes per step of the
+      all-to-alls' values and of their scales, and each reduce-scatter or other-typed all-to-all
+      left (``name``, ``kind``, ``dtype``, ``bytes`` per step).
+    """
+    wanted = HLO_TYPES["int8"]
+    sent = {wanted: 0, "f32": 0}
+    mismatched = []
+    for op in ops:
+        if op.kind == "all-to-all":
+            for dtype, nbytes in op.dtypes:
+                if dtype in sent:
+                    sent[dtype] += nbytes * op.executions
+                else:
+                    mismatched.append({"name": op.name, "kind": op.kind, "dtype": dtype, "bytes": nbytes * op.executions})
+        elif op.kind == "reduce-scatter":
+            mismatched.append({"name": op.name, "kind": op.kind, "dtype": op.dtype, "bytes": op.bytes * op.executions})
+    return {"type": wanted, "width": width, "quantized_bytes": sent[wanted], "scale_bytes": sent["f32"], "mismatched": mismatched}

@@ -73,6 +73,7 @@ def format_plan(report: dict[str, Any]) -> str:
         *_collective_lines(report),
         *_communication_lines(report),
         *_quantization_lines(report.get("quantization")),
+        *_gradient_quantization_lines(report.get("gradient_quantization")),
         *_hierarchical_lines(report.get("hierarchical")),
         *_scaling_lines(report),
         "",
@@ -345,6 +346,26 @@ def _quantization_lines(q: dict[str, Any] | None) -> list[str]:
         lines += [f"    {t['path']} {t['shape']} {human_bytes(t['bytes'])}: {t['why']}" for t in kept]
     for m in gathers["mismatched"]:
         lines.append(f"  warning: {m['name']} gathers {m['elements']:,} elements as {m['dtype']}, a quantized parameter's size")
+    return lines
+
+
+def _gradient_quantization_lines(q: dict[str, Any] | None) -> list[str]:
+    """qgZ: the gradients reduced by quantized all-to-alls, those left whole, and any reduction sent otherwise."""
+    if not q:
+        return []
+    r = q["reductions"]
+    lines = [
+        f"qgZ {q['gradients']}: {q['quantized']} gradients reduced by all-to-alls of {r['type']} "
+        f"({human_bytes(q['quantized_bytes'])} whole), {human_bytes(r['quantized_bytes'])} of {r['type']} and "
+        f"{human_bytes(r['scale_bytes'])} of scales per device per step"
+    ]
+    kept = q["not_quantized"]
+    if kept:
+        total = human_bytes(sum(t["bytes"] for t in kept))
+        lines.append(f"  all-reduced at full precision (whole at rest): {len(kept)} tensors, {total}")
+    for m in r["mismatched"]:
+        sent = f"{m['kind']} of {m['dtype']} ({human_bytes(m['bytes'])} per step)"
+        lines.append(f"  warning: {m['name']} is a {sent}, not a quantized all-to-all")
     return lines
 
 

@@ -83,9 +83,9 @@ def _gathered_bwd(_, ct):
 gathered.defvjp(_gathered_fwd, _gathered_bwd)
 
 
-def _layer_norm(dtype: jnp.dtype, name: str) -> nn.LayerNorm:
-    """A LayerNorm with its scale and bias annotated ``embed``."""
-    return nn.LayerNorm(
+def _layer_norm(dtype: jnp.dtype, name: str, gather: Any = None) -> nn.LayerNorm:
+    """A LayerNorm with its scale and bias annotated ``embed`` (gathered by ``gather`` where given)."""
+    return gathering(nn.LayerNorm, gather, name)(
         dtype=dtype,
         scale_init=_init(nn.initializers.ones, "embed"),
         bias_init=_init(nn.initializers.zeros, "embed"),
@@ -193,7 +193,7 @@ class GPT(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """``tokens`` [batch, length] int -> logits [batch, length, vocab] float32."""
-        embed = nn.Embed(
+        embed = gathering(nn.Embed, self.gather, "embed")(
             self.vocab_size,
             self.d_model,
             embedding_init=_init(nn.initializers.normal(0.02), "vocab", "embed"),
@@ -201,8 +201,13 @@ class GPT(nn.Module):
         )
         # Gather the table (a parameter gather, as ZeRO-3 does for every layer) rather than let GSPMD
         # gather the batch's activations to meet a data-sharded table in the lookup's backward.
-        table = self._table(embed.embedding)
-        x = jnp.take(table, tokens, axis=0).astype(self.dtype)  # positions: rotary, in attention
+        # The model's own gather runs inside the module, as each block's does (under qgZ's
+        # shard_map a module never sees its shard). Positions: rotary, in attention.
+        if self.gather is None:
+            x = jnp.take(nn.with_logical_constraint(embed.embedding, ("vocab", "embed")), tokens, axis=0)
+        else:
+            x = embed(tokens)
+        x = x.astype(self.dtype)
 
         policy = policy_name(self.remat)
         # Under the scan, XLA cannot fold the recomputation into the forward: no CSE barrier needed.
@@ -228,23 +233,19 @@ class GPT(nn.Module):
         # Rematerialised like the blocks: the backward gathers the head's weights again instead of
         # holding them whole from the forward (ZeRO-3 frees a gathered parameter after its use).
         head = GPT._head if policy == "none" else nn.remat(GPT._head, policy=checkpoint_policy(policy, also_save))
-        logits = head(self, x, embed.embedding)
+        # The table as it rests: a tied head gathers it again, inside its own remat.
+        resting = embed.embedding if self.gather is None else self.variables["params"]["embed"]["embedding"]
+        logits = head(self, x, resting)
         return logits.astype(jnp.float32)
-
-    def _table(self, embedding: jax.Array) -> jax.Array:
-        """The embedding table whole: the model's own gather, else the logical constraint's."""
-        if self.gather is not None:
-            return self.gather("embed", {"embedding": embedding})["embedding"]
-        return nn.with_logical_constraint(embedding, ("vocab", "embed"))
 
     def _head(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         """The final LayerNorm and the output layer: the tied embedding or its own ``lm_head``."""
-        x = _layer_norm(self.dtype, "ln_f")(x)  # 1-D parameters: never quantized, left to XLA
+        x = _layer_norm(self.dtype, "ln_f", self.gather)(x)  # 1-D: never quantized; gathered by hpZ and qgZ
         if self.tie_embeddings:
             # The same gather as the lookup's, but the head's gradient is left unconstrained:
             # constrained whole, GSPMD all-reduces it (2x the bytes) rather than adding it to the
             # lookup's and reduce-scattering the sum once into the gradient's spec.
-            table = gathered(embedding) if self.gather is None else self._table(embedding)
+            table = gathered(embedding) if self.gather is None else self.gather("embed", {"embedding": embedding})["embedding"]
             return jnp.einsum("ble,ve->blv", x, table.astype(self.dtype))
         return gathering(nn.Dense, self.gather, "lm_head")(
             self.vocab_size,

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from jzero.axes import REPLICA, model_ways
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
+from jzero.errors import ConfigError
 from jzero.gather import unit_options
 from jzero.ledger import targets
 from jzero.mesh import make_mesh, mesh_shape, on_gpus
@@ -32,7 +33,16 @@ from jzero.precision import Precision
 from jzero.remat_policies import policy_name
 from jzero.stages import stage_rule
 from jzero.state import TrainState
-from jzero.step import LossFn, abstract_state, make_eval_step, make_train_step, model_gather, sharded_abstract, sharded_init
+from jzero.step import (
+    LossFn,
+    abstract_state,
+    make_eval_step,
+    make_train_step,
+    manual_loss,
+    model_gather,
+    sharded_abstract,
+    sharded_init,
+)
 
 __all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job", "gpt_loss", "model_flops_per_token"]
 
@@ -180,6 +190,7 @@ class Job:
             # qwZ likewise, where the stage gathers no parameters or would quantize what it updates.
             quantized_weights=cfg.zero.quantized_weights if quantizes else "none",
             hierarchical=cfg.zero.hierarchical if rule.params and REPLICA in mesh.shape else "none",
+            quantized_gradients=cfg.zero.quantized_gradients if rule.params else "none",
         )
         config = dataclasses.replace(
             cfg,
@@ -241,6 +252,8 @@ def build_job(
     plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
     if model is not None:
         loss_fn = gpt_loss(model, plan, precision)
+    elif plan.qgz:  # a loss of yours runs under GSPMD, where no partial gradient can be quantized
+        raise ConfigError("zero.quantized_gradients", "needs jzero's GPT, which gathers its own layers under shard_map")
     if flops_per_token is None:
         flops_per_token = model_flops_per_token(config.model) if model is not None else 6 * plan.num_params
     return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
@@ -248,9 +261,11 @@ def build_job(
 
 def gpt_loss(model: GPT, plan: Plan, precision: Precision) -> LossFn:
     """The GPT's loss for ``plan``: the model gathers its own parameters where the plan needs it to
-    (:func:`jzero.step.model_gather`, stage 3 with qwZ)."""
+    (:func:`jzero.step.model_gather`, stage 3 with qwZ, hpZ or qgZ), under ``shard_map`` with qgZ
+    (:func:`jzero.step.manual_loss`)."""
     gather = model_gather(plan, precision)
-    return partial(lm_loss, model if gather is None else model.clone(gather=gather))
+    loss = partial(lm_loss, model if gather is None else model.clone(gather=gather))
+    return manual_loss(loss, plan) if plan.qgz else loss
 
 
 def model_flops_per_token(cfg: ModelConfig) -> int:
@@ -270,4 +285,5 @@ def _zero_keys(config: Config) -> dict[str, Any]:
         "quantized_weights": z.quantized_weights,
         "quantization_block": z.quantization_block,
         "hierarchical": z.hierarchical,
+        "quantized_gradients": z.quantized_gradients,
     }

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
-from jzero.ledger.element_types import parameter_gathers
+from jzero.ledger.element_types import gradient_reductions, parameter_gathers
 from jzero.ledger.gathered import gathered_peak
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
 from jzero.mesh import make_mesh, mesh_shape
@@ -43,6 +43,7 @@ __all__ = [
     "model_flops",
     "one_group_reference",
     "paper_table",
+    "gradient_quantization",
     "plan_report",
     "quantization",
     "startup_ledger",
@@ -55,7 +56,9 @@ def lowering_notes(stage: int, collectives: dict[str, dict[str, Any]], hlo_text:
     """Say what the HLO shows about the gradient reduction, and nothing more."""
     notes = []
     if stage_rule(stage).grads:  # the stage reduce-scatters its gradients
-        if "reduce-scatter" in collectives:
+        if "all-to-all" in collectives and "reduce-scatter" not in collectives:
+            notes.append("gradients are reduced with quantized all-to-alls (qgZ)")
+        elif "reduce-scatter" in collectives:
             notes.append("gradients are reduced with reduce-scatter")
         elif "all-reduce" in collectives and "dynamic-slice" in hlo_text:
             notes.append(
@@ -107,7 +110,26 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
         "paper_table": table,
         "communication": communication(plan, ops, table),
         "quantization": quantization(plan, ops),
+        "gradient_quantization": gradient_quantization(plan, ops),
         "hierarchical": hierarchical(job, hlo),
+    }
+
+
+def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any] | None:
+    """qgZ's part of the report: the gradients reduced by quantized all-to-alls, those whole at rest
+    (whose gradients ``shard_map`` all-reduces at full precision), and what the compiled reductions
+    really send (:func:`jzero.ledger.element_types.gradient_reductions`); None without qgZ."""
+    blocks = plan.gradient_blocks()
+    if not plan.qgz:
+        return None
+    by_path = {t.path: t for t in plan.tensors}
+    return {
+        "gradients": plan.quantized_gradients,
+        "quantized": len(blocks),
+        "quantized_bytes": sum(by_path[p].nbytes for p in blocks),
+        "smallest_block": min(blocks.values(), default=0),
+        "not_quantized": [{**_tensor_entry(t), "why": "whole at rest"} for t in plan.tensors if t.path not in blocks],
+        "reductions": gradient_reductions(ops, plan.quantized_gradients),
     }
 
 
