@@ -469,33 +469,34 @@ def _layout(layouts: dict[str, Any], path: str) -> Layout | None:
 def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any], Any] | None:
     """The gather a model that gathers its own parameters calls (:func:`jzero.gather.tree_gather`):
     at stage 3 with qwZ, each quantizable parameter (one layer of a scanned stack at a time), and
-    with hpZ every gathered one; the others left to XLA. None when there is nothing for the model
-    to gather itself.
+    with hpZ or qgZ every gathered one (under qgZ with explicit collectives, for
+    :func:`manual_loss`); the others left to XLA. None when there is nothing for the model to
+    gather itself.
 
     jzero's GPT takes it as its ``gather`` field; a plan with units gathers in :func:`unit_loss`
     instead.
     """
     if not plan.rule.params or plan.units:
         return None
-    layouts = plan.weight_layouts()
+    layouts, blocks = plan.weight_layouts(), plan.gradient_blocks()
     specs = {}
     for t in plan.tensors:
         lay = _layout(layouts, t.path)
         gathered = plan.parameter_gather(t)
         if gathered is not None and (lay is not None or plan.hpz or plan.qgz):
             _, source, target = gathered
-            specs[t.path] = _unit_spec(plan, precision, source, target, lay, t.path)
+            specs[t.path] = _unit_spec(plan, precision, source, target, lay, blocks.get(t.path, 0))
     return tree_gather(specs) if specs else None
 
 
-def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None, path: str = "") -> UnitSpec:
-    """How one leaf resting as ``source`` is gathered to ``target`` under the plan's ZeRO++ knobs."""
+def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None, grad_block: int = 0) -> UnitSpec:
+    """How one leaf resting as ``source`` is gathered to ``target`` under the plan's ZeRO++ knobs
+    (``grad_block``: qgZ's, from :meth:`jzero.plan.Plan.gradient_blocks`)."""
     secondary = plan.secondary_spec(source) if plan.hpz else None
     spec = UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)
     if not plan.qgz:
         return spec
-    block = plan.gradient_blocks()[path]
-    return dataclasses.replace(spec, manual=plan.batch_axes, grad_width=plan.quantized_gradients, grad_block=block)
+    return dataclasses.replace(spec, manual=plan.batch_axes, grad_width=plan.quantized_gradients, grad_block=grad_block)
 
 
 def manual_loss(loss_fn: LossFn, plan: Plan) -> LossFn:
