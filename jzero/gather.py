@@ -12,7 +12,9 @@ Why each piece is there:
 - A ``custom_vjp`` gathers a leaf (``with_sharding_constraint`` to its whole
   spec, after one to its resting spec). Its backward constrains the gradient straight to the
   resting spec, so XLA reduce-scatters the devices' partial sums (GPU) instead of all-reducing a
-  whole copy first, in the reduce dtype.
+  whole copy first, in the reduce dtype. Under qgZ's ``shard_map`` (a spec with ``manual`` axes)
+  the same ``custom_vjp`` all-gathers explicitly and reduces by quantized all-to-alls
+  (:mod:`jzero.collectives`).
 - ``jax.checkpoint`` with :data:`_SAVED` (JAX's ``dots_with_no_batch_dims_saveable``): the forward
   keeps the unit's projections' outputs, not its whole parameters, and the backward gathers them again. Its
   ``prevent_cse`` barrier runs on the unit's cotangents, so that gather waits until the backward
