@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from jzero.axes import DATA, MODEL
+from jzero.models.names import AUTO_ATTENTION
 from jzero.stages import DEFAULT_BLOCK
 
 __all__ = [
@@ -103,6 +104,8 @@ class ModelConfig:
     # ZeRO-R's P_a: each block's saved input is split over ``model`` along the sequence and gathered
     # again for recomputation. None: on whenever the model axis is larger than 1.
     partition_activations: bool | None = None
+    # auto: cuDNN's flash attention on GPUs with 16-bit compute and cuDNN installed, else xla.
+    attention: str = AUTO_ATTENTION
 
 
 @dataclasses.dataclass(frozen=True)

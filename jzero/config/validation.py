@@ -34,6 +34,7 @@ from jzero.config.schema import (
     ZeroConfig,
 )
 from jzero.errors import ConfigError, clip, show_value
+from jzero.models.names import ATTENTION, AUTO_ATTENTION
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.remat_policies import REMAT_POLICIES
@@ -176,6 +177,8 @@ def _check_model(m: ModelConfig) -> None:
     if m.remat not in REMAT_POLICIES:
         policies = ", ".join(REMAT_POLICIES)
         raise ConfigError("model.remat", f"must be one of {policies} (or true, false), got {show_value(m.remat)}")
+    if m.attention not in (AUTO_ATTENTION, *ATTENTION):
+        raise ConfigError("model.attention", f"must be {AUTO_ATTENTION}, {' or '.join(ATTENTION)}, got {show_value(m.attention)}")
     if m.vocab_size < 256:
         raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
     count = gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)

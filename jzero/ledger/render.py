@@ -223,6 +223,8 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
             + (where if a["host"] else "")
             + f" (remat {a['remat']}{split})"
         )
+    if report.get("attention"):
+        lines.append(f"attention: {report['attention']} (jax.nn.dot_product_attention, model.attention)")
     return lines
 
 

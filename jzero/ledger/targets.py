@@ -34,6 +34,7 @@ __all__ = [
     "check_target_fits_mesh",
     "cuda_plugins",
     "device_peak_flops",
+    "flash_attention_available",
     "gpu_compiler_available",
     "jax_plugin_modules",
     "parse_target",
@@ -201,6 +202,14 @@ def gpu_compiler_available() -> bool:
     from ``jax-cuda12-pjrt``, a CUDA 13 plugin, or one advertised only by an entry point.
     """
     return bool(cuda_plugins())
+
+
+def flash_attention_available() -> bool:
+    """Whether cuDNN is installed for JAX's fused attention (the ``nvidia-cudnn-cu12`` wheel, part of
+    ``jax[cuda12]`` and of the ``gpu-target`` extra). Without it ``jax.nn.dot_product_attention(...,
+    implementation="cudnn")`` fails to trace ("cuDNN not found"), a GPU target's deviceless compile
+    included; with it that compile succeeds (measured: docs/design.md)."""
+    return _importable("nvidia.cudnn")
 
 
 def cuda_plugins() -> list[str]:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from jzero.gather import SECONDARY, gathering
+from jzero.models.names import ATTENTION
 from jzero.offload import fetching
 from jzero.remat_policies import checkpoint_policy, policy_name, remat
 
@@ -36,6 +37,7 @@ __all__ = [
     "GPT",
     "SAVED_ACT",
     "attend",
+    "causal_attention",
     "gathered",
     "lm_loss",
     "rotary",
@@ -116,12 +118,18 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
-def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Causal softmax attention, rotary positions on ``q`` and ``k``; all [batch, length, heads, head_dim]."""
-    length = q.shape[1]
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = ATTENTION[0]) -> jax.Array:
+    """Causal softmax attention, rotary positions on ``q`` and ``k``; all [batch, length, heads, head_dim].
+
+    Args:
+      q, k, v: the projections, in the compute dtype.
+      implementation: one of :data:`ATTENTION`.
+
+    Returns:
+      [batch, length, heads, head_dim], in ``v``'s dtype.
+    """
     q, k = rotary(q), rotary(k)
-    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-    return attend(q, k, v, causal, dtype)
+    return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, implementation=implementation)
 
 
 class Block(nn.Module):
@@ -133,6 +141,7 @@ class Block(nn.Module):
     n_layers: int
     dtype: jnp.dtype = jnp.float32
     partition_activations: bool = False
+    attention: str = ATTENTION[0]  # one of ATTENTION
 
     @nn.compact
     def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
@@ -163,7 +172,7 @@ class Block(nn.Module):
             )
             for n in ("query", "key", "value")
         )
-        attn = nn.with_logical_constraint(_causal_attention(q, k, v, self.dtype), heads)
+        attn = nn.with_logical_constraint(causal_attention(q, k, v, self.attention), heads)
         attn = attn.reshape(batch, length, self.d_model)
         x = x + _dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype)(attn)
 
@@ -188,6 +197,7 @@ class GPT(nn.Module):
     partition_activations: bool = False  # the saved block inputs split over model (ZeRO-R's P_a)
     fetch_params: bool = False  # each block's parameters come from host memory inside the loop
     dtype: jnp.dtype = jnp.float32
+    attention: str = ATTENTION[0]  # one of ATTENTION: xla, or cudnn's flash kernel on GPUs
     gather: Any = None  # (prefix, params) -> params gathered (jzero.step.model_gather); None: XLA gathers
 
     @nn.compact
@@ -227,7 +237,7 @@ class GPT(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         shape = (self.d_model, self.n_heads, self.mlp_ratio, self.n_layers)
-        blocks = stack(*shape, self.dtype, self.partition_activations, name="blocks")
+        blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, name="blocks")
         x, _ = blocks(x, None)
         x = nn.with_logical_constraint(x, BATCH_ACT)
         # Rematerialised like the blocks: the backward gathers the head's weights again instead of

@@ -26,6 +26,7 @@ from jzero.gather import unit_options
 from jzero.ledger import targets
 from jzero.mesh import make_mesh, mesh_shape, on_gpus
 from jzero.models.gpt import GPT, lm_loss
+from jzero.models.names import ATTENTION, AUTO_ATTENTION
 from jzero.models.sizes import gpt_flops_per_token
 from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
@@ -44,7 +45,16 @@ from jzero.step import (
     sharded_init,
 )
 
-__all__ = ["Job", "compiler_options", "build_model", "build_precision", "build_job", "gpt_loss", "model_flops_per_token"]
+__all__ = [
+    "Job",
+    "attention_for",
+    "build_job",
+    "build_model",
+    "build_precision",
+    "compiler_options",
+    "gpt_loss",
+    "model_flops_per_token",
+]
 
 InitFn = Callable[[jax.Array], Any]
 
@@ -61,7 +71,14 @@ def build_precision(cfg: PrecisionConfig) -> Precision:
     )
 
 
-def build_model(cfg: ModelConfig, precision: Precision, *, model_parallel: int = 1, fetch_params: bool = False) -> GPT:
+def build_model(
+    cfg: ModelConfig,
+    precision: Precision,
+    *,
+    model_parallel: int = 1,
+    fetch_params: bool = False,
+    devices: Sequence[Any] = (),
+) -> GPT:
     """jzero's GPT with the ``model:`` section's shape: every GPT field the section has, by name
     (``name`` is the model's kind in the config, not the Flax module's name).
 
@@ -70,11 +87,39 @@ def build_model(cfg: ModelConfig, precision: Precision, *, model_parallel: int =
       precision: its compute dtype is the model's.
       model_parallel: N_m; ``partition_activations`` left unset means on when it is over 1.
       fetch_params: parameters rest in host memory and each block fetches its own (``zero.offload_params``).
+      devices: what it runs on, which picks its attention (:func:`attention_for`).
     """
     shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "name"}
     shape["remat"] = policy_name(cfg.remat)
     shape["partition_activations"] = partitions_activations(cfg, model_parallel)
+    shape["attention"] = attention_for(cfg.attention, devices, precision)
     return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype)
+
+
+def attention_for(asked: str, devices: Sequence[Any], precision: Precision) -> str:
+    """``model.attention`` resolved for ``devices``: ``auto`` is cuDNN's flash kernel on GPUs (real or
+    a target's) with 16-bit compute and cuDNN installed, else XLA's.
+
+    Raises:
+      ConfigError: ``cudnn`` asked where it cannot run, naming ``model.attention`` and why.
+    """
+    why = _no_flash(devices, precision)
+    if asked == AUTO_ATTENTION:
+        return ATTENTION[0] if why else ATTENTION[1]
+    if asked == ATTENTION[1] and why:
+        raise ConfigError("model.attention", f"cudnn: {why}")
+    return asked
+
+
+def _no_flash(devices: Sequence[Any], precision: Precision) -> str:
+    """Why cuDNN's flash attention cannot run on ``devices`` ('' when it can)."""
+    if not devices or not on_gpus(devices):
+        return "needs GPUs (or a GPU --target)"
+    if jnp.dtype(precision.compute_dtype or jnp.float32).itemsize != 2:
+        return "needs 16-bit compute (precision.compute_dtype bfloat16 or float16)"
+    if not targets.flash_attention_available():
+        return "cuDNN is not installed (pip install nvidia-cudnn-cu12, or the gpu-target extra)"
+    return ""
 
 
 def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
@@ -241,7 +286,8 @@ def build_job(
     fetches_layers = init_fn is None and config.zero.offload_params
     model = None
     if init_fn is None:
-        model = build_model(config.model, precision, model_parallel=model_ways(mesh.shape), fetch_params=fetches_layers)
+        ways, on = model_ways(mesh.shape), list(mesh.devices.flat)
+        model = build_model(config.model, precision, model_parallel=ways, fetch_params=fetches_layers, devices=on)
         sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
 
         def init_fn(key):

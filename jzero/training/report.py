@@ -111,6 +111,7 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
         "communication": communication(plan, ops, table),
         "quantization": quantization(plan, ops),
         "gradient_quantization": gradient_quantization(plan, ops),
+        "attention": job.model.attention if job.model is not None else None,
         "hierarchical": hierarchical(job, hlo),
     }
 

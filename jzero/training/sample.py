@@ -31,6 +31,7 @@ from jzero.data.tokenizer import Tokenizer, load_tokenizer
 from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, JzeroError, error_line
 from jzero.models.decode import generate
 from jzero.models.gpt import GPT
+from jzero.models.names import AUTO_ATTENTION
 from jzero.training.job import build_model, build_precision
 from jzero.trees import tree_paths
 
@@ -164,7 +165,8 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
     if max_tokens > room:
         note = (f"jzero: note: --max-tokens {max_tokens} cut to {room}: the prompt's {len(ids)} tokens and the new ones "
                 f"fit model.seq_len {m.seq_len}, the positions the model was trained on")  # fmt: skip
-    model = build_model(m, build_precision(config.precision))
+    # Decoding has its own attention over the cache: the trained attention's choice does not apply.
+    model = build_model(dataclasses.replace(m, attention=AUTO_ATTENTION), build_precision(config.precision))
     return _Request(model, tokenizer, ids, min(max_tokens, room), note)
 
 

@@ -1,0 +1,11 @@
+"""The GPT's choices a config names, readable before JAX starts (the config layer checks them)."""
+
+from __future__ import annotations
+
+__all__ = ["ATTENTION", "AUTO_ATTENTION"]
+
+# How the GPT attends (``jax.nn.dot_product_attention``'s implementations): ``xla``, any backend,
+# with the [batch, heads, T, T] logits in float32; ``cudnn``, the fused flash kernel, which never
+# materialises them (GPUs, 16-bit compute).
+ATTENTION = ("xla", "cudnn")
+AUTO_ATTENTION = "auto"  # cudnn where the devices and the compute dtype allow it, else xla

@@ -1,0 +1,72 @@
+"""The GPT's attention: ``jax.nn.dot_product_attention``, XLA's on CPU and cuDNN's flash kernel on
+GPU targets (jzero.models.gpt.causal_attention, jzero.training.job.attention_for)."""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from test_bad_input import one_line_error, sets
+from test_targets import BF16, h100x8  # noqa: F401 (a fixture)
+
+from jzero.ledger.targets import flash_attention_available
+from jzero.models.gpt import attend, causal_attention, rotary
+from jzero.training.job import build_job
+
+LENGTH = 64
+
+
+def _exact(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal softmax attention in float64, positions already applied."""
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    length = q.shape[1]
+    logits = np.where(np.tril(np.ones((length, length), bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    return np.einsum("bhqk,bkhd->bqhd", weights / weights.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_xla_attention_equals_the_softmax_formula_within_its_floor(dtype):
+    """The new attention against the formula jzero used before (``attend`` with a causal mask): both
+    against float64, the new one no further than twice the old one's own rounding error."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 64, 4, 16)).astype(dtype) for i in range(3))
+    length = q.shape[1]
+    old = attend(rotary(q), rotary(k), v, jnp.tril(jnp.ones((length, length), bool)), dtype)
+    new = causal_attention(q, k, v, "xla")
+    exact = _exact(*(np.asarray(x, np.float64) for x in (rotary(q), rotary(k), v)))
+    floor = np.abs(np.asarray(old, np.float64) - exact).max()
+    assert new.dtype == dtype and 0 < floor < 0.05
+    assert np.abs(np.asarray(new, np.float64) - np.asarray(old, np.float64)).max() <= 2 * floor
+
+
+def _logits_buffers(hlo: str, length: int) -> list[str]:
+    """f32 [batch, heads, T, T] arrays: attention's logits (or its probabilities) materialised."""
+    return re.findall(rf"f32\[\d+,\d+,{length},{length}\]", hlo)
+
+
+def test_the_gpu_target_uses_cudnn_flash_attention_and_no_t_by_t_logits(h100x8):  # noqa: F811
+    """gpt-tiny in bf16 on h100x8: cuDNN's fused attention forward and backward in the program, and no
+    f32 [.., T, T] buffer, where XLA's attention has them."""
+    assert flash_attention_available(), "the gpu-target extra installs nvidia-cudnn-cu12"
+    programs = {}
+    for attention in ("auto", "xla"):
+        # A length unlike every other size of the model, so that [.., T, T] is only attention's.
+        overrides = ("zero.stage=3", *BF16, "mesh.axes.data=8", f"model.seq_len={LENGTH}", f"model.attention={attention}")
+        job = build_job(tiny_config(*overrides), h100x8)
+        programs[job.model.attention] = job.compile_step()[1].as_text()
+    assert "__cudnn$fmhaSoftmax" in programs["cudnn"] and "__cudnn$fmhaSoftmaxBackward" in programs["cudnn"]
+    assert not _logits_buffers(programs["cudnn"], LENGTH) and _logits_buffers(programs["xla"], LENGTH)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["model.attention=flash"], "model.attention: must be auto, xla or cudnn, got 'flash'"),
+        (["model.attention=cudnn"], "model.attention: cudnn: needs GPUs (or a GPU --target)"),
+    ],
+)
+def test_bad_attention_settings_are_one_line(capsys, overrides, fragment):
+    one_line_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], fragment)
