@@ -28,7 +28,7 @@ def _exact(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.einsum("bhqk,bkhd->bqhd", weights / weights.sum(-1, keepdims=True), v)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_xla_attention_equals_the_softmax_formula_within_its_floor(dtype):
     """The new attention against the formula jzero used before (``attend`` with a causal mask): both
     against float64, the new one no further than twice the old one's own rounding error."""

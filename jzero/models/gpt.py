@@ -129,7 +129,12 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementation: s
       [batch, length, heads, head_dim], in ``v``'s dtype.
     """
     q, k = rotary(q), rotary(k)
-    return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, implementation=implementation)
+    dtype = q.dtype
+    if implementation == ATTENTION[0] and dtype == jnp.float16:
+        # XLA's path asks for an F16_F16_F32 dot, which the CPU backend cannot compile: fp32 instead.
+        q = q.astype(jnp.float32)
+    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, implementation=implementation)
+    return out.astype(dtype)
 
 
 class Block(nn.Module):
