@@ -341,14 +341,19 @@ def _quantization_lines(q: dict[str, Any] | None) -> list[str]:
         f"({human_bytes(q['quantized_bytes'])} whole), {human_bytes(gathers['quantized_bytes'])} of {gathers['type']} "
         "gathers per device per step"
     ]
-    kept = q["not_quantized"]
-    if kept:
-        total = human_bytes(sum(t["bytes"] for t in kept))
-        lines.append(f"  gathered at full precision: {len(kept)} tensors, {total}")
-        lines += [f"    {t['path']} {t['shape']} {human_bytes(t['bytes'])}: {t['why']}" for t in kept]
+    lines += _full_precision("gathered at full precision", q["not_quantized"])
     for m in gathers["mismatched"]:
         lines.append(f"  warning: {m['name']} gathers {m['elements']:,} elements as {m['dtype']}, a quantized parameter's size")
     return lines
+
+
+def _full_precision(heading: str, kept: list[dict[str, Any]]) -> list[str]:
+    """The tensors a quantization leaves at full precision: their count and bytes, then each and why."""
+    if not kept:
+        return []
+    total = human_bytes(sum(t["bytes"] for t in kept))
+    each = [f"    {t['path']} {t['shape']} {human_bytes(t['bytes'])}: {t['why']}" for t in kept]
+    return [f"  {heading}: {len(kept)} tensors, {total}", *each]
 
 
 def _gradient_quantization_lines(q: dict[str, Any] | None) -> list[str]:
@@ -361,10 +366,7 @@ def _gradient_quantization_lines(q: dict[str, Any] | None) -> list[str]:
         f"({human_bytes(q['quantized_bytes'])} whole), {human_bytes(r['quantized_bytes'])} of {r['type']} and "
         f"{human_bytes(r['scale_bytes'])} of scales per device per step"
     ]
-    kept = q["not_quantized"]
-    if kept:
-        total = human_bytes(sum(t["bytes"] for t in kept))
-        lines.append(f"  all-reduced at full precision (whole at rest): {len(kept)} tensors, {total}")
+    lines += _full_precision("all-reduced at full precision", q["not_quantized"])
     for m in r["mismatched"]:
         sent = f"{m['kind']} of {m['dtype']} ({human_bytes(m['bytes'])} per step)"
         lines.append(f"  warning: {m['name']} is a {sent}, not a quantized all-to-all")
