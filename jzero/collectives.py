@@ -81,8 +81,7 @@ def reduce_scatter(ct: jax.Array, spec: P, axes: Sequence[str]) -> jax.Array:
     (summed whole over the axes ``spec`` does not split)."""
     for dim, a in _splits(spec, axes):
         ct = jax.lax.psum_scatter(ct, a, scatter_dimension=dim, tiled=True)
-    rest = tuple(a for a in axes if a not in spec_axes(spec))
-    return jax.lax.psum(ct, rest) if rest else ct
+    return _summed_over_the_rest(ct, spec, axes)
 
 
 def quantized_reduce_scatter(ct: jax.Array, spec: P, axes: Sequence[str], width: str, block: int) -> jax.Array:
@@ -91,6 +90,11 @@ def quantized_reduce_scatter(ct: jax.Array, spec: P, axes: Sequence[str], width:
     x = ct.astype(jnp.float32)
     for dim, a in _splits(spec, axes):
         x = _all_to_all_sum(x, a, dim, width, block)
+    return _summed_over_the_rest(x, spec, axes)
+
+
+def _summed_over_the_rest(x: jax.Array, spec: P, axes: Sequence[str]) -> jax.Array:
+    """``x`` summed over those of ``axes`` that ``spec`` does not split (the leaf is whole over them)."""
     rest = tuple(a for a in axes if a not in spec_axes(spec))
     return jax.lax.psum(x, rest) if rest else x
 

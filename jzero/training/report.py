@@ -120,9 +120,9 @@ def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str,
     """qgZ's part of the report: the gradients reduced by quantized all-to-alls, those whole at rest
     (whose gradients ``shard_map`` all-reduces at full precision), and what the compiled reductions
     really send (:func:`jzero.ledger.element_types.gradient_reductions`); None without qgZ."""
-    blocks = plan.gradient_blocks()
     if not plan.qgz:
         return None
+    blocks = plan.gradient_blocks()
     by_path = {t.path: t for t in plan.tensors}
     return {
         "gradients": plan.quantized_gradients,
