@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jzero"
 
 # Bottom first. "core" is every module directly in jzero/: the library over a mesh.
-LAYERS = ["core", "models", "config", "data", "checkpoint", "ledger", "distributed", "training", "cli"]
+LAYERS = ["core", "models", "config", "data", "checkpoint", "ledger", "distributed", "training", "planner", "cli"]
 
 
 def layer_of(module: str) -> str | None:

@@ -183,6 +183,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from jzero.ledger.estimate import parse_memory
     from jzero.ledger.render import format_all_stages, format_plan
     from jzero.ledger.targets import check_target_fits_mesh, parse_target, target_devices
+    from jzero.planner.options import search_options
     from jzero.stages import STAGES
     from jzero.training.job import build_job
     from jzero.training.report import one_group_reference, plan_report, with_scaling, with_verdict
@@ -190,6 +191,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = parse_target(args.target, args.hosts, args.gpus_per_host) if args.target else None
     if target is None and (args.hosts or args.gpus_per_host):
         raise ConfigError("--hosts" if args.hosts else "--gpus-per-host", "only with --target")
+    options = search_options(args.search, args.target, args.all_stages, args.global_batch_size, args.time_budget, args.write)
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     config = _load(args)
     devices = None
@@ -197,6 +199,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         devices = target_devices(target)
         check_target_fits_mesh(target, config.mesh.axes)
         memory = target.memory_bytes if memory is None else memory
+    if options is not None:
+        return _plan_search(args, config, target, memory, options)
     with _watched(config):
         built = build_job(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
         reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
@@ -211,6 +215,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         (report,) = reports.values()
         print(json.dumps(report) if args.json else format_plan(report))
+    return 0
+
+
+def _plan_search(args: argparse.Namespace, config: Config, target, memory: float, options) -> int:
+    """``jzero plan --search``: the ranked table (or JSON), and the winner written where asked."""
+    from jzero.config.loading import dump_config
+    from jzero.planner.progress import SearchProgress
+    from jzero.planner.search import refuse_unfit, search
+    from jzero.planner.table import format_search, search_json
+
+    with SearchProgress(enabled=not args.json) as bar:
+        result = search(
+            args.config, args.set, target, memory, batches=options.batches(config.train.global_batch_size),
+            time_budget_s=options.time_budget_s, on_progress=bar.update,
+        )  # fmt: skip
+    refuse_unfit(result, args.memory_per_device or f"{memory / 1e9:.4g} GB")
+    if options.write is not None:
+        options.write.write_text(dump_config(load_config(args.config, [*args.set, *result.winner.sets])))
+    print(json.dumps(search_json(result)) if args.json else format_search(result))
+    if options.write is not None and not args.json:
+        print(f"wrote {options.write}: jzero plan {options.write} --target {args.target} reproduces the winner")
     return 0
 
 

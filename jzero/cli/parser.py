@@ -117,6 +117,16 @@ def _add_plan(sub: _Subcommands) -> None:
     )
     plan.add_argument("--hosts", type=int, default=None, help="with --target: hosts (default: the count over 8 GPUs per host)")
     plan.add_argument("--gpus-per-host", type=int, default=None, help="with --target: GPUs per host (default 8)")
+    plan.add_argument("--search", action="store_true", help="with --target: find the fastest configuration that fits")
+    plan.add_argument(
+        "--global-batch-size", default=None, help="with --search: a batch size, or 'free' to search it (default: the config's)"
+    )
+    plan.add_argument(
+        "--time-budget", default=None, help="with --search: compile for at most this long, e.g. 600, 600s, 10m (default 10m)"
+    )
+    plan.add_argument(
+        "--write", default=None, metavar="OUT.yaml", help="with --search: write the winner as a config (a new file)"
+    )
     plan.set_defaults(func=cmd_plan)
 
 

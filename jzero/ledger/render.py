@@ -51,7 +51,20 @@ def _model_flops_lines(report: dict[str, Any]) -> list[str]:
     line = f"model FLOPs per step {m['per_step']:.3g}, {m['per_device_per_step']:.3g} per device ({m['per_token']:.3g} per token)"
     if m["peak_floor_s"] is not None:
         line += f"; at the dense bf16 peak ({m['peak_flops'] / 1e12:.0f} TFLOP/s) no less than {1e3 * m['peak_floor_s']:.3g} ms"
-    return [line]
+    return [line, *_predicted_lines(report.get("predicted"))]
+
+
+def _predicted_lines(p: dict[str, Any] | None) -> list[str]:
+    """The step-time model's prediction (:func:`jzero.ledger.timing.predict`), where there is one."""
+    if not p:
+        return []
+    return [
+        f"predicted step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s, MFU {100 * p['mfu']:.1f}% "
+        f"({p['bound']}-bound; a prediction at {p['efficiency']:.0%} of the peak, docs/planner.md)",
+        f"  compute {1e3 * p['compute_s']:.4g} ms ({p['executed_over_model_flops']:.2f}x the model's FLOPs executed), "
+        f"memory {1e3 * p['memory_s']:.3g} ms, communication {1e3 * p['communication_s']:.4g} ms of which exposed "
+        f"{1e3 * p['exposed_communication_s']:.4g} ms, host transfers {1e3 * p['host_transfer_s']:.4g} ms",
+    ]
 
 
 def format_plan(report: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from jzero.axes import mesh_text, resolve_axes
 from jzero.errors import ConfigError
+from jzero.ledger.timing import Hardware
 
 __all__ = [
     "GPU_COMPILER_OPTIONS",
@@ -33,9 +34,11 @@ __all__ = [
     "Target",
     "check_target_fits_mesh",
     "cuda_plugins",
+    "device_hardware",
     "device_peak_flops",
     "flash_attention_available",
     "gpu_compiler_available",
+    "gpu_of",
     "jax_plugin_modules",
     "parse_target",
     "peak_flops",
@@ -47,18 +50,35 @@ INSTALL = "pip install 'jzero[gpu-target]' (in a clone: pip install -e '.[gpu-ta
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
-    """One GPU kind: its target config file, its nominal memory (the fits verdict's default) and its
-    dense bf16 peak (what MFU divides by), both from NVIDIA's datasheets for the SXM parts."""
+    """One GPU kind: its target config file, its nominal memory (the fits verdict's default), its
+    dense bf16 peak (what MFU divides by) and the bandwidths the step-time model divides by, in
+    bytes per second: HBM, NVLink per direction, the GPU's own NIC (one per GPU, as in NVIDIA's
+    DGX/HGX nodes), and PCIe per direction to the host. Sources beside each entry."""
 
     config_file: str
     memory_bytes: int
     bf16_dense_flops: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    nic_bytes_per_s: float
+    pcie_bytes_per_s: float
+
+    def hardware(self) -> Hardware:
+        """The figures :func:`jzero.ledger.timing.predict` reads."""
+        return Hardware(
+            self.bf16_dense_flops, self.hbm_bytes_per_s, self.nvlink_bytes_per_s, self.nic_bytes_per_s, self.pcie_bytes_per_s
+        )
 
 
 GPUS: dict[str, Gpu] = {
-    "a100": Gpu("a100.txtpb", 80 * 10**9, 312e12),  # A100 datasheet: 312 TFLOPS bf16 tensor core, dense
-    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12),  # H100 SXM datasheet: 1,979 TFLOPS with sparsity, half dense
-    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12),  # H200 SXM: the H100's tensor cores, more HBM
+    # A100 SXM4 80GB datasheet: 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 3 600 GB/s (300 per direction);
+    # DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s); PCIe Gen4 x16 (32 GB/s per direction).
+    "a100": Gpu("a100.txtpb", 80 * 10**9, 312e12, 2.039e12, 300e9, 25e9, 32e9),
+    # H100 SXM datasheet: 1,979 TFLOPS bf16 with sparsity (989 dense), 3.35 TB/s, NVLink 4 900 GB/s
+    # (450 per direction); DGX H100: one 400 Gb/s NDR NIC per GPU (50 GB/s); PCIe Gen5 x16 (64 GB/s).
+    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12, 3.35e12, 450e9, 50e9, 64e9),
+    # H200 SXM datasheet: the H100's tensor cores and NVLink, 4.8 TB/s HBM3e; DGX H200 as DGX H100.
+    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12, 4.8e12, 450e9, 50e9, 64e9),
 }
 GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
 
@@ -68,14 +88,28 @@ def device_peak_flops(device: Any) -> float | None:
     return peak_flops(device.device_kind) if device.platform == "gpu" else None
 
 
-def peak_flops(device_kind: str) -> float | None:
-    """The dense bf16 peak of a device of this ``device_kind`` (JAX's, e.g. ``NVIDIA H100 80GB HBM3``),
-    or None where it is not known: a CPU, or a part whose peak differs from the SXM one (PCIe, NVL)."""
+def device_hardware(device: Any) -> Hardware | None:
+    """A JAX device's figures for the step-time model (:meth:`Gpu.hardware`), or None where its GPU
+    is not known (:func:`gpu_of`) or it is no GPU."""
+    gpu = gpu_of(device.device_kind) if device.platform == "gpu" else None
+    return gpu.hardware() if gpu else None
+
+
+def gpu_of(device_kind: str) -> Gpu | None:
+    """The :data:`GPUS` entry of a device of this ``device_kind`` (JAX's, e.g. ``NVIDIA H100 80GB HBM3``),
+    or None where it is not known: a CPU, or a part whose figures differ from the SXM one's (PCIe, NVL)."""
     kind = device_kind.lower()
     if "pcie" in kind or "nvl" in kind:
         return None
     names = [name for name in GPUS if name in kind]
-    return GPUS[names[0]].bf16_dense_flops if len(names) == 1 else None
+    return GPUS[names[0]] if len(names) == 1 else None
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """The dense bf16 peak of a device of this ``device_kind`` (:func:`gpu_of`), or None where it is not known."""
+    gpu = gpu_of(device_kind)
+    return gpu.bf16_dense_flops if gpu else None
+
 
 # XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What they
 # change is measured by benchmarks/gpu_options.py (the README quotes it for the 7B on h100x64).

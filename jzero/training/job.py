@@ -255,6 +255,7 @@ def build_job(
     init_fn: InitFn | None = None,
     loss_fn: LossFn | None = None,
     flops_per_token: float | None = None,
+    abstract: TrainState | None = None,
 ) -> Job:
     """The job a config describes, built: mesh, model, optimizer, plan and the compiled step (compiled
     when asked). Resolves the mesh on the devices and plans the stage.
@@ -268,6 +269,9 @@ def build_job(
         ``[batch, model.seq_len + 1]``.
       flops_per_token: your model's training FLOPs per token, for ``model_flops_per_sec`` and
         ``mfu`` (default: 6 x its parameters, which leaves out attention's own term).
+      abstract: the abstract state of a job built from a config with the same model shape,
+        optimizer and precision (:attr:`Job.abstract`), reused rather than traced again: what
+        ``jzero plan --search`` does for each candidate.
 
     Returns:
       The :class:`Job`; nothing is allocated on devices.
@@ -293,7 +297,8 @@ def build_job(
         def init_fn(key):
             return model.init(key, sample)["params"]
     rng = jax.random.key(config.seed)
-    abstract = abstract_state(init_fn, tx, rng, precision)
+    if abstract is None:
+        abstract = abstract_state(init_fn, tx, rng, precision)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
     plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
     if model is not None:

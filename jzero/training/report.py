@@ -31,6 +31,7 @@ from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_byt
 from jzero.state import TrainState
 from jzero.step import activation_rules, sharded_abstract
 from jzero.training.job import Job, partitions_activations
+from jzero.training.prediction import predicted
 
 # HLO element types by their NumPy names, where the two differ.
 _DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
@@ -97,13 +98,15 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
     collectives = ledger.summarize_collectives(ops)
     plan = job.plan
     device = device_description(job.mesh)
+    memory = _memory_part(job, compiled, hlo)
     return {
         "devices": int(job.mesh.size),
         **device,
         "mesh": mesh_shape(job.mesh),
         "stage": plan.stage,
         "num_params": plan.num_params,
-        **_memory_part(job, compiled, hlo),
+        **memory,
+        "predicted": predicted(job, memory, hlo, ops),
         **_collectives_part(ops, collectives),
         "notes": lowering_notes(plan.stage, collectives, hlo, device["backend"]),
         **_tensors_part(plan),

@@ -1,0 +1,203 @@
+"""The configurations ``jzero plan --search`` considers, and what it predicts of each before compiling.
+
+A candidate is a set of ``--set`` overrides on the user's config: the stage, the remat policy, the
+microbatches, optimizer and parameter offload, the ``replica`` and ``model`` axis sizes, ZeRO++'s
+knobs (qwZ, hpZ, qgZ) and, when it is free, the global batch. Before any compile each one gets the
+paper's model-state bytes (:func:`jzero.stages.per_device_parts`) plus an activation estimate, and
+a step time from the same model the compiled plan uses (:func:`jzero.ledger.timing.predict`) fed
+with the paper's communication volumes: a prediction used only to prune and to order the compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from jzero.axes import DATA, MODEL, REPLICA
+from jzero.ledger.targets import Target
+from jzero.ledger.timing import StepCost, Transfer
+from jzero.remat_policies import REMAT_POLICIES
+from jzero.stages import STAGES, per_device_parts, stage_rule
+
+__all__ = ["Candidate", "Figures", "candidates", "estimate", "figures_of"]
+
+MICROBATCHES = (1, 2, 4, 8)
+# Saved activations per token per layer, in d_model elements of the compute dtype, by remat policy:
+# the layer's input, and with no remat its norms, q/k/v, attention output, projections and the
+# MLP's 2 x ratio hidden values (flash attention keeps no T x T scores).
+_SAVED = {"none": lambda r: 8 + 2 * r, "full": lambda r: 1, "dots_saveable": lambda r: 6 + r,
+          "dots_with_no_batch_dims_saveable": lambda r: 6 + r, "offload_dots": lambda r: 1}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One configuration: what differs from the user's config, as ``--set`` words (:meth:`sets`)."""
+
+    stage: int
+    remat: str
+    microbatches: int
+    global_batch_size: int
+    axes: tuple[tuple[str, int], ...]
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    quantized_weights: str = "none"
+    hierarchical: str = "none"
+    quantized_gradients: str = "none"
+    dcn: tuple[tuple[str, int], ...] = ()
+
+    def sets(self) -> list[str]:
+        """The overrides that make the user's config this candidate."""
+        axes = ", ".join(f"{name}: {size}" for name, size in self.axes)
+        dcn = ", ".join(f"{name}: {ways}" for name, ways in self.dcn)
+        return [
+            f"zero.stage={self.stage}", f"model.remat={self.remat}", f"train.microbatches={self.microbatches}",
+            f"train.global_batch_size={self.global_batch_size}", f"mesh.axes={{{axes}}}", f"mesh.dcn={{{dcn}}}",
+            f"zero.offload_optimizer={str(self.offload_optimizer).lower()}",
+            f"zero.offload_params={str(self.offload_params).lower()}", f"zero.quantized_weights={self.quantized_weights}",
+            f"zero.hierarchical={self.hierarchical}", f"zero.quantized_gradients={self.quantized_gradients}",
+        ]  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        """``stage 3, data=64, remat full, batch 64 x 1`` and the knobs that are on."""
+        axes = " x ".join(f"{n}={s}" for n, s in self.axes if s > 1) or "data=1"
+        knobs = [
+            "offload optimizer" * self.offload_optimizer,
+            "offload params" * self.offload_params,
+            f"qwZ {self.quantized_weights}" * (self.quantized_weights != "none"),
+            "hpZ" * (self.hierarchical != "none"),
+            f"qgZ {self.quantized_gradients}" * (self.quantized_gradients != "none"),
+        ]
+        mb = f" in {self.microbatches}" if self.microbatches > 1 else ""
+        head = [f"stage {self.stage}", axes, f"remat {self.remat}", f"batch {self.global_batch_size}{mb}"]
+        return ", ".join([*head, *filter(None, knobs)])
+
+    @property
+    def axis(self) -> dict[str, int]:
+        return dict(self.axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """What the estimate needs of the model, from the user's job (its plan and config)."""
+
+    num_params: float
+    param_bytes: float  # all parameters, at rest
+    grad_bytes: float
+    optimizer_bytes: float
+    compute_itemsize: int
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    mlp_ratio: int
+    seq_len: int
+    flops_per_token: float
+
+
+def candidates(figures: Figures, target: Target, batches: list[int]) -> Iterator[Candidate]:
+    """Every candidate for ``target``: stages 0-3 x remat policies x microbatches x offload x meshes
+    (``model`` within a host, ``replica`` over the hosts for hpZ) x ZeRO++ knobs x ``batches``.
+    Combinations a config cannot have (offload below its stage, qgZ with a model axis, a batch that
+    does not split) are left out here or refused by config validation afterwards."""
+    models = [m for m in (1, 2, 4, 8) if target.gpus_per_host % m == 0 and figures.n_heads % m == 0]
+    for stage, remat, mb, batch, m in itertools.product(STAGES, REMAT_POLICIES, MICROBATCHES, batches, models):
+        for replica in {1, target.hosts} if stage == 3 else {1}:
+            data = target.count // (m * replica)
+            if batch % (data * replica * mb):
+                continue
+            axes, dcn = _mesh(replica, data, m, target.hosts)
+            for offload in _offloads(stage):
+                yield from _zeropp(Candidate(stage, remat, mb, batch, axes, *offload, dcn=dcn), replica, m)
+
+
+def _mesh(replica: int, data: int, model: int, hosts: int) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    axes = ((REPLICA, replica),) * (replica > 1) + ((DATA, data), (MODEL, model))
+    outer = REPLICA if replica > 1 else DATA
+    return axes, ((outer, hosts),) * (hosts > 1)
+
+
+def _offloads(stage: int) -> list[tuple[bool, bool]]:
+    rule = stage_rule(stage)
+    return [(False, False)] + [(True, False)] * rule.can_offload("optimizer") + [(True, True)] * rule.can_offload("params")
+
+
+def _zeropp(base: Candidate, replica: int, model: int) -> Iterator[Candidate]:
+    if base.stage != 3:
+        yield base
+        return
+    hpz = "hpz" if replica > 1 else "none"
+    for qwz in ("none", "int8"):
+        for qgz in ("none", "int8") if model == 1 and not base.offload_params else ("none",):
+            yield dataclasses.replace(base, quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz)
+
+
+def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]:
+    """A candidate's predicted device bytes and step cost, before compiling (a prediction: the
+    search certifies memory by the compiled peak and ranks by the compiled step's prediction).
+
+    Returns:
+      ``(device_bytes, cost)``: the paper's model states (an offloaded part counts 0) plus saved
+      activations, one layer's working set, the logits and two gathered layers; and a
+      :class:`~jzero.ledger.timing.StepCost` with the paper's volumes, none of them hidden.
+    """
+    axes = c.axis
+    m, replica, data = axes.get(MODEL, 1), axes.get(REPLICA, 1), axes[DATA]
+    parts = per_device_parts(f.param_bytes, f.grad_bytes, f.optimizer_bytes, c.stage, data * replica, m)
+    states = parts["total"] - parts["optimizer"] * c.offload_optimizer - parts["params"] * c.offload_params
+    tokens = c.global_batch_size // (data * replica * c.microbatches) * f.seq_len
+    layer_elems = (4 + 2 * f.mlp_ratio) * f.d_model**2
+    unit = tokens * f.d_model * f.compute_itemsize
+    activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + unit * (8 + 2 * f.mlp_ratio) / m
+    logits = 2 * tokens * f.vocab * 4 / m
+    gathered = 2 * layer_elems * f.compute_itemsize / m if c.stage == 3 else 0
+    return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)
+
+
+def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
+    axes = c.axis
+    m, replica, data = axes.get(MODEL, 1), axes.get(REPLICA, 1), axes[DATA]
+    group = data * replica
+    spans = group * m > target.gpus_per_host
+    matmul = f.n_layers * (4 + 2 * f.mlp_ratio) * f.d_model**2
+    attention = f.n_layers * f.seq_len * f.d_model
+    model_flops = f.flops_per_token * c.global_batch_size * f.seq_len / target.count
+    recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
+    psi_grad = f.grad_bytes / m
+    psi_compute = f.num_params * f.compute_itemsize / m
+    transfers = [Transfer(2 * psi_grad, group, spans)] if c.stage == 0 else []
+    if c.stage in (1, 2):
+        transfers += [Transfer(psi_grad, group, spans), Transfer(f.param_bytes / m, group, spans)]
+    if c.stage == 3:
+        gather = psi_compute * (0.5 if c.quantized_weights != "none" else 1.0) * c.microbatches
+        reduce = psi_grad * (0.25 if c.quantized_gradients != "none" else 1.0) * c.microbatches
+        hpz = c.hierarchical != "none"
+        transfers += [Transfer(gather, group, spans), Transfer(gather, data if hpz else group, spans and not hpz)]
+        transfers += [Transfer(reduce, group, spans)]
+    if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
+        transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m, False))
+    host = 2 * parts["optimizer"] * c.offload_optimizer + 2 * parts["params"] * c.offload_params * c.microbatches
+    if c.remat == "offload_dots":
+        host += 2 * f.n_layers * tokens * f.d_model * f.compute_itemsize * (5 + f.mlp_ratio) / m * c.microbatches
+    return StepCost(
+        flops=model_flops * (1 + recompute),
+        model_flops=model_flops,
+        tokens=c.global_batch_size * f.seq_len,
+        state_bytes=parts["total"],
+        transfers=tuple(transfers),
+        host_bytes=host,
+    )
+
+
+def figures_of(plan: Any, config: Any, flops_per_token: float, compute_itemsize: int) -> Figures:
+    """The :class:`Figures` of a built job's plan and config."""
+    params = sum(t.nbytes for t in plan.tensors)
+    optimizer = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
+    mc = config.model
+    return Figures(
+        plan.num_params, params, params, optimizer, compute_itemsize, mc.vocab_size, mc.d_model, mc.n_layers,
+        mc.n_heads, mc.mlp_ratio, mc.seq_len, flops_per_token,
+    )  # fmt: skip

@@ -1,0 +1,141 @@
+"""``jzero plan --search`` (jzero.planner) and the plan's prediction (jzero.training.prediction):
+the candidates, bad input, a search that certifies its winner by the compiled peak and writes a
+config that ``jzero plan`` reproduces, and ``predicted`` in ``plan --json`` on GPU targets only."""
+
+import dataclasses
+import json
+
+import jax
+import pytest
+from conftest import TINY, tiny_config
+from test_bad_input import one_line_error, sets
+from test_targets import BF16, h100x8  # noqa: F401 (a fixture)
+
+from jzero.cli.main import main
+from jzero.config.loading import load_config
+from jzero.errors import ConfigError
+from jzero.ledger.targets import parse_target
+from jzero.planner.candidates import candidates, estimate, figures_of
+from jzero.remat_policies import REMAT_POLICIES
+from jzero.training.job import build_job
+from jzero.training.report import plan_report
+
+TINY_ARGS = ["configs/gpt-tiny.yaml", *sets(*TINY, *BF16)]
+
+
+def test_search_flags_refuse_bad_input_in_one_line(capsys, tmp_path):
+    plan = ["plan", *TINY_ARGS]
+    one_line_error(capsys, [*plan, "--search"], "--search: needs --target")
+    search = [*plan, "--target", "h100x8", "--search"]
+    one_line_error(capsys, [*search, "--time-budget", "0"], "--time-budget: must be more than 0 seconds")
+    one_line_error(capsys, [*plan, "--target", "h100x8", "--search", "--time-budget", "soon"], "--time-budget: expected seconds")
+    one_line_error(capsys, [*plan, "--target", "h100x8", "--search", "--global-batch-size", "0"], "--global-batch-size")
+    one_line_error(capsys, [*plan, "--target", "h100x8", "--time-budget", "60"], "--time-budget: only with --search")
+    one_line_error(capsys, [*plan, "--target", "h100x8", "--search", "--all-stages"], "--all-stages: not with --search")
+    kept = tmp_path / "best.yaml"
+    kept.write_text("kept: true\n")
+    one_line_error(capsys, [*plan, "--target", "h100x8", "--search", "--write", str(kept)], "exists")
+    assert kept.read_text() == "kept: true\n"  # nothing already written is overwritten
+
+
+def test_a_budget_nothing_fits_names_the_smallest_compiled_peak(capsys, h100x8):  # noqa: F811
+    argv = ["plan", *TINY_ARGS, "--target", "h100x8", "--search", "--memory-per-device", "1kB", "--time-budget", "1"]
+    line = one_line_error(capsys, argv, "--memory-per-device: no candidate fits in 1kB per device")
+    assert "the smallest compiled device peak was" in line and line.endswith("(your config)")
+
+
+def _figures():
+    job = build_job(tiny_config(*BF16), jax.devices())
+    return figures_of(job.plan, job.config, job.flops_per_token, 2)
+
+
+def test_the_candidates_cover_every_knob_and_the_estimate_orders_them():
+    figures = _figures()
+    found = list(candidates(figures, parse_target("h100x16"), [128]))
+    assert {c.stage for c in found} == {0, 1, 2, 3}
+    assert {c.remat for c in found} == set(REMAT_POLICIES)
+    assert {c.microbatches for c in found} == {1, 2, 4, 8}
+    assert {dict(c.axes).get("model") for c in found} == {1, 2}  # the tiny model's 2 heads split 2 ways at most
+    assert {dict(c.axes).get("replica", 1) for c in found} == {1, 2}  # hpZ's replica over the 2 hosts
+    assert {(c.offload_optimizer, c.offload_params) for c in found} == {(False, False), (True, False), (True, True)}
+    assert {c.quantized_weights for c in found} == {"none", "int8"} and {c.quantized_gradients for c in found} == {"none", "int8"}
+    assert all(c.stage == 3 for c in found if c.offload_params or c.quantized_weights != "none")
+    base = next(c for c in found if c.stage == 0 and c.remat == "none" and c.microbatches == 1 and dict(c.axes)["model"] == 1)
+    target = parse_target("h100x16")
+    by = {c: estimate(c, figures, target)[0] for c in found}
+    assert by[dataclasses.replace(base, remat="full")] < by[base]
+    assert by[dataclasses.replace(base, stage=1)] < by[base]  # the optimizer state partitioned
+    stage1 = dataclasses.replace(base, stage=1)
+    assert by[dataclasses.replace(stage1, offload_optimizer=True)] < by[stage1]
+
+
+def test_every_candidate_is_a_config_or_refused_by_validation():
+    refused = 0
+    for c in candidates(_figures(), parse_target("h100x8"), [32]):
+        try:
+            load_config("configs/gpt-tiny.yaml", [*TINY, *BF16, *c.sets()])
+        except ConfigError:
+            refused += 1
+    assert refused == 0
+
+
+def test_search_certifies_its_winner_and_writes_a_config_plan_reproduces(capsys, tmp_path, h100x8):  # noqa: F811
+    out = tmp_path / "best.yaml"
+    argv = ["plan", *TINY_ARGS, "--target", "h100x8", "--search", "--time-budget", "40", "--write", str(out), "--json"]
+    assert main(argv) == 0
+    found = json.loads(capsys.readouterr().out)
+    search = found["search"]
+    rows = [r for r in search["rows"] if r["device_peak"] is not None]
+    assert len(rows) >= 2 and rows[0]["label"] == "your config"
+    budget = search["memory_per_device"]
+    assert all(r["fits"] == (r["device_peak"] <= budget) for r in rows)  # certified by the compiled peak
+    fitting = [r for r in rows if r["fits"]]
+    best = max(fitting, key=lambda r: r["predicted"]["tokens_per_sec"])
+    assert search["winner"] == best["label"] and found["predicted"] == best["predicted"]
+    assert best["predicted"]["tokens_per_sec"] >= rows[0]["predicted"]["tokens_per_sec"]  # never worse than the config given
+    for r in (r for r in fitting if r["pareto"]):  # no certified row beats a front row on both axes
+        assert not any(
+            o["device_peak"] <= r["device_peak"] and o["predicted"]["tokens_per_sec"] > r["predicted"]["tokens_per_sec"]
+            for o in fitting
+        )
+    written = load_config(out)
+    assert build_job(written).plan.stage == written.zero.stage  # jzero train's config: it builds unchanged
+    assert main(["plan", str(out), "--target", "h100x8", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["predicted"] == best["predicted"] and again["device_peak"] == best["device_peak"]
+
+
+def test_plan_json_predicts_the_step_on_gpu_targets_and_counts_remat(h100x8):  # noqa: F811
+    reports = {}
+    for remat in ("none", "full"):
+        job = build_job(tiny_config(*BF16, f"model.remat={remat}"), h100x8)
+        reports[remat] = plan_report(job)
+    for report in reports.values():
+        p = report["predicted"]
+        assert p["step_time_s"] > 0 and 0 < p["mfu"] < 1
+        assert p["tokens_per_sec"] == pytest.approx(16 * 16 / p["step_time_s"], rel=1e-12)  # batch x seq_len / step
+    # Full remat runs the layers' forward twice: more matmul FLOPs executed for the same model FLOPs.
+    assert reports["full"]["predicted"]["executed_flops_per_device"] > reports["none"]["predicted"]["executed_flops_per_device"]
+    assert plan_report(build_job(tiny_config(*BF16)))["predicted"] is None  # the CPU: no hardware figures
+
+
+def test_the_gpu_check_dry_runs_on_a_cpu():
+    """benchmarks/gpu_step.py --dry-run: the real run's code path (a prediction from a compile for one
+    H100, timed steps, the measured-over-predicted ratio), on a tiny model and the CPU."""
+    import subprocess
+    import sys
+
+    from test_bad_input import jzero_env
+
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu_step.py", "--dry-run", "--steps", "2", "--warmup", "1"],
+        capture_output=True, text=True, env=jzero_env(), timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["dry_run"] and found["predicted_for"] == "NVIDIA H100 80GB HBM3" and found["device_kind"] == "cpu"
+    assert len(found["measured"]["step_times_s"]) == 2 and found["measured"]["step_time_s"] > 0
+    assert found["predicted"]["step_time_s"] > 0
+    ratio = found["measured"]["tokens_per_sec"] / found["predicted"]["tokens_per_sec"]
+    assert found["measured_over_predicted_tokens_per_sec"] == pytest.approx(ratio, rel=1e-12)
+    assert found["shape"]["d_model"] == 64

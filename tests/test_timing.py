@@ -1,0 +1,61 @@
+"""The step-time model (jzero.ledger.timing.predict) on handwritten figures: compute-bound,
+communication-bound, overlapped and offload-bound steps, each term worked out by hand."""
+
+import pytest
+
+from jzero.ledger.targets import GPUS
+from jzero.ledger.timing import Hardware, StepCost, Transfer, predict
+
+# Round figures, so that every expected time below is arithmetic one can check by eye.
+HW = Hardware(
+    peak_flops=1e15, hbm_bytes_per_s=1e12, within_host_bytes_per_s=1e11, cross_host_bytes_per_s=1e10, host_bytes_per_s=1e10
+)
+EFF = 0.5  # the matmuls reach 5e14 FLOP/s
+
+
+def test_compute_bound_step_is_its_flops_over_the_peak_times_efficiency():
+    cost = StepCost(flops=1e15, model_flops=7.5e14, tokens=4096, state_bytes=1e9)
+    p = predict(cost, HW, EFF)
+    assert p["compute_s"] == pytest.approx(2.0, rel=1e-12)  # 1e15 / 5e14
+    assert p["memory_s"] == pytest.approx(2e-3, rel=1e-12)  # 2 x 1e9 bytes / 1e12
+    assert p["step_time_s"] == pytest.approx(2.002, rel=1e-12)
+    assert p["tokens_per_sec"] == pytest.approx(4096 / 2.002, rel=1e-12)
+    assert p["mfu"] == pytest.approx(7.5e14 / (2.002 * 1e15), rel=1e-12)  # model FLOPs, not the recomputed ones
+    assert p["bound"] == "compute"
+
+
+def test_communication_bound_step_adds_each_collective_at_its_levels_bandwidth():
+    within = Transfer(bytes=8e10, devices=8, cross_host=False)  # 8e10 x 7/8 / 1e11 = 0.7 s
+    across = Transfer(bytes=4e9, devices=64, cross_host=True)  # 4e9 x 63/64 / 1e10 = 0.39375 s
+    p = predict(StepCost(flops=5e13, model_flops=5e13, tokens=1, transfers=(within, across)), HW, EFF)
+    assert p["compute_s"] == pytest.approx(0.1, rel=1e-12)
+    assert p["communication_s"] == pytest.approx(0.7 + 0.39375, rel=1e-12)
+    assert p["exposed_communication_s"] == pytest.approx(0.7 + 0.39375, rel=1e-12)
+    assert p["step_time_s"] == pytest.approx(0.1 + 0.7 + 0.39375, rel=1e-12)
+    assert p["bound"] == "communication"
+
+
+def test_an_overlapped_collective_is_hidden_up_to_the_compute_between_its_start_and_done():
+    comm = dict(bytes=8e10, devices=8, cross_host=False)  # 0.7 s on the wire
+    partly = Transfer(**comm, hiding_flops=1e14)  # 1e14 / 5e14 = 0.2 s of compute hides 0.2 s
+    wholly = Transfer(**comm, hiding_flops=1e15)  # 2 s of compute hides all 0.7 s
+    cost = StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(partly, wholly))
+    p = predict(cost, HW, EFF)
+    assert p["communication_s"] == pytest.approx(1.4, rel=1e-12)
+    assert p["exposed_communication_s"] == pytest.approx(0.5, rel=1e-12)
+    assert p["step_time_s"] == pytest.approx(2.0 + 0.5, rel=1e-12)
+    synchronous = predict(StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(Transfer(**comm),)), HW, EFF)
+    assert synchronous["exposed_communication_s"] == pytest.approx(0.7, rel=1e-12)  # None: nothing hides it
+
+
+def test_offload_bound_step_adds_its_host_transfers_over_pcie():
+    p = predict(StepCost(flops=5e13, model_flops=5e13, tokens=1, host_bytes=3e10), HW, EFF)
+    assert p["host_transfer_s"] == pytest.approx(3.0, rel=1e-12)  # 3e10 / 1e10
+    assert p["step_time_s"] == pytest.approx(3.1, rel=1e-12)
+    assert p["bound"] == "host_transfer"
+
+
+def test_the_h100s_figures_are_the_datasheets():
+    hw = GPUS["h100"].hardware()
+    assert (hw.peak_flops, hw.hbm_bytes_per_s) == (989e12, 3.35e12)
+    assert (hw.within_host_bytes_per_s, hw.cross_host_bytes_per_s) == (450e9, 50e9)  # NVLink per direction, 400 Gb/s NIC
