@@ -139,3 +139,17 @@ def test_the_gpu_check_dry_runs_on_a_cpu():
     ratio = found["measured"]["tokens_per_sec"] / found["predicted"]["tokens_per_sec"]
     assert found["measured_over_predicted_tokens_per_sec"] == pytest.approx(ratio, rel=1e-12)
     assert found["shape"]["d_model"] == 64
+
+
+def test_search_batches_are_the_configs_a_given_size_or_free():
+    from jzero.planner.options import search_options
+
+    def options(batch):
+        return search_options(True, "h100x8", False, batch, None, None)
+
+    assert options(None).batches(64) == [64]
+    assert options("48").batches(64) == [48]
+    assert options("free").batches(64) == [16, 32, 64, 128, 256]
+    assert options("free").batches(2) == [1, 2, 4, 8]  # a quarter of 2 rows is no batch
+    assert options(None).time_budget_s == 600.0
+    assert search_options(True, "h100x8", False, None, "1.5m", None).time_budget_s == 90.0

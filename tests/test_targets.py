@@ -204,6 +204,12 @@ def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
         assert report["fits"] is (report["compiled"]["peak"] <= 200 * 1024)
         assert ("reduce-scatter" in report["collectives"]) is (stage != "0")
     assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
+    from jzero.ledger.render import format_all_stages
+
+    text = format_all_stages(stages)  # every compile's prediction, as jzero plan prints it
+    for stage, report in stages.items():
+        p = report["predicted"]
+        assert f"stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s" in text
 
 
 def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):

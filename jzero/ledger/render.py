@@ -312,6 +312,12 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
         ratios = ", ".join(f"{r['scaling']['flops_ratio_to_predicted']:.2f}" for r in reports.values())
         lines.append(f"FLOPs per device over one batch group's / {first['scaling']['batch_groups']}, stages 0-3: {ratios}")
         lines += [f"FLAG stage {stage}: {flag}" for stage, r in reports.items() for flag in r["scaling"]["flags"]]
+    if all(r.get("predicted") for r in reports.values()):
+        lines += ["predicted per stage (the step-time model, docs/planner.md):"] + [
+            f"  stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s, "
+            f"MFU {100 * p['mfu']:.1f}%"
+            for stage, p in ((s, r["predicted"]) for s, r in reports.items())
+        ]
     notes = dict.fromkeys(note for r in reports.values() for note in r["notes"])
     lines += [f"note: {note}" for note in notes]
     return "\n".join(lines)

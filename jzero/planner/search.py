@@ -21,20 +21,21 @@ import numpy as np
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError, JzeroError, error_line
 from jzero.ledger.render import human_bytes
-from jzero.ledger.targets import Target, target_devices
+from jzero.ledger.targets import GPUS, Target, target_devices
 from jzero.ledger.timing import predict
 from jzero.planner.candidates import candidates, estimate, figures_of
 from jzero.training.job import Job, build_job
 from jzero.training.report import plan_report, with_verdict
 
-__all__ = ["Row", "Search", "pareto", "search"]
+__all__ = ["YOURS", "Row", "Search", "pareto", "refuse_unfit", "search", "smallest_peak"]
 
 YOURS = "your config"
 
 
 @dataclasses.dataclass
 class Row:
-    """One compiled candidate (``candidate`` None for your config as given)."""
+    """One compiled candidate: its label and ``--set`` words (none for your config as given), the
+    estimate that ordered it, and its plan report with the verdict (or the error its compile raised)."""
 
     label: str
     sets: list[str]
@@ -118,7 +119,7 @@ def search(
     devices = target_devices(target)
     base = build_job(load_config(config_path, sets), devices)
     figures = figures_of(base.plan, base.config, base.flops_per_token, np.dtype(base.precision.compute_dtype).itemsize)
-    hardware = _hardware(target)
+    hardware = GPUS[target.gpu].hardware()
     batches = batches or [base.config.train.global_batch_size]
     queue, considered, over = [], 0, 0
     for candidate in candidates(figures, target, batches):
@@ -147,12 +148,6 @@ def search(
     left = len(queue) - done
     elapsed = time.perf_counter() - start
     return Search(target.name, memory_per_device, time_budget_s, considered, over, refused, left, elapsed, rows)
-
-
-def _hardware(target: Target):
-    from jzero.ledger.targets import GPUS
-
-    return GPUS[target.gpu].hardware()
 
 
 def _job(config_path: str | Path, sets: list[str], devices: list, base: Job) -> Job | None:
