@@ -6,7 +6,8 @@ its predicted tokens/s per GPU beside the published figure.
 Every run here publishes its throughput with its exact shape, batch, hardware and parallelism:
 MosaicML's llm-foundry MPT tables (scripts/train/benchmarking/README.md, "H100 80GB BF16": FSDP
 FULL_SHARD, amp_bf16, an architecture like jzero's GPT: LayerNorm, a 4x GELU MLP, tied embeddings;
-MPT's positions are learned and jzero's rotary, neither a matmul) and MaxText's Llama-2-7B on one A3 VM (src/maxtext/configs/gpu/a3/llama_2_7b/README.md).
+MPT's positions are learned and jzero's rotary, neither a matmul) and MaxText's Llama-2-7B on one
+A3 VM (src/maxtext/configs/gpu/a3/llama_2_7b/README.md).
 Each is compiled deviceless for its target at stage 3 (full sharding), and the model's terms are
 solved for the efficiency that would match it exactly: the table's efficiency, :data:`EFFICIENCY`,
 is the median of those, one value for every run. No run has its own factor.

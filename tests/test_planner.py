@@ -148,7 +148,7 @@ def test_search_batches_are_the_configs_a_given_size_or_free():
         return search_options(True, "h100x8", False, batch, None, None)
 
     assert options(None).batches(64) == [64]
-    assert options("48").batches(64) == [48]
+    assert options("48").batches(64) == [48] and options("48").sets() == ["train.global_batch_size=48"]  # yours at 48 too
     assert options("free").batches(64) == [16, 32, 64, 128, 256]
     assert options("free").batches(2) == [1, 2, 4, 8]  # a quarter of 2 rows is no batch
     assert options(None).time_budget_s == 600.0

@@ -225,14 +225,15 @@ def _plan_search(args: argparse.Namespace, config: Config, target, memory: float
     from jzero.planner.search import refuse_unfit, search
     from jzero.planner.table import format_search, search_json
 
+    sets = [*args.set, *options.sets()]
     with SearchProgress(enabled=not args.json) as bar:
         result = search(
-            args.config, args.set, target, memory, batches=options.batches(config.train.global_batch_size),
+            args.config, sets, target, memory, batches=options.batches(config.train.global_batch_size),
             time_budget_s=options.time_budget_s, on_progress=bar.update,
         )  # fmt: skip
     refuse_unfit(result, args.memory_per_device or f"{memory / 1e9:.4g} GB")
     if options.write is not None:
-        options.write.write_text(dump_config(load_config(args.config, [*args.set, *result.winner.sets])))
+        options.write.write_text(dump_config(load_config(args.config, [*sets, *result.winner.sets])))
     print(json.dumps(search_json(result)) if args.json else format_search(result))
     if options.write is not None and not args.json:
         print(f"wrote {options.write}: jzero plan {options.write} --target {args.target} reproduces the winner")

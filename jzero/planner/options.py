@@ -26,6 +26,10 @@ class SearchOptions:
     time_budget_s: float
     write: Path | None
 
+    def sets(self) -> list[str]:
+        """Overrides for your config itself: a fixed batch is the batch of every candidate, yours too."""
+        return [f"train.global_batch_size={self.batch}"] if isinstance(self.batch, int) else []
+
     def batches(self, config_batch: int) -> list[int]:
         """The global batch sizes to search."""
         if self.batch == "free":
