@@ -113,7 +113,8 @@ def test_plan_json_predicts_the_step_on_gpu_targets_and_counts_remat(h100x8):  #
     for report in reports.values():
         p = report["predicted"]
         assert p["step_time_s"] > 0 and 0 < p["mfu"] < 1
-        assert p["tokens_per_sec"] == pytest.approx(16 * 16 / p["step_time_s"], rel=1e-12)  # batch x seq_len / step
+        # batch x seq_len / step: one float64 quotient (rel=1e-12 is its rounding, no reduction order in it)
+        assert p["tokens_per_sec"] == pytest.approx(16 * 16 / p["step_time_s"], rel=1e-12)
     # Full remat runs the layers' forward twice: more matmul FLOPs executed for the same model FLOPs.
     assert reports["full"]["predicted"]["executed_flops_per_device"] > reports["none"]["predicted"]["executed_flops_per_device"]
     assert plan_report(build_job(tiny_config(*BF16)))["predicted"] is None  # the CPU: no hardware figures
@@ -137,7 +138,7 @@ def test_the_gpu_check_dry_runs_on_a_cpu():
     assert len(found["measured"]["step_times_s"]) == 2 and found["measured"]["step_time_s"] > 0
     assert found["predicted"]["step_time_s"] > 0
     ratio = found["measured"]["tokens_per_sec"] / found["predicted"]["tokens_per_sec"]
-    assert found["measured_over_predicted_tokens_per_sec"] == pytest.approx(ratio, rel=1e-12)
+    assert found["measured_over_predicted_tokens_per_sec"] == pytest.approx(ratio, rel=1e-12)  # one quotient
     assert found["shape"]["d_model"] == 64
 
 

@@ -17,7 +17,7 @@ import re
 from jzero.ledger.gathered import _operands
 from jzero.ledger.hlo import _TRIP_COUNT, _callees, _computations, _Instruction
 
-__all__ = ["flops_between", "program_flops"]
+__all__ = ["flops_between", "matmul_flops", "program_flops"]
 
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[\d,]*)\}")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
@@ -89,15 +89,23 @@ def program_flops(hlo_text: str) -> int:
     Args:
       hlo_text: ``compiled.as_text()`` of an SPMD program.
     """
-    counter = _Counter(hlo_text)
-    return counter.computation(counter.entry) if counter.entry else 0
+    return matmul_flops(hlo_text)[0]
 
 
 def flops_between(hlo_text: str) -> dict[str, int]:
     """For each async collective (by its ``-start``'s name), the matmul FLOPs scheduled between its
     start and its done: the compute that can hide it. One run of its computation; a collective whose
     done is not in the same computation is left out."""
+    return matmul_flops(hlo_text)[1]
+
+
+def matmul_flops(hlo_text: str) -> tuple[int, dict[str, int]]:
+    """:func:`program_flops` and :func:`flops_between` from one reading of the program."""
     counter = _Counter(hlo_text)
+    return (counter.computation(counter.entry) if counter.entry else 0), _between(counter)
+
+
+def _between(counter: _Counter) -> dict[str, int]:
     out = {}
     for name, body in counter.computations.items():
         for i, ins in enumerate(body):

@@ -8,7 +8,7 @@ from typing import Any
 
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
-from jzero.ledger.flops import flops_between, program_flops
+from jzero.ledger.flops import matmul_flops
 from jzero.ledger.levels import spans_hosts
 from jzero.ledger.timing import StepCost, Transfer, predict
 from jzero.training.job import Job
@@ -26,7 +26,7 @@ def step_cost(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.
       ops: its collectives (:func:`jzero.ledger.hlo.parse_collectives`).
     """
     hosts = [d.process_index for d in job.mesh.devices.flat]
-    hiding = flops_between(hlo_text)
+    executed, hiding = matmul_flops(hlo_text)
     transfers = [
         Transfer(
             bytes=ledger.paper_bytes(op) * op.executions,
@@ -38,7 +38,7 @@ def step_cost(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.
     ]
     host = report["compiled_host"]
     return StepCost(
-        flops=program_flops(hlo_text),
+        flops=executed,
         model_flops=report["model_flops"]["per_device_per_step"],
         tokens=job.config.train.global_batch_size * job.config.model.seq_len,
         state_bytes=report["per_device_bytes"]["total"],
