@@ -14,11 +14,12 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
-from typing import Any
 
 from jzero.axes import DATA, MODEL, REPLICA
+from jzero.config.schema import Config
 from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
+from jzero.plan import Plan
 from jzero.remat_policies import REMAT_POLICIES
 from jzero.stages import STAGES, per_device_parts, stage_rule
 
@@ -76,8 +77,10 @@ class Candidate:
         return ", ".join([*head, *filter(None, knobs)])
 
     @property
-    def axis(self) -> dict[str, int]:
-        return dict(self.axes)
+    def ways(self) -> tuple[int, int, int]:
+        """The ``model``, ``replica`` and ``data`` axis sizes (1 where absent)."""
+        axes = dict(self.axes)
+        return axes.get(MODEL, 1), axes.get(REPLICA, 1), axes[DATA]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,22 +147,21 @@ def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]
       activations, one layer's working set, the logits and two gathered layers; and a
       :class:`~jzero.ledger.timing.StepCost` with the paper's volumes, none of them hidden.
     """
-    axes = c.axis
-    m, replica, data = axes.get(MODEL, 1), axes.get(REPLICA, 1), axes[DATA]
+    m, replica, data = c.ways
     parts = per_device_parts(f.param_bytes, f.grad_bytes, f.optimizer_bytes, c.stage, data * replica, m)
     states = parts["total"] - parts["optimizer"] * c.offload_optimizer - parts["params"] * c.offload_params
     tokens = c.global_batch_size // (data * replica * c.microbatches) * f.seq_len
     layer_elems = (4 + 2 * f.mlp_ratio) * f.d_model**2
     unit = tokens * f.d_model * f.compute_itemsize
-    activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + unit * (8 + 2 * f.mlp_ratio) / m
+    working = unit * _SAVED["none"](f.mlp_ratio) / m  # one layer's values, all held while its backward runs
+    activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + working
     logits = 2 * tokens * f.vocab * 4 / m
     gathered = 2 * layer_elems * f.compute_itemsize / m if c.stage == 3 else 0
     return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)
 
 
 def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
-    axes = c.axis
-    m, replica, data = axes.get(MODEL, 1), axes.get(REPLICA, 1), axes[DATA]
+    m, replica, data = c.ways
     group = data * replica
     spans = group * m > target.gpus_per_host
     matmul = f.n_layers * (4 + 2 * f.mlp_ratio) * f.d_model**2
@@ -192,7 +194,7 @@ def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str
     )
 
 
-def figures_of(plan: Any, config: Any, flops_per_token: float, compute_itemsize: int) -> Figures:
+def figures_of(plan: Plan, config: Config, flops_per_token: float, compute_itemsize: int) -> Figures:
     """The :class:`Figures` of a built job's plan and config."""
     params = sum(t.nbytes for t in plan.tensors)
     optimizer = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
