@@ -141,6 +141,34 @@ def test_a_second_sigint_aborts_at_once(capsys):
     assert "SIGINT: saving at the next step boundary" in capsys.readouterr().err
 
 
+def test_two_sigints_that_arrive_together_abort(capsys):
+    """Two Ctrl-Cs while the main thread is inside native code (a JAX step) reach Python as one
+    handler call; they still abort. The main thread blocks SIGINT, so both are delivered to a helper
+    thread, each before its pthread_kill returns: Python runs the handler once, when unblocked."""
+    import threading
+
+    from jzero.training.preemption import Preemption
+
+    go = threading.Event()
+
+    def press_twice():
+        go.wait()
+        for _ in range(2):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    helper = threading.Thread(target=press_twice)
+    helper.start()  # before the mask, so the helper does not inherit it
+    with pytest.raises(KeyboardInterrupt), Preemption() as preemption:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            go.set()
+            helper.join()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        pytest.fail(f"two SIGINTs at once did not abort (signal {preemption.signal})")
+    assert capsys.readouterr().err.count("SIGINT: saving at the next step boundary") == 1
+
+
 def test_no_resume_refuses_a_run_with_checkpoints(devices, tmp_path, capsys):
     train(run_config(tmp_path, "train.steps=2"), progress=False)
     before = sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir())
