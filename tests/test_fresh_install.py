@@ -105,7 +105,7 @@ def _readme_commands() -> list[str]:
 def test_ci_runs_the_readme_commands_as_written():
     """``.ci/run`` runs each README command as its own line: the first with only ``--set train.steps=N`` added."""
     install_and_train, tests = _readme_commands()
-    assert "pip install -e . &&" in install_and_train and "jzero train configs/" in install_and_train
+    assert "pip install -e '.[plot]' &&" in install_and_train and "jzero train configs/" in install_and_train
     assert "pytest" in tests
     ran = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv")]
     assert len(ran) == 2, ran

@@ -29,6 +29,7 @@ __all__ = [
     "cmd_estimate",
     "cmd_launch",
     "cmd_plan",
+    "cmd_report",
     "cmd_sample",
     "cmd_train",
 ]
@@ -273,3 +274,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from jzero.training.sample import sample_command
 
     return sample_command(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``jzero report``: the run's ``metrics.jsonl`` drawn as a PNG at ``--out``; no JAX."""
+    from jzero.training.plot import plot_command
+
+    return plot_command(args)

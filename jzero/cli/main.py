@@ -1,5 +1,5 @@
 """The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint info|verify|export``,
-``data prepare`` and ``sample``.
+``data prepare``, ``sample`` and ``report``.
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
 Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
-        if args.command not in ("estimate", "launch", "data"):  # the commands that need no JAX
+        if args.command not in ("estimate", "launch", "data", "report"):  # the commands that need no JAX
             from jzero.distributed.process import import_jax, start_backends
 
             import_jax(target=bool(getattr(args, "target", None)))

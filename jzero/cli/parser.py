@@ -19,6 +19,7 @@ from jzero.cli.commands import (
     cmd_estimate,
     cmd_launch,
     cmd_plan,
+    cmd_report,
     cmd_sample,
     cmd_train,
 )
@@ -68,7 +69,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jzero`` parser: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint``, ``data`` and ``sample``.
+    """The ``jzero`` parser: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint``, ``data``, ``sample`` and ``report``.
 
     Returns:
       A parser whose bad input prints one line and exits with status 2; each subcommand's
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint(sub)
     _add_data(sub)
     _add_sample(sub)
+    _add_report(sub)
     return parser
 
 
@@ -210,3 +212,12 @@ def _add_sample(sub: _Subcommands) -> None:
     sample.add_argument("--seed", type=int, default=0, help="the sampling key's seed")
     sample.add_argument("--step", type=int, default=None, help="a committed checkpoint step (default: the newest)")
     sample.set_defaults(func=cmd_sample)
+
+
+def _add_report(sub: _Subcommands) -> None:
+    report = sub.add_parser("report", help="draw a run's loss, eval loss, tokens/s and MFU as a PNG (plot extra)")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (run.dir) with a metrics.jsonl")
+    report.add_argument(
+        "--out", required=True, metavar="FILE.png", help="the PNG to write (replaced if it exists, as a plot is redrawn)"
+    )
+    report.set_defaults(func=cmd_report)
