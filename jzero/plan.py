@@ -17,6 +17,7 @@ replicated.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Sequence
@@ -47,11 +48,12 @@ from jzero.stages import (
 )
 from jzero.state import TrainState
 from jzero.trees import path_str
-from jzero.units import AUTO, choose_units
+from jzero.units import AUTO, unit_names
 
 __all__ = [
     "Plan",
     "TensorPlan",
+    "check_path_rules",
     "data_partition",
     "hierarchy",
     "default_rules",
@@ -127,6 +129,7 @@ class Plan:
     # Stage 3's gathering units (:mod:`jzero.units`): parameter path -> unit, for those the step
     # gathers unit by unit; empty when XLA places the gathers.
     units: dict[str, int] = dataclasses.field(default_factory=dict)
+    unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.units.unit_names`)
     prefetch: int = 1  # how many units ahead a gather may start
     persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole
     quantized_weights: str = NONE  # qwZ: the width parameter gathers send (none: the compute dtype)
@@ -219,6 +222,17 @@ class Plan:
             return []
         return [t for t in self.tensors if t.data_dim is not None and t.param_spec == t.replicated_spec]
 
+    @property
+    def unit_tensors(self) -> dict[str, list[str]]:
+        """Stage 3's gathering units, each by name with its tensors' paths, in the order the units
+        first appear: ``{"layers_0": ["layers_0/attn/kernel", ...], "embed/embedding": [...]}``. A
+        unit's name is the path prefix its tensors share, or the path of a tensor gathered alone.
+        Empty when XLA places the gathers (no units, or a stage below 3)."""
+        out: dict[str, list[str]] = {}
+        for path, number in self.units.items():
+            out.setdefault(self.unit_names[number], []).append(path)
+        return out
+
     def unit_bytes(self, dtype: Any = None) -> list[int]:
         """Each unit's gathered bytes per device (model axes still split), in ``dtype`` (default: the
         parameters' own)."""
@@ -228,6 +242,18 @@ class Plan:
                 nbytes = shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, self.mesh)
                 out[self.units[t.path]] = out.get(self.units[t.path], 0) + nbytes
         return [out[k] for k in sorted(out)]
+
+    def layer_bytes(self, dtype: Any = None) -> int:
+        """One layer's gathered bytes per device (model axes still split), in ``dtype`` (default:
+        the parameters' own): the largest gathering unit or, for a scanned stack, one slice of its
+        ``layers`` dimension; 0 with neither."""
+        if self.units:
+            return max(self.unit_bytes(dtype))
+        stacked = [t for t in self.tensors if LAYERS in (t.logical or ())]
+        if not stacked:
+            return 0
+        layers = stacked[0].shape[stacked[0].logical.index(LAYERS)]
+        return sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, self.mesh) for t in stacked) // layers
 
     @property
     def rule(self) -> StageRule:
@@ -365,6 +391,34 @@ def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: 
         real = tuple(a for a in axes if int(mesh.shape[a]) > 1)
         entries.append(real[0] if len(real) == 1 else (real or None))
     return P(*entries)
+
+
+def check_path_rules(path_rules: Sequence[Sequence[Any]], paths: Sequence[str]) -> None:
+    """Each path rule places at least one parameter. A rule that matches no path, or only paths an
+    earlier rule places (the first match wins), is a typo that would leave its tensors replicated.
+
+    Raises:
+      PlanError: naming the first such rule (``partitioning.path_rules[i]``), or a regex that is not one.
+    """
+    placed: set[int] = set()
+    for path in paths:
+        placed.add(next((i for i, rule in enumerate(path_rules) if _search(rule, i, path)), -1))
+    for i, rule in enumerate(path_rules):
+        if i not in placed and paths:
+            where, pattern = f"partitioning.path_rules[{i}]", rule[0]
+            shadowed = next((p for p in paths if _search(rule, i, p)), None)
+            if shadowed is None:
+                nearest = difflib.get_close_matches(pattern, paths, n=1, cutoff=0)[0]
+                raise PlanError(where, f"{pattern!r} matches no parameter path (the nearest is {nearest!r})")
+            earlier = f"an earlier rule places every path it matches ({shadowed!r}, ...)"
+            raise PlanError(where, f"{pattern!r} places nothing: {earlier}")
+
+
+def _search(rule: Sequence[Any], i: int, path: str) -> bool:
+    try:
+        return re.search(rule[0], path) is not None
+    except (re.error, TypeError) as err:
+        raise PlanError(f"partitioning.path_rules[{i}]", f"bad regex {rule[0]!r}: {err}") from None
 
 
 def zero_axes(mesh: Mesh) -> tuple[str, ...]:
@@ -568,16 +622,18 @@ def make_plan(
       stage: the ZeRO stage, 0 to 3 (:data:`jzero.stages.STAGES`).
       rules: ordered ``[logical_name, mesh_axis_or_null]`` pairs (default: :func:`default_rules`).
       path_rules: ``[regex, [mesh_axis_or_null per dim]]`` pairs that place parameters by path (first
-        match wins, before logical names): the way to put an unannotated model's tensors on ``model``.
+        match wins, before logical names; ``re.search`` on the ``/``-joined path): the way to put an
+        unannotated model's tensors on ``model``. Each must place at least one parameter.
 
     Returns:
       The :class:`Plan`: shardings for parameters, gradients, the update, the optimizer state, the
       batch and the whole train state, and each tensor's specs and bytes.
 
     Raises:
-      PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, an
-        offload the stage does not partition for, or a qwZ or hpZ setting the stage, precision or
-        mesh cannot have (:func:`jzero.stages.check_quantization`, :func:`jzero.stages.check_hierarchical`).
+      PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, a
+        path rule that places none (:func:`check_path_rules`), an offload the stage does not
+        partition for, or a qwZ or hpZ setting the stage, precision or mesh cannot have
+        (:func:`jzero.stages.check_quantization`, :func:`jzero.stages.check_hierarchical`).
     """
     rule = _check_args(stage, mesh, offload_optimizer, offload_params, prefetch, persist_below_bytes)
     master_copy = isinstance(abstract_state.opt_state, MasterState)
@@ -588,10 +644,12 @@ def make_plan(
     order = hierarchy(mesh, hierarchical != HIERARCHICAL[0], quantized_gradients != NONE)
     rules = _normal_rules(rules, mesh)
 
+    leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_state.params))[0]
+    check_path_rules(path_rules, [path_str(path) for path, _ in leaves])
     tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes, order)
     shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, offload_optimizer, offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
-    units = _units(tensors, gather_units) if rule.params else {}
+    units, unit_names = _units(tensors, gather_units) if rule.params else ({}, ())
     if units and quantized_gradients != NONE:
         needs = "it needs a model that gathers itself, as jzero's GPT"
         raise PlanError("zero.quantized_gradients", f"not yet with gathering units (zero.gather_units): {needs}")
@@ -604,6 +662,7 @@ def make_plan(
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         units=units,
+        unit_names=unit_names,
         prefetch=prefetch,
         persist_below_bytes=persist_below_bytes,
         quantized_weights=quantized_weights,
@@ -618,11 +677,15 @@ def _nbytes(shape: Sequence[int], dtype: Any) -> int:
     return math.prod(shape) * np.dtype(dtype).itemsize
 
 
-def _units(tensors: list[TensorPlan], gather_units: str | Sequence[str]) -> dict[str, int]:
-    """The units of the parameters stage 3 gathers (those partitioned at rest)."""
+def _units(tensors: list[TensorPlan], gather_units: str | Sequence[str]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The units of the parameters stage 3 gathers (those partitioned at rest): path -> number, and
+    each number's name."""
     scanned = any(LAYERS in (t.logical or ()) for t in tensors)
-    units = choose_units([t.path for t in tensors], [t.nbytes for t in tensors], gather_units, scanned=scanned)
-    return {t.path: units[t.path] for t in tensors if t.path in units and t.param_spec != t.replicated_spec}
+    names = unit_names([t.path for t in tensors], [t.nbytes for t in tensors], gather_units, scanned=scanned)
+    numbers: dict[str, int] = {}
+    gathered = [t.path for t in tensors if t.path in names and t.param_spec != t.replicated_spec]
+    units = {path: numbers.setdefault(names[path], len(numbers)) for path in gathered}
+    return units, tuple(numbers)
 
 
 def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, rule: StageRule):

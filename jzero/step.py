@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.axes import LAYERS
+from jzero.errors import PlanError
 from jzero.gather import UnitSpec, gather, tree_gather, unit_options, with_units
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
@@ -41,6 +42,7 @@ __all__ = [
     "LossFn",
     "abstract_state",
     "activation_rules",
+    "check_precision",
     "make_eval_step",
     "make_train_step",
     "manual_loss",
@@ -122,7 +124,12 @@ def sharded_init(
 
     Returns:
       The :class:`~jzero.state.TrainState`, each leaf sharded as ``plan.state`` says.
+
+    Raises:
+      PlanError: ``precision`` is not the one the plan's abstract state was made with (:func:`check_precision`).
     """
+
+    check_precision(plan, precision)
 
     # No activation rules here: init's forward pass is dead code once only params are kept, and
     # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
@@ -144,7 +151,32 @@ def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan,
     Returns:
       The :class:`~jzero.state.TrainState` at step 0.
     """
+    check_precision(plan, precision)
     return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)
+
+
+def check_precision(plan: Plan, precision: Precision) -> None:
+    """``precision`` is the one the plan's abstract state was made with (:func:`abstract_state`):
+    the same parameter dtype, fp32 master copy and loss scale, so the state has the plan's layout.
+
+    Raises:
+      PlanError: naming both precisions and the fix.
+    """
+    floats = {str(t.dtype) for t in plan.tensors if jnp.issubdtype(t.dtype, jnp.floating)}
+    planned = _layout_words(floats, isinstance(plan.state.opt_state, MasterState), plan.state.loss_scale is not None)
+    given = _layout_words(floats and {jnp.dtype(precision.param_dtype).name}, precision.uses_master, precision.scales_loss)
+    if planned != given:
+        raise PlanError(
+            "precision",
+            f"the plan was made for {planned}, this Precision gives {given}: "
+            "pass the same jzero.Precision to abstract_state, sharded_init and make_train_step",
+        )
+
+
+def _layout_words(dtypes: set[str], master: bool, scale: bool) -> str:
+    """What a precision puts in the state: ``bfloat16 parameters with an fp32 master copy and a loss scale``."""
+    extras = [*(["an fp32 master copy"] * master), *(["a loss scale"] * scale)]
+    return f"{'/'.join(sorted(dtypes)) or 'no float'} parameters" + (f" with {' and '.join(extras)}" if extras else "")
 
 
 def _constrain(tree: Any, shardings: Any) -> Any:
@@ -394,8 +426,12 @@ def make_train_step(
     Returns:
       The jitted step. Its metrics: ``loss``, ``grad_norm`` (the global L2 norm of the unscaled,
       reduced gradient, before any clipping), ``skipped`` and, with loss scaling, ``loss_scale``.
+
+    Raises:
+      PlanError: ``precision`` is not the one the plan's abstract state was made with (:func:`check_precision`).
     """
 
+    check_precision(plan, precision)
     compute_loss = _loss_in_f32(loss_fn, plan, precision)
     in_loop = _fetched_in_loop(plan, fetched_by_model)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from jzero.errors import JzeroError, PlanError, show_value
 
-__all__ = ["AUTO", "NONE", "check", "choose_units"]
+__all__ = ["AUTO", "NONE", "check", "choose_units", "unit_names"]
 
 AUTO, NONE = "auto", "none"
 KEY = "zero.gather_units"
@@ -94,7 +94,20 @@ def _matching(paths: Sequence[str], patterns: Sequence[str]) -> dict[str, str]:
 def choose_units(
     paths: Sequence[str], nbytes: Sequence[int], gather_units: str | Sequence[str], *, scanned: bool = False
 ) -> dict[str, int]:
-    """Which unit each parameter is gathered in.
+    """Which unit each parameter is gathered in: :func:`unit_names`, numbered.
+
+    Returns:
+      path -> unit number, in the order the units first appear; empty for no units.
+    """
+    numbers: dict[str, int] = {}
+    names = unit_names(paths, nbytes, gather_units, scanned=scanned)
+    return {path: numbers.setdefault(name, len(numbers)) for path, name in names.items()}
+
+
+def unit_names(
+    paths: Sequence[str], nbytes: Sequence[int], gather_units: str | Sequence[str], *, scanned: bool = False
+) -> dict[str, str]:
+    """The unit each parameter is gathered in, by name.
 
     Args:
       paths: the parameters' tree paths (``a/b/kernel``).
@@ -103,8 +116,8 @@ def choose_units(
       scanned: the model has a scanned layer stack (``auto`` then chooses none).
 
     Returns:
-      path -> unit number, in the order the units first appear; empty for no units. A parameter
-      outside every unit is a unit of its own.
+      path -> its unit's name: the path prefix the unit's parameters share (``layers_3``), or for a
+      parameter outside every unit, which is a unit of its own, its path. Empty for no units.
 
     Raises:
       PlanError: a regex that is not one, matches nothing, or nests one unit inside another.
@@ -113,7 +126,4 @@ def choose_units(
     if gather_units == NONE or (gather_units == AUTO and scanned) or not paths:
         return {}
     prefix = _auto(paths, nbytes) if gather_units == AUTO else _matching(paths, list(gather_units))
-    if not prefix:
-        return {}
-    numbers: dict[str, int] = {}
-    return {path: numbers.setdefault(prefix.get(path, path), len(numbers)) for path in paths}
+    return {path: prefix.get(path, path) for path in paths} if prefix else {}

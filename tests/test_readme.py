@@ -2,14 +2,17 @@
 one namespace, by the test that SNIPPETS names for that page."""
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from conftest import tiny_config
 
+import jzero
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.training.job import build_job
 
@@ -21,6 +24,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SNIPPETS = {
     "README.md": ("test_readme_own_loop_and_its_checkpoints", 2),
     "docs/checkpoints.md": ("test_checkpoints_page_plain_orbax", 1),
+    "docs/own-loop.md": ("test_own_model_page_example_resume_and_own_loop", 5),
     "docs/sampling.md": ("test_sampling_page_sample_and_decode_loop", 2),
 }
 
@@ -103,3 +107,59 @@ def test_sampling_page_sample_and_decode_loop(devices, tmp_path, monkeypatch):
                  "key": jax.random.key(0)}  # fmt: skip
     exec(own_model, namespace)
     assert int(namespace["count"]) == 50 and namespace["tokens"][0, :3].tolist() == [63, 0, 1]
+
+# The own-model page's example at the tests' size: 16-token windows, 20 steps then 10 more.
+OWN_MODEL = ["model.seq_len=16", "data.max_bytes=200000", "train.eval_every=20", "checkpoint.every=20", "run.log_every=10"]
+
+
+def test_own_model_page_example_resume_and_own_loop(devices, tmp_path, monkeypatch, capsys):
+    """The page's example, quoted from examples/own_model.py, trains (loss falls, eval logged, units
+    as the page names them), resumes, and its own-loop snippets run: 16-bit with the fp32 master at
+    ``state.opt_state.master``, what is gathered at once, a checkpoint and its export."""
+    from safetensors.numpy import load_file
+
+    model, parts, precision, gathered, export = python_blocks("docs/own-loop.md")
+    example = (ROOT / "examples" / "own_model.py").read_text()
+    assert model in example and parts in example  # the page quotes the example as it is
+    (config_section,) = [b for b in re.findall(r"^```yaml\n(.*?)^```", (ROOT / "docs/own-loop.md").read_text(), re.S | re.M)
+                         if b.startswith("model:")]  # fmt: skip
+    assert config_section in (ROOT / "configs" / "own-model.yaml").read_text()
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "own_model_page"}
+    exec(model, namespace)
+    exec(parts, namespace)
+    config = str(ROOT / "configs" / "own-model.yaml")
+
+    result, hook = namespace["main"](config, [*OWN_MODEL, "train.steps=20"], progress=False)
+    printed = capsys.readouterr().out
+    assert "unit h/0: 12 tensors" in printed and "unit wte/embedding: 1 tensors" in printed
+    assert result.saved == [20] and [r["step"] for r in hook.records] == [10, 20]
+    assert "eval_loss" in hook.records[-1] and f"eval loss {hook.records[-1]['eval_loss']:.3f}" in printed
+    assert hook.records[-1]["loss"] < hook.records[0]["loss"] < 5.0  # ln 256 = 5.5 at the start
+    ledger = json.loads((tmp_path / "runs" / "own-model" / "ledger.json").read_text())
+    units = ledger["gathered"]["unit_tensors"]
+    assert list(units) == ["h/0", "h/1", "lm_head/kernel", "ln_f/bias", "ln_f/scale", "wpe/embedding", "wte/embedding"]
+    assert len(units["h/0"]) == len(units["h/1"]) == 12 and ledger["gathered"]["layers"] < 2  # one block and a tensor alone
+
+    resumed, _ = namespace["main"](config, [*OWN_MODEL, "train.steps=30"], progress=False)
+    assert (resumed.start_step, resumed.final_step, resumed.saved) == (20, 30, [30])
+
+    example_loop = _example()  # the README's loop: init_fn, loss_fn, tx, key, mesh and batches
+    init_fn, loss_fn, tx, key = example_loop.training_parts()
+    namespace.update(init_fn=init_fn, loss_fn=loss_fn, tx=tx, key=key, mesh=jzero.make_mesh({"data": -1}),
+                     batches=[example_loop.make_batch(k) for k in range(2)])  # fmt: skip
+    exec(precision, namespace)
+    kernel = namespace["state"].params["Dense_0"]["kernel"]
+    assert kernel.dtype == jnp.bfloat16 and namespace["master"]["Dense_0"]["kernel"].dtype == jnp.float32
+    assert namespace["master"]["Dense_0"]["kernel"].sharding.spec == kernel.sharding.spec  # stage 3: both on data
+
+    exec(gathered, namespace)
+    g, plan = namespace["gathered"], namespace["plan"]
+    assert plan.unit_tensors["Dense_0"] == ["Dense_0/bias", "Dense_0/kernel"]
+    assert g["peak_bytes"] > 0 and g["layers"] == g["peak_bytes"] / plan.layer_bytes() and g["units"] == 3
+
+    exec(export, namespace)
+    params = load_file(tmp_path / "runs" / "mine" / "model.safetensors")
+    assert namespace["done"]["step"] == 1 and set(params) == {t.path for t in plan.tensors}
+    got = params["Dense_0/kernel"]
+    assert np.array_equal(got, np.asarray(namespace["state"].params["Dense_0"]["kernel"]))

@@ -215,11 +215,30 @@ def parameter_arrays(saved: dict[str, tuple]) -> tuple[str, dict[str, tuple]]:
 def export_checkpoint(
     run_dir: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32", warn: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Write one checkpoint's parameters to ``out`` as safetensors; returns what was written.
+    """Write one checkpoint's parameters to ``out`` as one safetensors file: ``jzero checkpoint export``.
 
-    The step's files are verified against its manifest first (a damaged step raises
-    :class:`~jzero.errors.DamagedCheckpoint`, and nothing is written); ``warn`` is told, in one
-    line, of a step written before manifests.
+    The parameters are the fp32 master copy when the state has one (a 16-bit run), else the
+    parameters, each named by its ``/``-joined tree path (``layers_0/attn/q/kernel``). Works on any
+    run's checkpoints, ``jzero.train``'s or your own loop's (:class:`~jzero.checkpoint.runs.RunCheckpoints`).
+    Memory holds one tensor at a time; the file is written under a temporary name beside ``out``
+    and linked into place once checked, so it is never partial and never replaces a file.
+
+    Args:
+      run_dir: the run's folder (``<run_dir>/checkpoints/<step>/``).
+      out: the ``.safetensors`` file to write; it must not exist, its folder must.
+      step: the committed step to export (default: the newest).
+      dtype: ``float32`` or ``bfloat16``.
+      warn: told, in one line, of a step written before manifests (unverifiable).
+
+    Returns:
+      What was written: ``step``, ``source`` (``params`` or ``opt_state/master``), ``tensors``,
+      ``bytes``, ``out`` and ``dtype``.
+
+    Raises:
+      ConfigError: ``dtype`` is not one of those, ``out`` exists or its folder does not, or writing
+        it failed (named ``--dtype`` and ``--out``, the command's flags).
+      DamagedCheckpoint: the step's files are not what was written; nothing is written.
+      CheckpointError: the run has no committed checkpoint, or the step holds no parameters.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError("--dtype", f"must be one of {', '.join(EXPORT_DTYPES)}, got {show_value(dtype)}")

@@ -31,7 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
 
+from jzero.axes import DATA
 from jzero.checkpoint import integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.config.rundir import CHECKPOINTS
@@ -45,6 +47,7 @@ __all__ = [
     "Restored",
     "RunCheckpoints",
     "Verdict",
+    "STAGE_1_OR_2",
     "array_metadata",
     "changes",
     "committed_steps",
@@ -52,6 +55,7 @@ __all__ = [
     "run_meta",
     "shape_differences",
     "step_folder",
+    "state_layout",
     "verify_run",
     "verify_step",
     "written_by_jzero",
@@ -272,8 +276,9 @@ def _manager_options(keep: int, read_only: bool, *, seal: Callable[[], None]) ->
 
 
 def _save_args(step: int, state: TrainState, data: dict[str, Any] | None, meta: dict[str, Any] | None) -> ocp.args.Composite:
-    """The three items of a save; ``meta`` gains the step, the time and the manifest's name."""
-    meta = {**(meta or {}), "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
+    """The three items of a save; ``meta`` gains the step, the time and the manifest's name, and
+    what it does not say of the state's layout (:func:`state_layout`)."""
+    meta = {**state_layout(state), **(meta or {}), "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
     items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data or {}), "meta": ocp.args.JsonSave(meta)}
     return ocp.args.Composite(**items)
 
@@ -499,5 +504,30 @@ def run_meta(
 def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str | None:
     """How the resuming run's layout differs from the checkpoint's, or None."""
     now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
-    diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v]
+    same = {"stage": (stage, STAGE_1_OR_2) if stage in (1, 2) else (stage,)}
+    diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) not in same.get(k, (v,))]
     return ", ".join(diffs) if diffs else None
+STAGE_1_OR_2 = "1-2"  # what a state's shardings say of stages 1 and 2, which differ only in the gradients
+
+
+def state_layout(state: TrainState) -> dict[str, Any]:
+    """What a live state's shardings tell of the run that holds it, as :func:`run_meta` records it:
+    ``mesh`` (axis sizes), ``devices``, ``processes`` and, with a ``data`` axis over 1, ``stage``: 3
+    when parameters are partitioned over ``data``, else :data:`STAGE_1_OR_2` when the optimizer state
+    is, else 0. Empty for a state whose arrays are not laid out on a mesh."""
+    named = [x.sharding for x in jax.tree.leaves(state) if isinstance(getattr(x, "sharding", None), NamedSharding)]
+    if not named:
+        return {}
+    mesh = named[0].mesh
+    layout = {"mesh": {a: int(n) for a, n in mesh.shape.items()}, "devices": jax.device_count(), "processes": jax.process_count()}
+    if int(mesh.shape.get(DATA, 1)) > 1:
+        layout["stage"] = 3 if _on_data(state.params) else STAGE_1_OR_2 if _on_data(state.opt_state) else 0
+    return layout
+
+
+def _on_data(tree: Any) -> bool:
+    """Whether any array of ``tree`` is split over ``data``."""
+    specs = [x.sharding.spec for x in jax.tree.leaves(tree) if isinstance(getattr(x, "sharding", None), NamedSharding)]
+    return any(DATA in (e if isinstance(e, tuple) else (e,)) for spec in specs for e in spec)
+
+

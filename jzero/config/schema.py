@@ -90,9 +90,14 @@ class ZeroConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`), its shape and its remat policy."""
+    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`), its shape and its remat policy; or, with
+    ``name: own``, a model of yours, of which only ``seq_len`` and ``vocab_size`` are read (the
+    batch is ``[train.global_batch_size, seq_len + 1]`` int32 ids below ``vocab_size``)."""
 
-    name: str = "gpt"
+    name: str = "gpt"  # gpt or own
+    # name: own: ``FILE.py:FUNCTION`` (relative to the working directory) or ``MODULE:FUNCTION``;
+    # ``FUNCTION(config)`` returns ``(init_fn, loss_fn)``. None: they are passed to jzero.build_job.
+    entry: str | None = None
     vocab_size: int = 256
     d_model: int = 128
     n_layers: int = 4

@@ -34,7 +34,7 @@ from jzero.config.schema import (
     ZeroConfig,
 )
 from jzero.errors import ConfigError, clip, show_value
-from jzero.models.names import ATTENTION, AUTO_ATTENTION
+from jzero.models.names import ATTENTION, AUTO_ATTENTION, MODELS, OWN
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.remat_policies import REMAT_POLICIES
@@ -164,8 +164,13 @@ def _check_zero(zero: ZeroConfig, precision: PrecisionConfig, axes: dict[str, in
 
 
 def _check_model(m: ModelConfig) -> None:
-    if m.name != "gpt":
-        raise ConfigError("model.name", f"unknown model {show_value(m.name)} (known: gpt)")
+    if m.name not in MODELS:
+        raise ConfigError("model.name", f"unknown model {show_value(m.name)} (known: {', '.join(MODELS)})")
+    if m.name == OWN:
+        _check_own_model(m)
+        return
+    if m.entry is not None:
+        raise ConfigError("model.entry", f"names a model of your own: only with model.name: {OWN}")
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
         _positive(getattr(m, field), f"model.{field}")
     if m.mlp_ratio * m.d_model > MAX_INT32:  # the MLP's hidden width is a dimension too
@@ -179,12 +184,36 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError("model.remat", f"must be one of {policies} (or true, false), got {show_value(m.remat)}")
     if m.attention not in (AUTO_ATTENTION, *ATTENTION):
         raise ConfigError("model.attention", f"must be {AUTO_ATTENTION}, {' or '.join(ATTENTION)}, got {show_value(m.attention)}")
-    if m.vocab_size < 256:
-        raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
+    _check_vocab(m)
     count = gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
     if count > MAX_PARAMS:
         sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, mlp_ratio={m.mlp_ratio}, vocab_size={m.vocab_size}"
         raise ConfigError("model", f"{sizes} make {count:.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
+
+
+def _check_vocab(m: ModelConfig) -> None:
+    if m.vocab_size < 256:
+        raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
+
+
+# FILE.py:FUNCTION or MODULE:FUNCTION (a dotted module name); the file may have any path.
+_ENTRY = re.compile(r"^(?:.+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
+_GPT_ONLY = ("d_model", "n_layers", "n_heads", "mlp_ratio", "remat", "tie_embeddings", "partition_activations", "attention")
+
+
+def _check_own_model(m: ModelConfig) -> None:
+    """A model of yours: the batch's shape, the entry's form (:func:`jzero.training.job.build_job`
+    imports it), and none of the GPT's keys, which nothing would read."""
+    for field in ("vocab_size", "seq_len"):
+        _positive(getattr(m, field), f"model.{field}")
+    _check_vocab(m)
+    if m.entry is not None and not _ENTRY.match(m.entry):
+        raise ConfigError("model.entry", f"must be FILE.py:FUNCTION or MODULE:FUNCTION, got {show_value(m.entry)}")
+    default = ModelConfig()
+    for field in _GPT_ONLY:
+        if getattr(m, field) != getattr(default, field):
+            own = f"a model of your own (model.name: {OWN}) reads only seq_len and vocab_size"
+            raise ConfigError(f"model.{field}", f"is jzero's GPT's; {own}")
 
 
 def _check_optimizer(o: OptimizerConfig) -> None:

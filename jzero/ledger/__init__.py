@@ -9,6 +9,7 @@ from jzero.lazy import lazy_names
 
 _HLO = ("compiled_memory", "live_bytes_per_device", "parse_collectives")
 _API = {name: "jzero.ledger.hlo" for name in _HLO}
-_API |= {"gathered_peak": "jzero.ledger.gathered", "parse_target": "jzero.ledger.targets"}
+_API |= {name: "jzero.ledger.gathered" for name in ("gathered_at_once", "gathered_peak")}
+_API |= {"parse_target": "jzero.ledger.targets"}
 __all__ = sorted(_API)
 __getattr__, __dir__ = lazy_names(__name__, _API)

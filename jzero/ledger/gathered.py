@@ -13,10 +13,13 @@ the instruction that runs it; a conditional adds its largest branch.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from jzero.ledger.hlo import _array_bytes, _callees, _computations, _Instruction, _results
+from jzero.plan import Plan, shard_bytes
+from jzero.precision import FP32, Precision
 
-__all__ = ["gathered_peak", "gathered_total"]
+__all__ = ["gathered_at_once", "gathered_peak", "gathered_total"]
 
 # Ops whose result is (part of) their operand's buffer, or a tuple holding it.
 _ALIASING = {"bitcast", "copy", "tuple", "get-tuple-element", "opt-barrier", "all-gather-done", "copy-start", "copy-done"}
@@ -134,3 +137,39 @@ def gathered_total(hlo_text: str) -> int:
     body's once): the sum the peak is a part of, equal to the ledger's all-gather ``bytes``."""
     computations, _ = _computations(hlo_text)
     return sum(_gather_bytes(ins) for body in computations.values() for ins in body if ins.op in _GATHERS)
+
+
+def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> dict[str, Any]:
+    """What a compiled step holds gathered at once, against the whole parameters and one layer:
+    the figures of ``jzero plan``'s "gathered at once" line, for your own loop.
+
+    Example::
+
+      compiled = train_step.lower(state, batch).compile()
+      g = jzero.ledger.gathered_at_once(compiled, plan)
+      g["peak_bytes"], g["share_of_params"], g["layers"]
+
+    Args:
+      compiled: the compiled step (``jax.jit(...).lower(...).compile()``), or its ``as_text()``.
+      plan: the plan it was made for (:func:`jzero.plan.make_plan`).
+      precision: the step's; the loss reads parameters in its compute dtype.
+
+    Returns:
+      ``peak_bytes`` (:func:`gathered_peak`, per device); ``share_of_params``, that over the whole
+      parameters in the compute dtype (model axes still split); ``layer_bytes``, one layer's
+      (:meth:`jzero.plan.Plan.layer_bytes`, None without units or a scanned stack); ``layers``,
+      the peak in layers' worth (None likewise); ``units``, how many gathering units; ``prefetch``.
+    """
+    text = compiled if isinstance(compiled, str) else compiled.as_text()
+    dtype = precision.compute_dtype
+    peak = gathered_peak(text)
+    whole = sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in plan.tensors)
+    layer = plan.layer_bytes(dtype)
+    return {
+        "peak_bytes": peak,
+        "share_of_params": peak / whole if whole else None,
+        "layer_bytes": layer or None,
+        "layers": peak / layer if layer else None,
+        "units": len(set(plan.units.values())),
+        "prefetch": plan.prefetch,
+    }

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION", "AUTO_ATTENTION"]
+__all__ = ["ATTENTION", "AUTO_ATTENTION", "GPT", "MODELS", "OWN"]
+
+# What ``model.name`` may say: jzero's GPT, or a model of your own (its ``init_fn`` and ``loss_fn``
+# from ``model.entry`` or passed to ``jzero.build_job``), of which only the batch's shape is configured.
+MODELS = ("gpt", "own")
+GPT, OWN = MODELS
 
 # How the GPT attends (``jax.nn.dot_product_attention``'s implementations): ``xla``, any backend,
 # with the [batch, heads, T, T] logits in float32; ``cudnn``, the fused flash kernel, which never

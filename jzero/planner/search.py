@@ -23,6 +23,7 @@ from jzero.errors import ConfigError, JzeroError, error_line
 from jzero.ledger.render import human_bytes
 from jzero.ledger.targets import GPUS, Target, target_devices
 from jzero.ledger.timing import predict
+from jzero.models.names import GPT
 from jzero.planner.candidates import candidates, estimate, figures_of
 from jzero.training.job import Job, build_job
 from jzero.training.report import plan_report, with_verdict
@@ -116,8 +117,11 @@ def search(
       The :class:`Search`; its :attr:`Search.winner` is None when nothing fits.
     """
     start = time.perf_counter()
+    config = load_config(config_path, sets)
+    if config.model.name != GPT:
+        raise ConfigError("--search", "searches the configurations of jzero's GPT; plan a model of your own without --search")
     devices = target_devices(target)
-    base = build_job(load_config(config_path, sets), devices)
+    base = build_job(config, devices)
     figures = figures_of(base.plan, base.config, base.flops_per_token, np.dtype(base.precision.compute_dtype).itemsize)
     hardware = GPUS[target.gpu].hardware()
     batches = batches or [base.config.train.global_batch_size]

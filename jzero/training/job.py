@@ -9,8 +9,14 @@ Nothing here allocates on devices, and the step compiles only when asked (:meth:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -21,12 +27,12 @@ from jax.sharding import Mesh
 from jzero.axes import REPLICA, model_ways
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
-from jzero.errors import ConfigError
+from jzero.errors import ConfigError, show_value
 from jzero.gather import unit_options
 from jzero.ledger import targets
 from jzero.mesh import make_mesh, mesh_shape, on_gpus
 from jzero.models.gpt import GPT, lm_loss
-from jzero.models.names import ATTENTION, AUTO_ATTENTION
+from jzero.models.names import ATTENTION, AUTO_ATTENTION, OWN
 from jzero.models.sizes import gpt_flops_per_token
 from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
@@ -54,6 +60,7 @@ __all__ = [
     "compiler_options",
     "gpt_loss",
     "model_flops_per_token",
+    "own_model",
 ]
 
 InitFn = Callable[[jax.Array], Any]
@@ -89,7 +96,7 @@ def build_model(
       fetch_params: parameters rest in host memory and each block fetches its own (``zero.offload_params``).
       devices: what it runs on, which picks its attention (:func:`attention_for`).
     """
-    shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "name"}
+    shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("name", "entry")}
     shape["remat"] = policy_name(cfg.remat)
     shape["partition_activations"] = partitions_activations(cfg, model_parallel)
     shape["attention"] = attention_for(cfg.attention, devices, precision)
@@ -264,7 +271,8 @@ def build_job(
       config: a validated config (:func:`jzero.config.loading.load_config`).
       devices: the devices to build the mesh on (default: all of them).
       init_fn: ``init_fn(key)`` returning fp32 parameters (boxed with logical names or not); with
-        ``loss_fn``, any model instead of jzero's GPT. Both or neither.
+        ``loss_fn``, any model instead of jzero's GPT. Both or neither; neither with
+        ``model.name: own`` calls ``model.entry`` for them (:func:`own_model`).
       loss_fn: ``loss_fn(params, batch)`` returning the mean loss of a token batch
         ``[batch, model.seq_len + 1]``.
       flops_per_token: your model's training FLOPs per token, for ``model_flops_per_sec`` and
@@ -278,11 +286,14 @@ def build_job(
 
     Raises:
       TypeError: only one of ``init_fn`` and ``loss_fn`` was passed.
-      ConfigError: the mesh does not fit the devices, or the batch does not divide over it.
+      ConfigError: the mesh does not fit the devices, or the batch does not divide over it;
+        ``model.entry`` cannot be loaded (:func:`own_model`).
       PlanError: the stage cannot be planned on the mesh (:func:`jzero.plan.make_plan`).
     """
     if (init_fn is None) != (loss_fn is None):
-        raise TypeError("build_job: pass both init_fn and loss_fn, or neither (jzero's GPT)")
+        raise TypeError("build_job: pass both init_fn and loss_fn, or neither (jzero's GPT, or model.entry's)")
+    if init_fn is None and config.model.name == OWN:
+        init_fn, loss_fn = own_model(config)
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)
@@ -308,6 +319,59 @@ def build_job(
     if flops_per_token is None:
         flops_per_token = model_flops_per_token(config.model) if model is not None else 6 * plan.num_params
     return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
+
+
+def own_model(config: Config) -> tuple[InitFn, LossFn]:
+    """A model of yours, from ``model.entry``: ``FILE.py:FUNCTION`` (relative to the working
+    directory) or ``MODULE:FUNCTION`` (importable), where ``FUNCTION(config)`` returns
+    ``(init_fn, loss_fn)``. What the command line trains and plans for ``model.name: own``.
+
+    Args:
+      config: a config with ``model.name: own``.
+
+    Returns:
+      ``(init_fn, loss_fn)``, as :func:`build_job` takes them.
+
+    Raises:
+      ConfigError: naming ``model.entry``: it is not set, its file or module is not found, it has no
+        such function, or the function returns something else. An error raised inside your module
+        or function is raised as it is.
+    """
+    where, sep, name = (config.model.entry or "").rpartition(":")
+    if not sep:
+        passed = "or init_fn and loss_fn passed to jzero.build_job"
+        raise ConfigError("model.entry", f"model.name: {OWN} needs FILE.py:FUNCTION (or MODULE:FUNCTION) here, {passed}")
+    module = _entry_module(where)
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ConfigError("model.entry", f"{where} has no function {name!r}")
+    parts = function(config)
+    if not (isinstance(parts, tuple) and len(parts) == 2 and all(callable(p) for p in parts)):
+        raise ConfigError("model.entry", f"{name}(config) must return (init_fn, loss_fn), got {show_value(parts)}")
+    return parts
+
+
+def _entry_module(where: str) -> ModuleType:
+    """The module a ``model.entry`` names: a ``.py`` file, loaded once under its own name (Flax
+    modules, being dataclasses, look their module up in ``sys.modules``), or an importable module."""
+    if not where.endswith(".py"):
+        try:
+            return importlib.import_module(where)
+        except ModuleNotFoundError as err:
+            raise ConfigError("model.entry", f"no module {err.name!r} (from {where!r})") from None
+    path = Path(where).resolve()
+    if not path.is_file():
+        raise ConfigError("model.entry", f"file not found: {where}")
+    name = f"jzero_model_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def gpt_loss(model: GPT, plan: Plan, precision: Precision) -> LossFn:

@@ -20,7 +20,7 @@ from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.element_types import gradient_reductions, parameter_gathers
-from jzero.ledger.gathered import gathered_peak
+from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.offload import DEVICE, HOST
@@ -287,35 +287,12 @@ def _tensor_entry(t: TensorPlan) -> dict[str, Any]:
 
 
 def gathered_at_once(job: Job, hlo_text: str) -> dict[str, Any]:
-    """What the step holds gathered at once (:func:`jzero.ledger.gathered.gathered_peak`), against the whole
-    parameters and one layer, with the units that bound it.
-
-    A layer is a gathering unit (the largest) or, for a scanned stack, one slice of the ``layers``
-    dimension, in the dtype the loss reads parameters in; ``layers`` is None when neither exists.
-    """
+    """What the job's step holds gathered at once (:func:`jzero.ledger.gathered.gathered_at_once`),
+    with the gathering units by name (:attr:`jzero.plan.Plan.unit_tensors`) and the parameters left
+    whole at rest for their size (``persistent``)."""
     plan = job.plan
-    dtype = job.precision.compute_dtype
-    peak = gathered_peak(hlo_text)
-    whole = sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in plan.tensors)
-    layer = max(plan.unit_bytes(dtype), default=0) or _scanned_layer_bytes(plan, dtype)
-    return {
-        "peak_bytes": peak,
-        "share_of_params": peak / whole if whole else None,
-        "layer_bytes": layer or None,
-        "layers": peak / layer if layer else None,
-        "units": len(set(plan.units.values())),
-        "prefetch": plan.prefetch,
-        "persistent": [_tensor_entry(t) for t in plan.persistent],
-    }
-
-
-def _scanned_layer_bytes(plan: Plan, dtype: Any) -> int:
-    """One layer's gathered bytes per device in a scanned stack (0 without one)."""
-    stacked = [t for t in plan.tensors if LAYERS in (t.logical or ())]
-    if not stacked:
-        return 0
-    layers = stacked[0].shape[stacked[0].logical.index(LAYERS)]
-    return sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in stacked) // layers
+    persistent = [_tensor_entry(t) for t in plan.persistent]
+    return {**at_once(hlo_text, plan, job.precision), "unit_tensors": plan.unit_tensors, "persistent": persistent}
 
 
 def saved_activations(job: Job, hlo_text: str) -> dict[str, Any]:

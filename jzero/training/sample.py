@@ -32,6 +32,7 @@ from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, JzeroE
 from jzero.models.decode import generate
 from jzero.models.gpt import GPT
 from jzero.models.names import AUTO_ATTENTION
+from jzero.models.names import GPT as GPT_NAME
 from jzero.training.job import build_model, build_precision
 from jzero.trees import tree_paths
 
@@ -151,6 +152,9 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
         raise ConfigError("--temperature", f"must be 0 (greedy) or more, not {temperature}")
     config = run_config(run_dir)
     m = config.model
+    if m.name != GPT_NAME:
+        yours = "jzero.models.decode.decode_loop decodes yours"
+        raise ConfigError("model.name", f"{run_dir} trained a model of your own; jzero sample decodes jzero's GPT, {yours}")
     if top_k is not None and not 1 <= top_k <= m.vocab_size:
         raise ConfigError("--top-k", f"must be from 1 to the vocabulary's {m.vocab_size}, not {top_k}")
     run = RunDir(Path(run_dir))
