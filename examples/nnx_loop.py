@@ -9,17 +9,15 @@ are logical; jzero's rules put ``mlp`` on ``model`` and ZeRO partitions the rest
 
 from __future__ import annotations
 
-import os
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import jzero
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import jzero  # noqa: E402
+jax.config.update("jax_num_cpu_devices", 8)  # no GPU? 8 simulated CPU devices, before JAX starts
 
 
 class MLP(nnx.Module):

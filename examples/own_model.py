@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import optax
 
 import jzero
-from jzero.mesh import simulate_cpu_devices
 
 # ---------------------------------------------------------------------------------------------
 # The model: plain linen, unannotated, knows nothing of jzero
@@ -123,7 +122,6 @@ class EvalLog(jzero.Hook):
 
 def main(config_path: str = "configs/own-model.yaml", overrides: list[str] | None = None, progress: bool = True):
     config = jzero.load_config(config_path, overrides)
-    simulate_cpu_devices(config.runtime.cpu_devices)  # without an accelerator, as jzero train does
     init_fn, loss_fn = model_parts(config)
     job = jzero.build_job(config, init_fn=init_fn, loss_fn=loss_fn)
     for unit, tensors in job.plan.unit_tensors.items():  # stage 3 gathers one unit at a time

@@ -9,17 +9,15 @@ put each batch on the ``data`` axis. Change ``stage`` to 0, 1 or 2 and nothing e
 
 from __future__ import annotations
 
-import os
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import jzero
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-import jzero  # noqa: E402
+jax.config.update("jax_num_cpu_devices", 8)  # no GPU? 8 simulated CPU devices, before JAX starts
 
 
 class MLP(nn.Module):

@@ -24,6 +24,9 @@ use (:mod:`jzero.lazy`). The ledger's diagnostics are under :mod:`jzero.ledger`.
 """
 
 from jzero.lazy import lazy_names
+from jzero.platforms import select_platforms
+
+select_platforms()  # a CUDA plugin on a host with no NVIDIA driver: JAX starts on the CPU, quietly
 
 _API = {
     # A plan over a mesh, and the step that follows it

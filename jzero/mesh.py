@@ -8,6 +8,7 @@ user model code call ``jax.sharding.reshard``, and switching stage must not touc
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,11 +20,15 @@ from jzero.axes import resolve_axes
 from jzero.errors import ConfigError
 
 __all__ = [
+    "MORE_CPU_DEVICES",
     "make_mesh",
     "mesh_shape",
     "on_gpus",
     "simulate_cpu_devices",
 ]
+
+# How a host without an accelerator gets more devices: JAX's own option, before its backends start.
+MORE_CPU_DEVICES = 'for 8 simulated CPU devices call jax.config.update("jax_num_cpu_devices", 8) right after importing jax'
 
 
 def make_mesh(
@@ -47,8 +52,15 @@ def make_mesh(
     Raises:
       ConfigError: the sizes do not fit the devices.
     """
+    if devices is None and -1 in axes.values():
+        _note_a_lone_cpu(jax.devices())
     devices = list(jax.devices() if devices is None else devices)
-    axes = resolve_axes(axes, len(devices))
+    try:
+        axes = resolve_axes(axes, len(devices))
+    except ConfigError as err:
+        if _lone_cpu(devices):
+            raise ConfigError("", f"{err}; {MORE_CPU_DEVICES}") from None
+        raise
     dcn = {name: int(dcn.get(name, 1)) for name in axes} if dcn else {}
     for name, ways in dcn.items():
         if axes[name] % ways:
@@ -65,6 +77,17 @@ def make_mesh(
     return jax.make_mesh(tuple(axes.values()), names, axis_types=types, devices=devices[:total])
 
 
+def _lone_cpu(devices: Sequence[jax.Device]) -> bool:
+    return len(devices) == 1 and devices[0].platform == "cpu"
+
+
+def _note_a_lone_cpu(devices: Sequence[jax.Device]) -> None:
+    """All devices asked for, and JAX has one CPU device: the mesh would shard nothing, silently."""
+    if _lone_cpu(devices):
+        print(f"jzero: note: JAX has 1 CPU device, so every mesh axis has size 1 and nothing is sharded; {MORE_CPU_DEVICES}",
+              file=sys.stderr)  # fmt: skip
+
+
 def mesh_shape(mesh: Mesh) -> dict[str, int]:
     return {name: int(size) for name, size in mesh.shape.items()}
 
@@ -78,9 +101,12 @@ def simulate_cpu_devices(count: int) -> None:
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:
-        if jax.default_backend() == "cpu" and jax.device_count() != count:
+        have = jax.local_device_count()  # per process, as runtime.cpu_devices is
+        if jax.default_backend() == "cpu" and have != count:
             raise ConfigError(
-                "runtime.cpu_devices", f"JAX already started with {jax.device_count()} CPU devices, not {count}"
+                "runtime.cpu_devices",
+                f"JAX already started with {have} CPU devices, not {count}: set runtime.cpu_devices: {have}, or call "
+                f'jax.config.update("jax_num_cpu_devices", {count}) right after importing jax',
             ) from None
 
 

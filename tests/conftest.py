@@ -1,9 +1,12 @@
 """Tests run on 8 simulated CPU devices, fixed before JAX starts its backend."""
 
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,11 @@ from typing import Any
 FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX's persistent compilation cache (on by default, jzero.compile_cache) in a folder of this test
+# process's own, which its subprocesses share, rather than the user's ~/.cache.
+_CACHE = tempfile.mkdtemp(prefix="jzero-tests-jax-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 
 from jzero.distributed.process import import_jax  # noqa: E402
 

@@ -126,9 +126,9 @@ def test_missing_config_and_bad_flags(tmp_path, capsys):
 
 
 def test_console_script_simulates_cpu_devices(tmp_path):
-    """A fresh process with no XLA_FLAGS gets runtime.cpu_devices simulated devices."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    """A fresh process with no XLA_FLAGS gets runtime.cpu_devices simulated devices and, with no
+    JAX_PLATFORMS either, prints nothing on stderr (no CUDA notice with the gpu-target extra)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     jzero = Path(sys.executable).with_name("jzero")
     cmd = [str(jzero)] if jzero.exists() else [sys.executable, "-m", "jzero.cli"]
     out = subprocess.run(
@@ -141,6 +141,7 @@ def test_console_script_simulates_cpu_devices(tmp_path):
     )
     report = json.loads(out.stdout)
     assert report["devices"] == 4 and report["mesh"] == {"data": 4, "model": 1}
+    assert out.stderr == ""
 
 
 def test_plan_all_stages_with_a_memory_verdict(devices, capsys):

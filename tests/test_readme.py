@@ -3,7 +3,9 @@ one namespace, by the test that SNIPPETS names for that page."""
 
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +24,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Every page with Python snippets: the test that runs them and how many it runs. A snippet added to
 # any page fails test_every_snippet_is_run until a test runs it and this table says so.
 SNIPPETS = {
-    "README.md": ("test_readme_own_loop_and_its_checkpoints", 2),
+    "README.md": ("test_readme_own_loop_and_its_checkpoints", 3),
     "docs/checkpoints.md": ("test_checkpoints_page_plain_orbax", 1),
     "docs/own-loop.md": ("test_own_model_page_example_resume_and_own_loop", 5),
     "docs/sampling.md": ("test_sampling_page_sample_and_decode_loop", 2),
@@ -49,21 +51,60 @@ def _example():
 
 
 def test_readme_own_loop_and_its_checkpoints(devices, tmp_path, monkeypatch):
-    own_loop, checkpoints = python_blocks("README.md")
+    own_loop, save, restore = python_blocks("README.md")
     monkeypatch.chdir(tmp_path)  # the snippets write under runs/
     example = _example()
-    init_fn, loss_fn, tx, key = example.training_parts()  # the user's own pieces
     batches = [example.make_batch(k) for k in range(3)]
-    namespace = {"init_fn": init_fn, "loss_fn": loss_fn, "tx": tx, "key": key, "batches": batches}
+    namespace = {"training_parts": example.training_parts, "batches": batches}  # the user's own pieces
 
     exec(own_loop, namespace)
-    assert namespace["step"] == 2 and int(namespace["state"].step) == 3
+    assert namespace["step"] == 2 and int(namespace["state"].step) == 3 and namespace["mesh"].size == 8
     trained = [np.asarray(x) for x in jax.tree.leaves(namespace["state"])]
 
-    exec(checkpoints, namespace)  # save, then restore at once: waits for the async write
+    exec(save + restore, namespace)  # save, then restore at once: waits for the async write
     assert namespace["restored"].step == 2 and namespace["restored"].skipped == []
     for got, want in zip(jax.tree.leaves(namespace["state"]), trained, strict=True):
         assert np.array_equal(np.asarray(got), want)
+
+
+# What a user writes before the README's blocks: their own pieces, defined, no JAX operation run yet.
+_USERS_OWN = """
+import flax.linen as nn, jax, jax.numpy as jnp, numpy as np, optax
+
+def training_parts():
+    model = nn.Dense(16)
+    init_fn = lambda key: model.init(key, jnp.zeros((1, 16)))["params"]
+    loss_fn = lambda params, batch: jnp.mean((model.apply({"params": params}, batch) - 1.0) ** 2)
+    return init_fn, loss_fn, optax.adam(1e-2), jax.random.key(0)
+
+batches = [np.random.default_rng(k).standard_normal((64, 16), np.float32) for k in range(3)]
+"""
+
+
+def _fresh_python(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``script`` in a new process with no device or platform settings of the tests'."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES")}
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_readme_blocks_as_two_scripts_commit_and_restore(tmp_path):
+    """The acceptance of the README's own loop: a script that trains and ends right after
+    ``checkpoints.save(...)`` exits 0, quietly, with the step committed, on 8 devices of a CPU-only
+    host; a second process restores that step, equal to the state it trains the same way."""
+    own_loop, save, restore = python_blocks("README.md")
+    first = _fresh_python(_USERS_OWN + own_loop + save, tmp_path)
+    assert (first.returncode, first.stderr) == (0, "")
+    assert sorted(p.name for p in (tmp_path / "runs" / "mine" / "checkpoints").iterdir()) == ["2"]
+
+    check = """
+assert mesh.size == 8, mesh
+assert step == 2 and int(state.step) == 3, (step, state.step)
+print("restored", step)
+"""
+    trained_again = "\ntrained = [np.asarray(x) for x in jax.tree.leaves(state)]\n"
+    equal = "\nassert all(np.array_equal(np.asarray(a), b) for a, b in zip(jax.tree.leaves(state), trained, strict=True))\n"
+    second = _fresh_python(_USERS_OWN + own_loop + trained_again + restore + check + equal, tmp_path)
+    assert (second.returncode, second.stderr, second.stdout) == (0, "", "restored 2\n")
 
 
 def test_checkpoints_page_plain_orbax(devices, tmp_path, monkeypatch):
@@ -107,6 +148,7 @@ def test_sampling_page_sample_and_decode_loop(devices, tmp_path, monkeypatch):
                  "key": jax.random.key(0)}  # fmt: skip
     exec(own_model, namespace)
     assert int(namespace["count"]) == 50 and namespace["tokens"][0, :3].tolist() == [63, 0, 1]
+
 
 # The own-model page's example at the tests' size: 16-token windows, 20 steps then 10 more.
 OWN_MODEL = ["model.seq_len=16", "data.max_bytes=200000", "train.eval_every=20", "checkpoint.every=20", "run.log_every=10"]

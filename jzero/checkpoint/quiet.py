@@ -71,14 +71,28 @@ class _QuietOrbaxOrphans(logging.Filter):
 _ORPHANS = _QuietOrbaxOrphans()
 
 
+class _QuietItemMetadata(logging.Filter):
+    """Drops Orbax's "Metadata file does not exist: <step>/<item>/_CHECKPOINT_METADATA": Orbax
+    writes that file for a step, not for each item in it, and warns whenever an item's own array
+    metadata is read (every restore: jzero checks the shapes first)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Metadata file does not exist") and message.endswith("_CHECKPOINT_METADATA"))
+
+
+_ITEM_METADATA = _QuietItemMetadata()
+
+
 def failure_reported() -> None:
     """A checkpoint read or write failed and jzero has said so: its orphaned operations are noise."""
     _ORPHANS.reported = True
 
 
 def quiet_orbax() -> None:
-    """Install the two filters, once: called where checkpoints are opened, not on import."""
+    """Install the filters, once: called where checkpoints are opened, not on import."""
     if not _ORPHANS.installed:
         _ORPHANS.installed = True
         sys.unraisablehook = _quiet_orbax_leftovers(sys.unraisablehook, sys.is_finalizing)
         logging.getLogger("asyncio").addFilter(_ORPHANS)
+        logging.getLogger("absl").addFilter(_ITEM_METADATA)

@@ -34,7 +34,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from jzero.axes import DATA
-from jzero.checkpoint import integrity
+from jzero.checkpoint import in_flight, integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.config.rundir import CHECKPOINTS
 from jzero.config.schema import CheckpointConfig
@@ -136,6 +136,17 @@ class RunCheckpoints:
     optionally async), list, restore. What needs no manager of its own is a module function
     (:func:`describe`, :func:`verify_run`, :func:`verify_step`, :func:`written_by_jzero`).
 
+    An async save returns at once and commits in the background. :meth:`wait` blocks until it is
+    committed, and :meth:`close` waits and releases Orbax's threads; a restore, a listing and the
+    next save wait first. Used as a context manager it closes on leaving the block, and a save
+    still in flight when the interpreter exits is committed first (:mod:`jzero.checkpoint.in_flight`),
+    or its failure is one line and exit status 1.
+
+    Example::
+
+      with jzero.RunCheckpoints("runs/mine") as checkpoints:
+          checkpoints.save(step, state)
+
     Args:
       run_dir: the run's folder; checkpoints live in ``<run_dir>/checkpoints/<step>/``.
       cfg: ``every``, ``keep`` and ``async_`` (default: every 100 steps, keep 3, async).
@@ -150,6 +161,7 @@ class RunCheckpoints:
         cfg = cfg or CheckpointConfig()
         self.every = cfg.every
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
+        in_flight.wait_for(self.directory)  # else this manager would sweep its temporary folder away
         if read_only and not self.directory.is_dir():
             raise CheckpointError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
         options = _manager_options(cfg.keep, read_only, seal=self._seal)
@@ -187,6 +199,7 @@ class RunCheckpoints:
         except Exception as err:
             raise _write_failed(step, self.step_dir(step), err) from err
         self._pending = step
+        in_flight.track(self)
         if not self.async_:
             self.wait()
         return True
@@ -209,7 +222,10 @@ class RunCheckpoints:
     def wait(self) -> None:
         """Block until the write in flight is committed; raise its failure."""
         if self._pending is not None:
-            self._as_pending_write(self.manager.wait_until_finished, self.manager.check_for_errors)
+            try:
+                self._as_pending_write(self.manager.wait_until_finished, self.manager.check_for_errors)
+            finally:
+                in_flight.forget(self)
             self._pending = None
 
     def _as_pending_write(self, *calls: Callable[[], Any]) -> None:
@@ -226,6 +242,12 @@ class RunCheckpoints:
         """Wait for the write in flight (raising its failure), then release Orbax's threads."""
         self.wait()
         self.manager.close()
+
+    def __enter__(self) -> RunCheckpoints:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # commits the write in flight even when the block raised
 
     def restore(self, step: int, target: TrainState, warn: Callable[[str], None] = print) -> Restored:
         """Read a committed step straight into the target's shardings (any mesh, stage or devices).
@@ -501,12 +523,6 @@ def run_meta(
     }
 
 
-def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str | None:
-    """How the resuming run's layout differs from the checkpoint's, or None."""
-    now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
-    same = {"stage": (stage, STAGE_1_OR_2) if stage in (1, 2) else (stage,)}
-    diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) not in same.get(k, (v,))]
-    return ", ".join(diffs) if diffs else None
 STAGE_1_OR_2 = "1-2"  # what a state's shardings say of stages 1 and 2, which differ only in the gradients
 
 
@@ -531,3 +547,9 @@ def _on_data(tree: Any) -> bool:
     return any(DATA in (e if isinstance(e, tuple) else (e,)) for spec in specs for e in spec)
 
 
+def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str | None:
+    """How the resuming run's layout differs from the checkpoint's, or None."""
+    now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
+    same = {"stage": (stage, STAGE_1_OR_2) if stage in (1, 2) else (stage,)}
+    diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) not in same.get(k, (v,))]
+    return ", ".join(diffs) if diffs else None

@@ -111,7 +111,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"jzero: preempted by {result.preempted} after {span}{saved} to {where}")
     else:
         print(f"trained {span}{loss}{saved}; run dir {config.run.dir}")
+    if not args.quiet:
+        print(_next_steps(config, bool(result.preempted)))
     return 0
+
+
+def _next_steps(config: Config, preempted: bool) -> str:
+    """The line that ends ``jzero train``: what to run next on this run."""
+    from jzero.models.names import GPT
+
+    run = config.run.dir
+    if preempted:
+        return "next: run the same command again to resume from the newest checkpoint"
+    sample = f'jzero sample {run} --prompt "def " to continue a prompt, ' if config.model.name == GPT else ""
+    return (f"next: {sample}jzero report {run} --out {run}/loss.png to plot the loss, or the same command "
+            f"with --set train.steps={2 * config.train.steps} to train on")  # fmt: skip
 
 
 def cmd_checkpoint_info(args: argparse.Namespace) -> int:

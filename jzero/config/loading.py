@@ -259,14 +259,15 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 def _with_defaults(config: Config) -> Config:
     """Defaults that depend on other values, resolved once where the config is built: a mesh
-    without a ``model`` axis gets one of size 1, and ``runtime.distributed: off`` (which YAML reads
-    as false) is spelled ``off``; ``model.remat: true`` and ``false`` (its old values) are spelled
-    ``full`` and ``none``."""
+    without a ``model`` axis gets one of size 1, ``runtime.distributed: off`` and
+    ``runtime.compilation_cache: off`` (which YAML reads as false) are spelled ``off``;
+    ``model.remat: true`` and ``false`` (its old values) are spelled ``full`` and ``none``."""
     axes = config.mesh.axes
     if MODEL not in axes:
         config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, axes={**axes, MODEL: 1}))
-    if config.runtime.distributed is False:
-        config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, distributed="off"))
+    for key in ("distributed", "compilation_cache"):
+        if getattr(config.runtime, key) is False:
+            config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, **{key: "off"}))
     if isinstance(config.model.remat, bool):
         remat = policy_name(config.model.remat)
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, remat=remat))

@@ -197,6 +197,8 @@ class RuntimeConfig:
     initialization_timeout_s: int = 300  # how long every process waits for all to connect
     heartbeat_timeout_s: int = 60  # a process silent this long is lost: the others exit, naming it
     shutdown_timeout_s: int = 300  # how long the processes wait for each other at the end
+    # JAX's persistent compilation cache: auto (~/.cache/jzero/jax), off, or a folder (jzero.compile_cache).
+    compilation_cache: str | bool = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -276,6 +276,9 @@ def _check_runtime(runtime: RuntimeConfig) -> None:
     _positive(runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
     for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
         _positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
+    cache = runtime.compilation_cache
+    if not isinstance(cache, str) or not cache or "\0" in cache:
+        raise ConfigError("runtime.compilation_cache", f"must be auto, off or a folder, got {show_value(cache)}")
     cluster = runtime.distributed
     if isinstance(cluster, (str, bool)):
         if cluster not in DISTRIBUTED_MODES:

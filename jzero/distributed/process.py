@@ -9,14 +9,13 @@ shutdown, and it writes to the real stderr even while fd 2 is diverted.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from typing import NoReturn
 
-from jzero.ledger.targets import gpu_compiler_available
+from jzero.platforms import cuda_driver_present, gpu_compiler_available, platforms_for
 
 __all__ = [
     "BAD_INPUT",
@@ -60,29 +59,6 @@ def _dropping_no_gpu_notices() -> Iterator[None]:
             for line in caught.read().decode(errors="replace").splitlines(keepends=True):
                 if not any(notice in line for notice in _NO_GPU_NOTICES):
                     sys.stderr.write(line)
-
-
-def cuda_driver_present() -> bool:
-    """Whether this host has NVIDIA's driver library, without which no GPU can be used."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
-def platforms_for(target: bool) -> str | None:
-    """The ``jax_platforms`` the command line sets before JAX starts, or None to leave JAX's own.
-
-    ``cpu`` when compiling for a target (its devices are compile-only), and when the CUDA plugin is
-    installed on a host without a driver and ``JAX_PLATFORMS`` is unset: JAX would try the plugin,
-    log its failed CUDA check with a traceback, and use the CPU anyway.
-    """
-    if target:
-        return "cpu"
-    if gpu_compiler_available() and not os.environ.get("JAX_PLATFORMS") and not cuda_driver_present():
-        return "cpu"
-    return None
 
 
 def import_jax(target: bool = False) -> None:

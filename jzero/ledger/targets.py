@@ -5,19 +5,17 @@ from JAX's CUDA plugin and a ``GpuTargetConfig`` in ``jzero/ledger/gpu_targets/`
 and compiles with XLA's real GPU pipeline, so the HLO, its collectives and ``memory_analysis()`` are
 the GPU program's. Nothing runs: compile-only devices hold no memory.
 
-It needs the plugin (``pip install 'jzero[gpu-target]'``: 478 MB installed; the NVIDIA wheels are
-not needed), and JAX's platforms must leave out ``cuda`` on a host without a GPU: otherwise
-the plugin's CUDA check fails when JAX starts and no ``cuda`` topology is registered. The command
-line sets ``JAX_PLATFORMS=cpu`` itself for ``--target``; from Python, set it before JAX starts.
+It needs the plugin (``pip install 'jzero[gpu-target]'``, which also brings cuDNN for flash
+attention and the CUDA runtime, whose absence the plugin reports on import), and JAX's platforms
+must leave out ``cuda`` on a host without a GPU: otherwise the plugin's CUDA check fails when JAX
+starts and no ``cuda`` topology is registered. ``import jzero`` and the command line ask for
+``cpu`` there themselves (:mod:`jzero.platforms`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-import importlib.util
 import math
-import pkgutil
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any
 from jzero.axes import mesh_text, resolve_axes
 from jzero.errors import ConfigError
 from jzero.ledger.timing import Hardware
+from jzero.platforms import cuda_plugins, gpu_compiler_available, importable, jax_plugin_modules
 
 __all__ = [
     "GPU_COMPILER_OPTIONS",
@@ -207,48 +206,12 @@ def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
         raise ConfigError("--target", f"{target.name} has {target.count} GPUs but mesh.axes {mesh_text(sizes)} uses {used}")
 
 
-def _importable(name: str) -> bool:
-    """Whether ``name`` can be imported, without importing it (its parents are imported)."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a missing parent package, or a module with no spec
-        return False
-
-
-def jax_plugin_modules() -> list[str]:
-    """The PJRT plugin modules JAX would load, found as JAX finds them, importing none of them.
-
-    JAX loads every module under the ``jax_plugins`` namespace package and every ``jax_plugins``
-    entry point (``jax._src.xla_bridge.discover_pjrt_plugins``); a name that cannot be imported is
-    left out, since JAX could not load it either.
-    """
-    names = {entry.value for entry in importlib.metadata.entry_points(group="jax_plugins")}
-    if _importable("jax_plugins"):
-        namespace = importlib.util.find_spec("jax_plugins")
-        names |= {f"jax_plugins.{m.name}" for m in pkgutil.iter_modules(namespace.submodule_search_locations or [])}
-    return sorted(name for name in names if _importable(name))
-
-
-def gpu_compiler_available() -> bool:
-    """Whether a CUDA plugin for JAX is installed (the ``gpu-target`` extra, or ``jax[cuda12]``).
-
-    Any layout JAX itself accepts counts (:func:`jax_plugin_modules`): ``jax_plugins.xla_cuda12``
-    from ``jax-cuda12-pjrt``, a CUDA 13 plugin, or one advertised only by an entry point.
-    """
-    return bool(cuda_plugins())
-
-
 def flash_attention_available() -> bool:
     """Whether cuDNN is installed for JAX's fused attention (the ``nvidia-cudnn-cu12`` wheel, part of
     ``jax[cuda12]`` and of the ``gpu-target`` extra). Without it ``jax.nn.dot_product_attention(...,
     implementation="cudnn")`` fails to trace ("cuDNN not found"), a GPU target's deviceless compile
     included; with it that compile succeeds (measured: docs/design.md)."""
-    return _importable("nvidia.cudnn")
-
-
-def cuda_plugins() -> list[str]:
-    """The CUDA plugins among :func:`jax_plugin_modules`."""
-    return [name for name in jax_plugin_modules() if "cuda" in name]
+    return importable("nvidia.cudnn")
 
 
 def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host: int | None = None) -> list:

@@ -25,12 +25,13 @@ import optax
 from jax.sharding import Mesh
 
 from jzero.axes import REPLICA, model_ways
+from jzero.compile_cache import enable_compilation_cache
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.errors import ConfigError, show_value
 from jzero.gather import unit_options
 from jzero.ledger import targets
-from jzero.mesh import make_mesh, mesh_shape, on_gpus
+from jzero.mesh import make_mesh, mesh_shape, on_gpus, simulate_cpu_devices
 from jzero.models.gpt import GPT, lm_loss
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, OWN
 from jzero.models.sizes import gpt_flops_per_token
@@ -294,6 +295,9 @@ def build_job(
         raise TypeError("build_job: pass both init_fn and loss_fn, or neither (jzero's GPT, or model.entry's)")
     if init_fn is None and config.model.name == OWN:
         init_fn, loss_fn = own_model(config)
+    if devices is None:  # JAX's own devices (a target's are compile-only): simulated CPUs, the compile cache
+        simulate_cpu_devices(config.runtime.cpu_devices)
+        enable_compilation_cache(config.runtime.compilation_cache)
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)

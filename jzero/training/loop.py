@@ -26,8 +26,10 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, Sharding
 
+from jzero.axes import mesh_text
 from jzero.checkpoint.export import load_params, match_params
 from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
+from jzero.compile_cache import cache_hits
 from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
@@ -308,14 +310,14 @@ def startup_outputs(
     if run.primary and run.existing and start > 0 and folder.config.read_text() != dump_config(config):
         with writing(folder.resumed_config(start)):  # the resumed run's own config
             folder.resumed_config(start).write_text(dump_config(config))
-    t0 = time.perf_counter()
+    t0, hits = time.perf_counter(), cache_hits()
+    bar.note(f"compiling the train step: stage {job.plan.stage} on {mesh_text(mesh_shape(job.mesh))}, "
+             f"{job.plan.num_params:,} parameters, from step {start}")  # fmt: skip
     compiled = job.compile(job.make_step().lower(run.state, data.device_batch(start, job.plan.batch)))
     if goodput is not None:
         goodput.charge("compile", time.perf_counter() - t0)
-    bar.note(
-        f"mesh {mesh_shape(job.mesh)}  stage {job.plan.stage}  params {job.plan.num_params:,}  "
-        f"compile {time.perf_counter() - t0:.1f}s  from step {start}"
-    )
+    cached = f", read from JAX's compilation cache in {jax.config.jax_compilation_cache_dir}" if cache_hits() > hits else ""
+    bar.note(f"compiled in {time.perf_counter() - t0:.1f} s{cached}")
     report = startup_ledger(job, compiled, run.state)
     ledger = run.ledger = folder.ledger(start)
     if run.primary:

@@ -17,6 +17,9 @@ class TrainProgress:
         self.enabled = enabled and not silent
         self.silent = silent
         self.console = Console(stderr=True)
+        # A bar redrawn in place on a terminal, from the first step on (a run with nothing to do
+        # shows none); elsewhere, a line per logged step and no bar.
+        self._started = False
         self._progress = Progress(
             TextColumn("step"),
             MofNCompleteColumn(),
@@ -26,17 +29,22 @@ class TrainProgress:
             TextColumn("{task.fields[eval]}"),
             TimeElapsedColumn(),
             console=self.console,
-            disable=not self.enabled,
+            disable=not (self.enabled and self.console.is_terminal),
         )
         self._eval = ""
         self._task = self._progress.add_task("train", total=total_steps, loss="-", tps="-", eval="")
 
     def __enter__(self) -> TrainProgress:
-        self._progress.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._progress.__exit__(*exc)
+        if self._started:
+            self._progress.stop()
+
+    def _start(self) -> None:
+        if not self._started:
+            self._progress.start()
+            self._started = True
 
     def note(self, text: str) -> None:
         if self.enabled:
@@ -48,6 +56,7 @@ class TrainProgress:
             self._progress.console.print(text, highlight=False, soft_wrap=True)
 
     def advance(self, step: int) -> None:
+        self._start()
         self._progress.update(self._task, completed=step)
 
     def update(self, step: int, record: dict[str, Any]) -> None:
@@ -55,6 +64,7 @@ class TrainProgress:
         if "eval_loss" in record:
             self._eval = f"eval {record['eval_loss']:.4f} (ppl {record['eval_perplexity']:.1f})"
         fields = {"loss": f"{record['loss']:.4f}", "tps": f"{record['tokens_per_sec']:,.0f}", "eval": self._eval}
+        self._start()
         self._progress.update(self._task, completed=step, **fields)
         if self.enabled and not self.console.is_terminal:
             line = f"step {step}  loss {fields['loss']}  {fields['tps']} tok/s"

@@ -1,0 +1,65 @@
+"""JAX's persistent compilation cache, on by default in the user's cache folder.
+
+A second run of the same step loads the compiled program from disk instead of compiling it again
+(``runtime.compilation_cache``: ``auto``, ``off`` or a folder). JAX keys each entry by the program,
+the compiler options and the devices, so a changed config compiles afresh. A cache folder that
+``JAX_COMPILATION_CACHE_DIR`` or ``jax.config`` already names is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+
+__all__ = ["AUTO", "MAX_BYTES", "OFF", "cache_folder", "cache_hits", "enable_compilation_cache"]
+
+AUTO, OFF = "auto", "off"
+MAX_BYTES = 4 * 2**30  # the least recently used entries go beyond this
+_HIT = "/jax/compilation_cache/cache_hits"  # the event JAX records for each program read from the cache
+_hits = 0
+_listening = False
+
+
+def cache_folder(setting: str) -> Path | None:
+    """The folder ``runtime.compilation_cache`` names: ``auto`` is ``$XDG_CACHE_HOME/jzero/jax``
+    (``~/.cache/jzero/jax``), ``off`` is None, anything else is a folder."""
+    if setting == OFF:
+        return None
+    if setting == AUTO:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jzero" / "jax"
+    return Path(setting).expanduser()
+
+
+def enable_compilation_cache(setting: str) -> Path | None:
+    """Point JAX's persistent cache at ``setting``'s folder, unless a folder is already set.
+
+    Args:
+      setting: ``runtime.compilation_cache``.
+
+    Returns:
+      The folder JAX caches in, or None when the cache is off.
+    """
+    global _listening
+    if not _listening:
+        jax.monitoring.register_event_listener(_count_hit)
+        _listening = True
+    if jax.config.jax_compilation_cache_dir:
+        return Path(jax.config.jax_compilation_cache_dir)
+    folder = cache_folder(setting)
+    if folder is not None:
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        if jax.config.jax_compilation_cache_max_size == -1:  # JAX's default grows without bound
+            jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    return folder
+
+
+def cache_hits() -> int:
+    """How many programs this process has read from the persistent cache so far."""
+    return _hits
+
+
+def _count_hit(event: str, **_: object) -> None:
+    global _hits
+    _hits += event == _HIT

@@ -1,0 +1,59 @@
+"""JAX's persistent compilation cache, on by default (:mod:`jzero.compile_cache`), and what
+``jzero train`` says around its compile: a labelled, timed compile line, a next-step hint, and no
+stray progress bar when there is nothing to do."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from jzero.compile_cache import cache_folder
+from jzero.config.loading import load_config
+from jzero.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _train(tmp_path: Path, run: str, *sets: str) -> tuple[str, str]:
+    """``jzero train`` of the tiny config in a new process whose cache is the default one under
+    ``tmp_path`` (XDG_CACHE_HOME): its stdout and stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # JAX caches only compiles over 1 s; the tiny one is quicker
+    keys = [*TINY, "train.steps=2", f"run.dir={tmp_path / run}", *sets]
+    argv = [sys.executable, "-m", "jzero.cli", "train", "configs/gpt-tiny.yaml", *[a for k in keys for a in ("--set", k)]]
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done.stdout, done.stderr
+
+
+def test_a_second_run_reads_its_step_from_the_cache_and_each_run_says_what_next(tmp_path):
+    folder = tmp_path / "cache" / "jzero" / "jax"
+    out, err = _train(tmp_path, "a")
+    first = out + err
+    assert "compiling the train step: stage 3 on data=8 x model=1, 41,792 parameters, from step 0\n" in first
+    assert "compiled in " in first and "compilation cache" not in first
+    assert any(p.name.startswith("jit_step-") for p in folder.iterdir())
+    run = tmp_path / "a"
+    assert out.rstrip().splitlines()[-1] == (
+        f'next: jzero sample {run} --prompt "def " to continue a prompt, jzero report {run} --out {run}/loss.png '
+        "to plot the loss, or the same command with --set train.steps=4 to train on"
+    )
+
+    second = "".join(_train(tmp_path, "b"))
+    assert f", read from JAX's compilation cache in {folder}\n" in second
+
+    again = "".join(_train(tmp_path, "a"))  # nothing to do: no compile, and no progress bar drawn
+    assert "step 2 already reached train.steps=2; nothing to do" in again
+    assert "compiling" not in again and "━" not in again and "0/2" not in again
+
+
+def test_the_cache_setting():
+    assert cache_folder("off") is None
+    assert cache_folder("/some/folder") == Path("/some/folder")
+    assert load_config(None, ["runtime.compilation_cache=off"]).runtime.compilation_cache == "off"  # YAML's false
+    with pytest.raises(ConfigError, match=r"^runtime.compilation_cache: must be auto, off or a folder, got True$"):
+        load_config(None, ["runtime.compilation_cache=true"])
