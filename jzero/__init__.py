@@ -69,6 +69,7 @@ _API = {
     "DamagedCheckpoint": "jzero.errors",
     "RunError": "jzero.errors",
     "TrainingHalted": "jzero.errors",
+    "TooManySkipped": "jzero.errors",
     "CheckpointWriteError": "jzero.errors",
     "OutputWriteError": "jzero.errors",
 }

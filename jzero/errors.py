@@ -11,6 +11,8 @@ exits with status 2):
 A run that stops, under :class:`RunError` (the command line prints it and exits with status 1):
 
 - :class:`TrainingHalted`: ``train.nonfinite: halt`` met a non-finite gradient;
+- :class:`TooManySkipped`: more than ``train.max_skipped_in_a_row`` steps in a row had one (the
+  command line exits with status 4, :data:`jzero.distributed.process.DIVERGED`);
 - :class:`CheckpointWriteError`: a checkpoint could not be written;
 - :class:`OutputWriteError`: another of the run's outputs could not be written.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "OutputWriteError",
     "PlanError",
     "RunError",
+    "TooManySkipped",
     "TrainingHalted",
     "clip",
     "error_line",
@@ -80,6 +83,23 @@ class TrainingHalted(RunError):
     def __init__(self, step: int):
         self.step = step
         super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
+
+
+class TooManySkipped(RunError):
+    """More than ``train.max_skipped_in_a_row`` steps in a row had a non-finite gradient, so none
+    of them applied an update: the run is not training, and stops.
+
+    Attributes:
+      first: the first step of the run of skipped steps.
+      last: the step at which it passed the limit.
+    """
+
+    def __init__(self, limit: int, first: int, last: int, stopped: int):
+        self.first, self.last = first, last
+        super().__init__(
+            f"train.max_skipped_in_a_row={limit}: steps {first} to {last} had a non-finite gradient "
+            f"({last - first + 1} in a row) and applied nothing; stopped at step {stopped}, with no untrained step saved"
+        )
 
 
 class CheckpointWriteError(RunError):

@@ -25,7 +25,8 @@ __all__ = ["build_parser", "main", "version_line"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status: 0, 1 (a run failed), 2 (bad input) or 130 (Ctrl-C).
+    """Run one command; returns the exit status: 0, 1 (a run failed), 2 (bad input), 4 (``jzero train``:
+    more than ``train.max_skipped_in_a_row`` non-finite steps in a row) or 130 (Ctrl-C).
 
     With ``argv`` None, jzero is the program (the ``jzero`` script, ``python -m jzero.cli``) and owns
     the process: Ctrl-C exits at once with one line, even while JAX imports. Called with a list (in

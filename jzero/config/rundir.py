@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINTS", "RunDir"]
+__all__ = ["CHECKPOINTS", "LOCK", "RunDir"]
 
 CHECKPOINTS = "checkpoints"  # <run.dir>/checkpoints/<step>/, one folder per committed step
+LOCK = "train.lock"  # held by the one jzero train writing the folder (jzero.config.runlock); gone when it ends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    @property
+    def lock(self) -> Path:
+        """The lock file of the trainer writing here (:class:`jzero.config.runlock.RunLock`)."""
+        return self.path / LOCK
 
     @property
     def metrics(self) -> Path:

@@ -17,8 +17,9 @@ random, the process's RSS climbs to the file's size. So the map is advised rando
 read-ahead of megabytes per window), and :func:`release_pages` unmaps what a window touched once
 it is copied out (the pages stay in the page cache); ``benchmarks/data_rss.py`` measures both.
 
-The checks are on sizes, not on the ids: scanning gigabytes for an id past the vocabulary would
-cost a pass over the file, so the header's vocabulary is trusted.
+Opening checks the file's size against the header; :func:`largest_id` reads the ids once, front to
+back in chunks (the kernel reads ahead; memory stays one chunk), so that an id past the model's
+vocabulary is refused before training rather than turning every step's loss to NaN.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "SplitInfo",
     "TokenHeader",
     "TokenWriter",
+    "largest_id",
     "open_split",
     "read_header",
     "release_pages",
@@ -194,6 +196,25 @@ def open_split(folder: str | Path, split: str, key: str = "data.tokens", header:
     ids = np.memmap(path, dtype=dtype, mode="r")
     _advise(ids, "MADV_RANDOM")
     return ids
+
+
+def largest_id(path: str | Path, dtype: np.dtype, chunk: int = 1 << 22) -> int:
+    """The largest id in a token file, or -1 for an empty one.
+
+    Args:
+      path: a split's file (:func:`open_split` has checked its size).
+      dtype: its ids' dtype (:func:`token_dtype`).
+      chunk: ids read at a time (4 Mi ids: 8 MiB of ``uint16``).
+
+    Returns:
+      The largest id. One sequential pass over the file, read ahead by the kernel: a mapped
+      split's random-access advice would make it a page fault per 4 KiB.
+    """
+    buf, top = np.empty(chunk, dtype), -1
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(memoryview(buf).cast("B")):
+            top = max(top, int(buf[: n // buf.itemsize].max()))
+    return top
 
 
 def _advise(ids: np.ndarray, advice: str) -> None:

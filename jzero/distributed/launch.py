@@ -35,7 +35,7 @@ from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import MAX_CPU_DEVICES, Config
 from jzero.config.validation import check_batch_divides
-from jzero.distributed.process import BAD_INPUT, INTERRUPTED
+from jzero.distributed.process import BAD_INPUT, DIVERGED, INTERRUPTED
 from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jzero.errors import ConfigError
 
@@ -289,7 +289,7 @@ def launch(spec: LaunchSpec, max_restarts: int = 0, shrink_on_failure: bool = Fa
             _say(f"{processes} processes x {spec.devices_per_process} CPU devices, coordinator localhost:{job.port}; pids {pids}")
             codes = job.wait(bound)
             worst = max(_status(c) for c in codes)
-            if worst == 0 or interrupted[0] or worst in (BAD_INPUT, INTERRUPTED) or restarts >= max_restarts:
+            if worst == 0 or interrupted[0] or worst in (BAD_INPUT, DIVERGED, INTERRUPTED) or restarts >= max_restarts:
                 return worst
             restarts += 1
             before = processes

@@ -19,6 +19,7 @@ from jzero.platforms import cuda_driver_present, gpu_compiler_available, platfor
 
 __all__ = [
     "BAD_INPUT",
+    "DIVERGED",
     "INTERRUPTED",
     "LOST_PEER",
     "RUN_FAILED",
@@ -29,6 +30,9 @@ __all__ = [
 RUN_FAILED = 1  # a run stopped (a RunError)
 BAD_INPUT = 2  # a JzeroError: one line naming the key or path
 LOST_PEER = 3  # a peer process was lost; this one ended without finishing the run
+# More than train.max_skipped_in_a_row non-finite steps in a row (a TooManySkipped): not 3, as the
+# launcher restarts a lost peer's job, and a restart would resume the same batches and diverge again.
+DIVERGED = 4
 INTERRUPTED = 130  # Ctrl-C
 
 

@@ -29,7 +29,7 @@ from jax.sharding import Sharding
 
 from jzero.config.schema import Config
 from jzero.data.sources import expand_source
-from jzero.data.tokens import TOKENIZER_FILE, TokenHeader, open_split, read_header, release_pages
+from jzero.data.tokens import TOKENIZER_FILE, TokenHeader, largest_id, open_split, read_header, release_pages
 from jzero.errors import ConfigError
 
 __all__ = [
@@ -228,6 +228,17 @@ def _token_header(folder: str, key: str, model_vocab: int) -> TokenHeader:
     return header
 
 
+def _open_ids(folder: str, split: str, key: str, header: TokenHeader, model_vocab: int) -> np.ndarray:
+    """A split's ids (:func:`jzero.data.tokens.open_split`), once every one is below ``model.vocab_size``:
+    the model has no embedding for one past it, and every step that met it would be NaN."""
+    ids = open_split(folder, split, key, header)
+    path = Path(folder) / header.splits[split].file
+    top = largest_id(path, ids.dtype)
+    if top >= model_vocab:
+        raise ConfigError(key, f"{path} holds token id {top:,}, not below model.vocab_size={model_vocab:,}")
+    return ids
+
+
 def _eval_tokens_needed(config: Config) -> int:
     """The ids ``train.eval_batches`` global batches of windows span."""
     return config.train.eval_batches * config.train.global_batch_size * config.model.seq_len + 1
@@ -263,12 +274,12 @@ def train_data(config: Config) -> TextBatches:
 
     Raises:
       ConfigError: no data at ``data.path``; a token folder that is not one (:func:`jzero.data.tokens.open_split`);
-        a tokenizer larger than ``model.vocab_size``; too little data for one window.
+        a tokenizer larger than ``model.vocab_size``, or an id at or past it; too little data for one window.
     """
     m, t, d = config.model, config.train, config.data
     if d.tokens is not None:
         header = _token_header(d.tokens, "data.tokens", m.vocab_size)
-        tokens = open_split(d.tokens, "train", "data.tokens", header)
+        tokens = _open_ids(d.tokens, "train", "data.tokens", header, m.vocab_size)
         return TextBatches(tokens, m.seq_len, t.global_batch_size, config.seed, key="data.tokens")
     tokens = load_bytes(resolve_files(d.path), d.max_bytes)
     held = _held_out(config, len(tokens))
@@ -306,11 +317,11 @@ def _eval_tokens(config: Config) -> tuple[np.ndarray, str]:
     if d.tokens is not None:
         header = _token_header(d.tokens, "data.tokens", vocab)
         if d.eval_path is None:
-            return open_split(d.tokens, "eval", "data.tokens", header), str(Path(d.tokens) / "eval.bin")
+            return _open_ids(d.tokens, "eval", "data.tokens", header, vocab), str(Path(d.tokens) / "eval.bin")
         other = _token_header(d.eval_path, "data.eval_path", vocab)
         if other.tokenizer_hash != header.tokenizer_hash:
             raise ConfigError("data.eval_path", f"{d.eval_path} was tokenized by another tokenizer than data.tokens ({d.tokens})")
-        return open_split(d.eval_path, "train", "data.eval_path", other), str(Path(d.eval_path) / "tokens.bin")
+        return _open_ids(d.eval_path, "train", "data.eval_path", other, vocab), str(Path(d.eval_path) / "tokens.bin")
     if d.eval_path is not None:  # only the bytes the batches use are read
         files = resolve_files(d.eval_path, "data.eval_path")
         return load_bytes(files, _eval_tokens_needed(config)), f"data.eval_path {d.eval_path}"

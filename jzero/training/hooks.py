@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from jzero.checkpoint.runs import RunCheckpoints
 from jzero.errors import OutputWriteError
 from jzero.state import TrainState
 from jzero.training.goodput import Goodput
+from jzero.training.nonfinite import NonFiniteSteps
 from jzero.training.preemption import Preemption
 from jzero.training.progress import TrainProgress
 
@@ -110,6 +112,9 @@ class TensorBoardHook(Hook):
     def __init__(self, logdir: str | Path):
         from tensorboardX import SummaryWriter  # only runs that log to TensorBoard import it
 
+        # It logs a warning for each NaN it is given; the loss is NaN in metrics.jsonl too, and a
+        # diverging run says so in its own line (jzero.training.nonfinite).
+        logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
         self.logdir = logdir
         with self._writing():
             self.writer = SummaryWriter(str(logdir))
@@ -148,6 +153,8 @@ class CheckpointHook(Hook):
       meta: what each checkpoint records about the run.
       warn: where a skipped save is reported.
       goodput: where the saves' time is charged (after the step in flight has finished), or None.
+      nonfinite: the run's non-finite steps: a save is refused when a loss since the previous save
+        point was not finite (:meth:`~jzero.training.nonfinite.NonFiniteSteps.save_point`), or None.
     """
 
     def __init__(
@@ -159,14 +166,23 @@ class CheckpointHook(Hook):
         meta: dict[str, Any],
         warn: Callable[[str], None],
         goodput: Goodput | None = None,
+        nonfinite: NonFiniteSteps | None = None,
     ):
         self.checkpoints, self.first_step, self.last_step = checkpoints, first_step, last_step
         self.data_state, self.meta, self.warn = data_state, meta, warn
-        self.goodput = goodput or Goodput()
+        self.goodput, self.nonfinite = goodput or Goodput(), nonfinite
         self.saved: list[int] = []  # the steps this run checkpointed
+        self.tried = first_step  # the last step a save was due at, written or refused
 
     def save(self, step: int, state: TrainState) -> None:
         jax.block_until_ready(state)  # the step's own time is not the save's
+        self.tried = step
+        bad = self.nonfinite.save_point() if self.nonfinite is not None else None
+        if bad is not None:
+            steps = self.checkpoints.steps()
+            newest = f"the newest checkpoint stays step {steps[-1]}" if steps else "there is no checkpoint yet"
+            self.warn(f"jzero: warning: step {step}: the loss was not finite at step {bad}; not checkpointed ({newest})")
+            return
         with self.goodput.timed("checkpoint"):
             saved = self.checkpoints.save(step, state, self.data_state(step), self.meta)
         if saved:
@@ -180,7 +196,7 @@ class CheckpointHook(Hook):
             self.save(step, state)
 
     def end(self, step: int, state: TrainState, preempted: str | None) -> None:
-        if preempted and step not in self.saved and step > self.first_step:
+        if preempted and step > self.tried:  # a save refused at this step is not tried again
             self.save(step, state)
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.compile_cache import cache_hits
 from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
+from jzero.config.runlock import RunLock
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
 from jzero.errors import ConfigError, TrainingHalted
@@ -47,6 +48,7 @@ from jzero.training.evaluation import Evaluator
 from jzero.training.goodput import NOT_TRAINING, Goodput
 from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
 from jzero.training.job import Job, build_job
+from jzero.training.nonfinite import NonFiniteSteps
 from jzero.training.preemption import Preemption
 from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
@@ -55,15 +57,44 @@ from jzero.training.report import startup_ledger
 __all__ = ["Extras", "MetricsLog", "Throughput", "TrainResult", "default_hooks", "initial_state", "train"]
 
 
-def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
-    """``run.dir`` and whether it already holds a run, writing nothing. Without ``resume`` a folder
-    that holds a run is refused, so nothing is overwritten; a path that cannot be a folder is refused."""
-    run_dir = Path(path)
-    for folder in (run_dir, *run_dir.parents):  # the nearest existing ancestor must be a folder
+def check_run_path(run_dir: Path) -> None:
+    """Refuse a ``run.dir`` that cannot be a folder: its nearest existing ancestor is a file."""
+    for folder in (run_dir, *run_dir.parents):
         if folder.exists():
             if not folder.is_dir():
                 raise ConfigError("run.dir", f"{folder} is a file, not a folder")
             break
+
+
+def lock_run_dir(path: str) -> RunLock:
+    """The run folder's lock (:class:`~jzero.config.runlock.RunLock`), held by process 0 once every
+    process knows it got it; every process raises the refusal. Release it on every exit path.
+
+    Raises:
+      ConfigError: ``run.dir``: another trainer holds the folder, or it cannot be made.
+    """
+    run_dir = Path(path)
+    check_run_path(run_dir)
+    lock, refused = RunLock(run_dir), None
+    if is_primary():
+        try:
+            lock.acquire()
+        except ConfigError as err:
+            refused = err
+    if jax.process_count() > 1:  # the others learn process 0's answer (a collective)
+        agreed = multihost_utils.process_allgather(np.int32(refused is not None))
+        if refused is None and np.any(agreed):
+            refused = ConfigError("run.dir", f"process 0 could not take the lock {lock.folder.lock}")
+    if refused is not None:
+        raise refused
+    return lock
+
+
+def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
+    """``run.dir`` and whether it already holds a run, writing nothing. Without ``resume`` a folder
+    that holds a run is refused, so nothing is overwritten; a path that cannot be a folder is refused."""
+    run_dir = Path(path)
+    check_run_path(run_dir)
     existing = RunDir(run_dir).holds()
     if existing and not resume:
         raise ConfigError("--no-resume", f"{run_dir} already holds a run ({', '.join(existing)}); choose another run.dir")
@@ -338,6 +369,7 @@ def default_hooks(
     data_state: Callable[[int], dict[str, Any]],
     meta: dict[str, Any],
     goodput: Goodput | None = None,
+    nonfinite: NonFiniteSteps | None = None,
 ) -> list[Hook]:
     """jzero's own hooks, in the order the loop calls them (Levanter's ``Trainer._add_default_hooks``):
     the checkpoint cadence, the progress bar, then on process 0 ``metrics.jsonl`` and, with
@@ -352,6 +384,7 @@ def default_hooks(
       data_state: ``data_state(step)``, the data iterator's state before ``step``.
       meta: what each checkpoint records about the run.
       goodput: where the checkpoint hook charges its saves.
+      nonfinite: the run's non-finite steps, which refuse a save of a state whose loss was not finite.
 
     Returns:
       The hooks. If one cannot be made, those made already are closed and the error raised.
@@ -362,7 +395,7 @@ def default_hooks(
     folder = RunDir(Path(config.run.dir))
     hooks: list[Hook] = []
     with _closed_on_error(hooks):
-        saves = CheckpointHook(checkpoints, start, config.train.steps, data_state, meta, bar.announce, goodput)
+        saves = CheckpointHook(checkpoints, start, config.train.steps, data_state, meta, bar.announce, goodput, nonfinite)
         hooks += [saves, ProgressHook(bar)]
         if is_primary():
             hooks.append(JsonlHook(folder.metrics))
@@ -381,12 +414,15 @@ class Extras:
       evaluator: the validation loss at its steps (``train.eval_every``), or None.
       goodput: where data waits and eval time are charged.
       profile: ``run.profile``, the steps to trace into ``<run.dir>/profile``, or None.
+      nonfinite: the run's non-finite steps, read at logged steps (past ``train.max_skipped_in_a_row``
+        in a row the run stops), or None.
     """
 
     throughput: Throughput
     evaluator: Evaluator | None = None
     goodput: Goodput = dataclasses.field(default_factory=Goodput)
     profile: ProfileConfig | None = None
+    nonfinite: NonFiniteSteps | None = None
 
 
 def run_steps(
@@ -416,6 +452,7 @@ def run_steps(
 
     Raises:
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
+      TooManySkipped: more than ``train.max_skipped_in_a_row`` steps in a row were skipped.
     """
     steps, goodput = config.train.steps, extras.goodput
     schedule = build_schedule(config.optimizer, steps)
@@ -437,13 +474,15 @@ def run_steps(
                 outputs.append(metrics)
             log.add(metrics)
             done += 1
+            if extras.nonfinite is not None:
+                extras.nonfinite.add(done, metrics)
             for hook in hooks:
                 hook.step(done, state)
             record = _evaluated(extras.evaluator, done, state, goodput)
             if record or done % config.run.log_every == 0 or done == steps:
-                _log(hooks, log.record(done, record))
+                _logged(hooks, log.record(done, record), extras.nonfinite)
         if log.pending:  # stopped early: the steps since the last record get one too
-            _log(hooks, log.record(done))
+            _logged(hooks, log.record(done), extras.nonfinite)
     finally:
         profile.close(metrics)
     return state, done, log.history
@@ -471,7 +510,8 @@ def train(
     """Train per ``config`` under ``run.dir``: ``config.yaml``, ``metrics.jsonl``, ``ledger.json``
     (with the goodput added at the end), checkpoints, TensorBoard scalars and a profile
     (:class:`~jzero.config.rundir.RunDir`). Resumes from the latest committed checkpoint. SIGTERM or
-    SIGINT saves at the next step boundary and stops.
+    SIGINT saves at the next step boundary and stops. Holds ``run.dir``'s lock (one writer per run
+    folder) from before anything there is read until the last save is committed.
 
     Args:
       config: the run's config.
@@ -488,8 +528,11 @@ def train(
       A :class:`TrainResult`.
 
     Raises:
-      ConfigError: the run is refused; nothing has been written then.
+      ConfigError: the run is refused; nothing has been written then. Another trainer holding
+        ``run.dir``'s lock is refused too (:class:`~jzero.config.runlock.RunLock`; in this process or another).
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
+      TooManySkipped: more than ``train.max_skipped_in_a_row`` steps in a row had a non-finite
+        gradient; no step whose loss was not finite is saved.
       CheckpointWriteError: a checkpoint write failed.
       OutputWriteError: another output (ledger, metrics, TensorBoard, config) could not be written.
     """
@@ -498,7 +541,25 @@ def train(
         job = job if job is not None else build_job(config)
         data = train_data(config) if data is None else data
         eval_data = load_eval_data(config) if eval_data is None else eval_data
-        run = prepare_run(config, job, data, resume)
+        lock = lock_run_dir(config.run.dir)  # held until the last save is committed, on every exit path
+    with lock:
+        with goodput.timed("startup"):
+            run = prepare_run(config, job, data, resume)
+        return _train_prepared(config, job, run, data, eval_data, progress=progress, hooks=hooks, goodput=goodput)
+
+
+def _train_prepared(
+    config: Config,
+    job: Job,
+    run: PreparedRun,
+    data: TextBatches,
+    eval_data: EvalBatches | None,
+    *,
+    progress: bool,
+    hooks: Sequence[Hook],
+    goodput: Goodput,
+) -> TrainResult:
+    """:func:`train` once the run folder is locked and prepared."""
     start, steps = run.start, config.train.steps
     with (
         _Closing(run.checkpoints) as closing,
@@ -513,7 +574,7 @@ def train(
             compiled = startup_outputs(config, job, run, data, bar, goodput)
             extras = _extras(config, job, run, eval_data, goodput)
         closing.hooks = []  # from here the CheckpointHook closes the checkpoints (default_hooks does if it fails)
-        kw = {"start": start, "data_state": data.state, "meta": run.meta, "goodput": goodput}
+        kw = {"start": start, "data_state": data.state, "meta": run.meta, "goodput": goodput, "nonfinite": extras.nonfinite}
         closing.hooks += [*(own := default_hooks(config, run.checkpoints, bar, preemption, **kw)), *hooks]
         state, final, history = run_steps(config, compiled, run.state, data, job.plan.batch, start, closing.hooks, extras)
         for hook in closing.hooks:
@@ -529,13 +590,15 @@ def _nothing_to_do(run: PreparedRun, bar: TrainProgress, steps: int) -> TrainRes
 
 
 def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches | None, goodput: Goodput) -> Extras:
-    """The eval step, compiled (its time charged to compile), the profile window and goodput."""
+    """The eval step, compiled (its time charged to compile), the profile window, goodput and the
+    watch on non-finite steps."""
     evaluator = None
     if config.train.eval_every and eval_data is not None:
         evaluator = Evaluator(job, eval_data, config.train.eval_every, config.train.steps)
         with goodput.timed("compile"):
             evaluator.compile(run.state.params)
-    return Extras(Throughput.of(job), evaluator, goodput, config.run.profile)
+    nonfinite = NonFiniteSteps(config.train.max_skipped_in_a_row, int(run.state.skipped))
+    return Extras(Throughput.of(job), evaluator, goodput, config.run.profile, nonfinite)
 
 
 def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
@@ -548,9 +611,12 @@ def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
     return report
 
 
-def _log(hooks: Sequence[Hook], record: dict[str, Any]) -> None:
+def _logged(hooks: Sequence[Hook], record: dict[str, Any], nonfinite: NonFiniteSteps | None) -> None:
+    """Log ``record``, then count its steps' skips (the record shows the steps that pass the limit)."""
     for hook in hooks:
         hook.log(record)
+    if nonfinite is not None:
+        nonfinite.look()
 
 
 def _close(hooks: Sequence[Hook], quietly: bool = False) -> None:

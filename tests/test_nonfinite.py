@@ -1,0 +1,102 @@
+"""Never save what isn't trained: a run whose steps stay non-finite stops past
+``train.max_skipped_in_a_row`` (one line, exit status 4), a state whose loss was not finite is never
+checkpointed (so ``checkpoint.keep`` never rotates the last good one out), and token ids past the
+model's vocabulary are refused when the data opens, before anything is trained or written."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from conftest import snapshot
+from test_bad_input import one_line_error, sets
+from test_checkpoint import cli_args, run_config
+from test_tokens import CONFIG, TINY, copy_folder, corpus  # noqa: F401 (corpus: a fixture)
+
+from jzero.checkpoint.runs import CHECKPOINTS
+from jzero.cli.main import main
+from jzero.config.loading import ConfigError, load_config
+from jzero.data.tokens import read_header
+from jzero.distributed.process import DIVERGED
+from jzero.errors import TooManySkipped
+from jzero.training.data import TextBatches, train_data
+from jzero.training.loop import train
+
+# gpt-tiny warms the rate up over 20 steps: step 1 applies nothing, step 2 a 5e28 rate, then NaN.
+DIVERGING = ["train.steps=30", "optimizer.learning_rate=1e30", "checkpoint.every=10", "run.log_every=1"]
+STOPPED = re.compile(r"jzero: train\.max_skipped_in_a_row=5: steps (\d+) to (\d+) had a non-finite gradient \(6 in a row\) "
+                     r"and applied nothing; stopped at step (\d+), with no untrained step saved")  # fmt: skip
+
+
+def committed(run) -> list[str]:
+    folder = run / CHECKPOINTS
+    return sorted(p.name for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def test_a_learning_rate_of_1e30_stops_past_the_limit_with_one_line_and_status_4(devices, tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(["train", "--quiet", *cli_args(run, *DIVERGING, "train.max_skipped_in_a_row=5")])
+    out, err = capsys.readouterr()
+    assert code == DIVERGED == 4 and "Traceback" not in out + err
+    lines = err.splitlines()
+    match = STOPPED.fullmatch(lines[-1])
+    assert match, lines
+    first, last, stopped = map(int, match.groups())
+    assert last == first + 5 and stopped == last  # logged every step: it stops at the step that passes the limit
+    assert all(line.startswith("jzero: warning: step 10: the loss was not finite") for line in lines[:-1]), lines
+    assert committed(run) == []  # steps 1 and 2 were finite, but no save was due before the NaN
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == stopped and logged[-1]["skipped_steps"] == 6
+
+
+def test_with_the_default_limit_a_nan_run_saves_nothing_and_says_no_saved_step(devices, tmp_path, capsys):
+    """The issue's run: 29 of 30 steps skipped (under the default limit of 32), loss nan -> nan. It
+    ends with exit 0, but neither its checkpoint saves nor its summary claim a step."""
+    run = tmp_path / "run"
+    assert main(["train", "--quiet", *cli_args(run, *DIVERGING)]) == 0
+    out, err = capsys.readouterr()
+    assert "saved step" not in out and re.search(r"^trained steps 0 -> 30: loss \d\.\d+ -> nan; run dir ", out, re.M), out
+    assert [line.split(":")[2] for line in err.splitlines()] == [" step 10", " step 20", " step 30"], err
+    assert committed(run) == []
+
+
+def test_a_nan_run_resumed_from_a_good_checkpoint_keeps_it(devices, tmp_path, capsys):
+    """Ids past the vocabulary (given as batches, past the check at open) make every step NaN.
+    Resumed from a good step 4 with ``checkpoint.keep: 1``, the save due at 6 is refused, so step 4
+    is never rotated out, and at step 8 (4 in a row, over 3) the run stops instead of saving."""
+    run = tmp_path / "run"
+    good = run_config(run, "train.steps=4", "checkpoint.keep=1", "checkpoint.every=4")
+    train(good, progress=False)
+    before = snapshot(run / CHECKPOINTS)
+    config = run_config(run, "train.steps=20", "checkpoint.keep=1", "train.max_skipped_in_a_row=3", "run.log_every=1")
+    tokens = train_data(config).tokens
+    bad = TextBatches(np.full(len(tokens), config.model.vocab_size + 44, np.int32), config.model.seq_len,
+                      config.train.global_batch_size, config.seed)  # fmt: skip
+    with pytest.raises(TooManySkipped) as stop:
+        train(config, progress=False, data=bad)
+    assert (stop.value.first, stop.value.last) == (5, 8)
+    assert committed(run) == ["4"] and snapshot(run / CHECKPOINTS) == before
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "not checkpointed" in line]
+    assert warnings == ["jzero: warning: step 6: the loss was not finite at step 5; not checkpointed "
+                        "(the newest checkpoint stays step 4)"]  # fmt: skip
+    assert train(good, progress=False).start_step == 4  # it restores (nothing left to do: no compile)
+
+
+@pytest.mark.parametrize("split, overrides", [("tokens.bin", []), ("eval.bin", ["train.eval_every=1"])])
+def test_ids_past_the_vocabulary_are_refused_when_the_data_opens(corpus, tmp_path, capsys, split, overrides):  # noqa: F811
+    folder = copy_folder(corpus, tmp_path)
+    assert read_header(folder).vocab_size == 300
+    ids = np.fromfile(folder / split, np.uint16)
+    ids[len(ids) // 2] = 600  # past the model's 512, the file's size unchanged
+    ids.tofile(folder / split)
+    run = tmp_path / "run"
+    argv = ["train", CONFIG, *sets(*TINY, f"data.tokens={folder}", "model.vocab_size=512", f"run.dir={run}", *overrides)]
+    line = f"data.tokens: {folder / split} holds token id 600, not below model.vocab_size=512"
+    one_line_error(capsys, [*argv, "--quiet"], line)
+    assert not run.exists()
+
+
+def test_the_limit_is_validated():
+    with pytest.raises(ConfigError, match=r"^train.max_skipped_in_a_row: must be positive and at most 2147483647, got 0$"):
+        load_config(None, ["train.max_skipped_in_a_row=0"])
+    assert load_config(None, []).train.max_skipped_in_a_row == 32
