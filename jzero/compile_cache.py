@@ -8,12 +8,15 @@ the compiler options and the devices, so a changed config compiles afresh. A cac
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
-__all__ = ["AUTO", "MAX_BYTES", "OFF", "cache_folder", "cache_hits", "enable_compilation_cache"]
+__all__ = ["AUTO", "MAX_BYTES", "OFF", "cache_folder", "cache_hits", "enable_compilation_cache", "for_devices"]
 
 AUTO, OFF = "auto", "off"
 MAX_BYTES = 4 * 2**30  # the least recently used entries go beyond this
@@ -63,3 +66,23 @@ def cache_hits() -> int:
 def _count_hit(event: str, **_: object) -> None:
     global _hits
     _hits += event == _HIT
+
+
+@contextlib.contextmanager
+def for_devices(devices: Sequence[jax.Device]) -> Iterator[None]:
+    """Compile for ``devices`` with the persistent cache, unless they are a GPU target's compile-only
+    devices on a CPU host: JAX writes their programs to the cache but cannot read them back without
+    a GPU (measured: "PjRtCompiler must be constructed with a Client to call
+    DeserializeLoadedExecutable", a warning, then a fresh compile)."""
+    compile_only = devices[0].platform in ("gpu", "cuda") and jax.default_backend() == "cpu"
+    if not compile_only or not jax.config.jax_enable_compilation_cache:
+        yield
+        return
+    # JAX decides once per process whether to use the cache; resetting makes it decide again.
+    jax.config.update("jax_enable_compilation_cache", False)
+    reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        reset_cache()

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from jzero import compile_cache
 from jzero.axes import REPLICA, model_ways
-from jzero.compile_cache import enable_compilation_cache
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.errors import ConfigError, show_value
@@ -195,7 +195,9 @@ class Job:
 
     def compile(self, lowered):
         """Compile a lowered step for this mesh's devices (:func:`compiler_options`)."""
-        return lowered.compile(compiler_options=compiler_options(list(self.mesh.devices.flat), units=bool(self.plan.units)))
+        devices = list(self.mesh.devices.flat)
+        with compile_cache.for_devices(devices):
+            return lowered.compile(compiler_options=compiler_options(devices, units=bool(self.plan.units)))
 
     def init_state(self) -> TrainState:
         """A fresh train state, initialised straight into the plan's shardings."""
@@ -297,7 +299,7 @@ def build_job(
         init_fn, loss_fn = own_model(config)
     if devices is None:  # JAX's own devices (a target's are compile-only): simulated CPUs, the compile cache
         simulate_cpu_devices(config.runtime.cpu_devices)
-        enable_compilation_cache(config.runtime.compilation_cache)
+        compile_cache.enable_compilation_cache(config.runtime.compilation_cache)
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)
