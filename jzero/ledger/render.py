@@ -60,7 +60,8 @@ def _predicted_lines(p: dict[str, Any] | None) -> list[str]:
         return []
     return [
         f"predicted step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s, MFU {100 * p['mfu']:.1f}% "
-        f"({p['bound']}-bound; a prediction at {p['efficiency']:.0%} of the peak, docs/planner.md)",
+        f"(model FLOPs per second over the peak; {p['bound']}-bound; a prediction with matmuls at {p['efficiency']:.0%} "
+        "of the peak, docs/planner.md)",
         f"  compute {1e3 * p['compute_s']:.4g} ms ({p['executed_over_model_flops']:.2f}x the model's FLOPs executed), "
         f"memory {1e3 * p['memory_s']:.3g} ms, communication {1e3 * p['communication_s']:.4g} ms of which exposed "
         f"{1e3 * p['exposed_communication_s']:.4g} ms, host transfers {1e3 * p['host_transfer_s']:.4g} ms",
@@ -130,7 +131,7 @@ def _model_states_table(report: dict[str, Any]) -> list[str]:
         got, ideal, off = report["per_device_bytes"][key], report["ideal_per_device_bytes"][key], host.get(key, 0)
         ratio = (got + off) / ideal if ideal else float("nan")
         lines.append(f"{key:<24} {human_bytes(got):>12} {human_bytes(off):>12} {human_bytes(ideal):>14} {ratio:>7.3f}")
-    return lines
+    return [*lines, "(ratio: plan + host memory over the paper formula; above 1.000, some tensor is held whole)"]
 
 
 def _compiled_lines(report: dict[str, Any]) -> list[str]:
@@ -189,7 +190,8 @@ def format_ledger_summary(report: dict[str, Any]) -> str:
         f"ledger: ZeRO stage {report['stage']} on {mesh} ({devices_text(report)}), {report['num_params']:,} parameters",
         f"  model states per device: {human_bytes(got['total'])} planned"
         + (f" + {human_bytes(host['total'])} in host memory" if host.get("total") else "")
-        + f", paper formula {human_bytes(ideal['total'])} (ratio {(got['total'] + host.get('total', 0)) / ideal['total']:.3f})",
+        + f", paper formula {human_bytes(ideal['total'])}"
+        + f" (planned over formula {(got['total'] + host.get('total', 0)) / ideal['total']:.3f})",
     ]
     if live:
         live_host = report.get("live_host_bytes_per_device", {})
@@ -249,6 +251,8 @@ def _gathered_lines(report: dict[str, Any]) -> list[str]:
     layers = f", {g['layers']:.2f} layers' worth" if g["layers"] else ""
     units = f"{g['units']} gathering units, prefetch {g['prefetch']}" if g["units"] else "no gathering units"
     share = f"{g['share_of_params']:.2f} of the whole parameters{layers}"
+    if report["mesh"].get("model", 1) > 1:  # the activations tensor parallelism gathers are all-gathers too
+        share = f"{g['share_of_params']:.2f} of a model shard's parameters{layers}, activations gathered over model included"
     lines = [f"gathered at once: {human_bytes(g['peak_bytes'])} ({share}; {units})"]
     return lines + _tensor_list("resting whole below zero.persist_below_bytes (never gathered)", g["persistent"])
 
@@ -303,8 +307,9 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
     lines += [
         "",
         "model states: per device"
-        + (" in device memory, and in host memory (offloaded); ratio: both" if offloaded else "")
-        + ", against the paper's formula; all-gather, all-reduce, red-scatter (reduce-scatter): "
+        + (" in device memory, and in host memory (offloaded); ratio: both" if offloaded else "; ratio: model states")
+        + " over the paper's formula; vs 0: model states and temporaries over stage 0's; "
+        "all-gather, all-reduce, red-scatter (reduce-scatter): "
         "HLO result bytes, a loop body "
         "once; comm/paper: bytes sent per step (loops times their trip counts) over the paper's 2Ψ or 3Ψ",
     ]
@@ -335,8 +340,20 @@ def _communication_lines(report: dict[str, Any]) -> list[str]:
     return [
         f"communication per device per step: {human_bytes(comm['total'])} ({parts or 'none'}; an all-reduce counts "
         f"twice, loops times their trip counts), the paper's {comm['paper_model']} = {human_bytes(comm['paper'])}: "
-        f"ratio {comm['ratio']:.2f}",
+        f"ratio {comm['ratio']:.2f} (sent over the paper's)",
+        *_model_axis_line(report),
         *_level_lines(comm),
+    ]
+
+
+def _model_axis_line(report: dict[str, Any]) -> list[str]:
+    """With a model axis: the paper's volume is ZeRO's over data alone, so the ratio counts more."""
+    n_m = report["mesh"].get("model", 1)
+    if n_m < 2:
+        return []
+    return [
+        f"  (the paper's volume is ZeRO's traffic over data, for the Ψ/{n_m} parameters of a model shard; tensor "
+        "parallelism's collectives of activations over model come on top)"
     ]
 
 
@@ -410,7 +427,7 @@ def _scaling_lines(report: dict[str, Any]) -> list[str]:
         return []
     lines = [
         f"scaling over {sc['batch_groups']} batch groups: FLOPs per device {sc['flops_ratio_to_predicted']:.2f}x one "
-        f"group's / {sc['batch_groups']}; temporaries {sc['temp_ratio']:.2f}x one group's "
-        f"({human_bytes(sc['temp_one_group'])})"
+        f"group's / {sc['batch_groups']} (1.00: no work repeated); temporaries {sc['temp_ratio']:.2f}x one group's "
+        f"({human_bytes(sc['temp_one_group'])}, the same step compiled for one group)"
     ]
     return lines + [f"FLAG: {flag}" for flag in sc["flags"]]

@@ -1,0 +1,708 @@
+"""Every command output quoted in README.md and docs/*.md is a marked block that a test reruns, or
+checks against a stored run of its command: a quote that no longer matches what jzero prints fails.
+
+A marker is an HTML comment (GitHub does not render it) on the line right before a ```text block:
+
+    <!-- output: jzero plan configs/gpt-tiny.yaml -->     the block is what this command prints
+    <!-- transcript -->                                   the block's `$ ` lines are commands (a `\\` at
+                                                         the end continues one), each followed by what it prints
+
+What a command prints is its stdout and stderr as a terminal shows them. A command may end with
+filters, which apply to both streams, so it says so: `2>&1 | grep PATTERN` (also `grep -v`),
+`| head -n N`, `| tail -n N`, `| sed -n 'A,Bp'` (A and B: line numbers, `/regex/` or `$`). A `$`
+line may end with `# exit N`: the command must exit with status N. Between `output`/`transcript`
+and the colon or the end:
+
+    (stored)          checked against the stored run in benchmarks/results/doc_outputs.json (what
+                      each command printed, unfiltered, its seconds and the commit), not rerun: for
+                      commands too slow for the suite (GPU-target compiles, long runs, other device
+                      counts). `--stored` below reruns them, as subprocesses of the real `jzero`,
+                      each with a cold compilation cache, as a user's first run.
+    (recorded: WHY)   neither rerun nor stored, for what no script repeats (a kill from another
+                      shell in mid-run); WHY says so.
+    , after: ACTION   the step named in ACTIONS below is done first (damaging a file, say): a step
+                      that is no command of jzero's.
+
+The rule (CONTRIBUTING.md, "Quoted output"): every fenced block names its language; a ```text
+block is output and carries a marker; there are no indented code blocks. Live blocks run in one
+session, in the order of PAGES: a command runs once and every block that quotes the same words
+shows that run (so docs/ledger.md, docs/checkpoints.md and docs/training.md quote one run). Paths
+under /tmp/ are a temporary folder's, and relative paths (`configs/`, `runs/`) are from a folder
+that links the repository's configs/, examples/ and benchmarks/.
+
+Regenerate (from the repository root, in the venv):
+
+    python tests/test_doc_outputs.py                      # check every block, print the differences
+    python tests/test_doc_outputs.py --write [PAGE ...]   # rewrite the blocks that differ (live ones
+                                                          # rerun, stored ones from their stored run)
+    python tests/test_doc_outputs.py --stored --no-live [PAGE ...]   # rerun and store the stored ones (minutes)
+    python tests/test_doc_outputs.py --subprocess         # the live blocks through the real `jzero`
+
+A block that matches up to the masks is left as it is, so rewriting does not churn timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+STORED = ROOT / "benchmarks" / "results" / "doc_outputs.json"
+LINKED = ("configs", "examples", "benchmarks")  # what the commands read relative to the repository root
+
+FENCE = re.compile(r"^( *)```(.*)$")
+MARKER = re.compile(
+    r"<!-- (?P<kind>output|transcript)(?: \((?P<mode>stored|recorded: [^)]+)\))?(?:, after: (?P<after>[^:]+?))?"
+    r"(?:: (?P<command>.+?))? -->",
+    re.S,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# What may differ between two runs of one command, or between machines. Everything else (bytes,
+# counts, specs, ratios, messages, paths) must match to the character: sizes in bytes and the
+# compiled program's figures are deterministic, and the CPU backend compiles the same program at
+# the suite's XLA optimisation level as at the default one (checked with --subprocess).
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask:
+    """``pattern``'s groups vary; ``close``: they must agree within this relative tolerance (as
+    numbers) rather than not at all; ``line_starts``: only on lines that start so."""
+
+    pattern: str
+    why: str
+    close: float | None = None
+    line_starts: str = ""
+
+
+MASKS = [
+    # Whether JAX's persistent compilation cache already holds a program depends on what ran before.
+    Mask(r"compiled in (\d+(?:\.\d+)? s(?:, read from JAX's compilation cache in \S+)?)", "a compile's wall time, and the cache"),
+    Mask(r"(\d+(?:\.\d+)?)", "goodput: shares of the wall time", line_starts="goodput "),
+    Mask(r"\.unreadable-(\d+)", "the time at which a damaged step was set aside"),
+    Mask(r"/d/([0-9a-f]{32})", "OCDBT names its data files at random"),
+    Mask(r"checksum ([0-9a-f]{16}), ([0-9a-f]{16})", "a data file's bytes: OCDBT's file names inside it are random"),
+    # OCDBT packs a step's arrays into data files as its writes finish: the same state takes a few
+    # percent more or less on disk from one save to the next (the tensors' own bytes do not vary).
+    Mask(r"ok, (\d+(?:\.\d+)? [KMGT]?i?B) verified", "a checkpoint step's bytes on disk"),
+    Mask(r"^ +\d+  (?:yes|no) .* (\d+(?:\.\d+)? [KMGT]?i?B)$", "a checkpoint step's bytes on disk"),
+    # The loss after some steps sums floats in an order that depends on the CPU (its vector width, the
+    # matmul's blocking): the same run differs in the 4th decimal between machines.
+    Mask(r"\bloss (\d+\.\d+)(?: -> (\d+\.\d+))?", "the loss: float sums in a CPU's order", close=2e-3),
+]
+
+
+def masked(text: str) -> tuple[str, list[float]]:
+    """``text`` with every varying group replaced by ``…``, and the values of the ``close`` ones."""
+    lines, close = [], []
+    for line in text.splitlines():
+        for mask in MASKS:
+            if not line.startswith(mask.line_starts):
+                continue
+            out, last = [], 0
+            for match in re.finditer(mask.pattern, line):
+                for g in range(1, (match.re.groups or 0) + 1):
+                    if match.group(g) is None or match.start(g) < last:
+                        continue
+                    out.append(line[last : match.start(g)] + "…")
+                    last = match.end(g)
+                    if mask.close is not None:
+                        close.append(float(match.group(g)))
+            line = "".join(out) + line[last:]
+        lines.append(line)
+    return "\n".join(lines), close
+
+
+def differences(want: str, got: str) -> str:
+    """'' when ``got`` matches ``want`` after masking, else a diff of the two."""
+    (a, a_close), (b, b_close) = masked(want), masked(got)
+    tol = max((m.close for m in MASKS if m.close), default=0.0)
+    if a == b and all(abs(x - y) <= tol * max(abs(x), abs(y), 1.0) for x, y in zip(a_close, b_close, strict=True)):
+        return ""
+    diff = difflib.unified_diff(want.splitlines(), got.splitlines(), "in the page", "printed now", lineterm="", n=1)
+    return "\n".join(diff) if a != b else f"numbers outside {tol:g} (relative): {a_close} in the page, {b_close} now"
+
+
+def normal(text: str) -> str:
+    """Trailing spaces and blank lines dropped: what a page can hold."""
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The pages' blocks
+
+
+@dataclasses.dataclass
+class Block:
+    page: str  # relative to the repository root
+    line: int  # the first line of its text, 1-based
+    end: int  # the line of its closing fence, 1-based
+    kind: str  # output | transcript
+    mode: str  # live | stored | recorded: ...
+    after: str | None
+    command: str | None  # an output block's
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    def steps(self) -> list[tuple[str, str, str]]:
+        """(the command's lines as written, the command, what the page says it printed)."""
+        if self.kind == "output":
+            return [("", self.command, self.text)]
+        steps: list[tuple[str, str, list[str]]] = []
+        lines = self.text.splitlines()
+        i = 0
+        while i < len(lines):
+            if not lines[i].startswith("$ "):
+                if not steps:
+                    raise ValueError(f"{self.where}: a transcript starts with a `$ ` line")
+                steps[-1][2].append(lines[i])
+                i += 1
+                continue
+            written = [lines[i]]
+            while written[-1].endswith("\\") and i + 1 < len(lines):
+                i += 1
+                written.append(lines[i])
+            command = " ".join(part.rstrip("\\").strip() for part in written)[2:]
+            steps.append(("\n".join(written), command, []))
+            i += 1
+        return [(w, c, "\n".join(o)) for w, c, o in steps]
+
+    def render(self, outputs: list[str]) -> str:
+        """The block's text with these outputs."""
+        if self.kind == "output":
+            return normal(outputs[0])
+        return "\n".join(f"{w}\n{o}".rstrip("\n") if o else w for (w, _, _), o in zip(self.steps(), outputs, strict=True))
+
+
+def blocks(page: Path) -> tuple[list[Block], list[str]]:
+    """The page's marked blocks, and what breaks the rule: an unlabelled fence, an unmarked ```text
+    block, a marker that is not right before a ```text block, an indented code block."""
+    rel = str(page.relative_to(ROOT))
+    lines = page.read_text().splitlines()
+    found, broken = [], []
+    i, last_text = 0, ""  # last_text: the last non-blank line outside fences
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            if (
+                re.match(r" {4,}\S", lines[i])
+                and i > 0
+                and not lines[i - 1].strip()
+                and not re.match(r" *([-*+] |\d+\. |\|)| {2,}\S", last_text)
+            ):
+                broken.append(f"{rel}:{i + 1}: an indented code block; fence it and name its language")
+            if lines[i].strip():
+                last_text = lines[i]
+            i += 1
+            continue
+        indent, info = fence.groups()
+        close = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        if close is None:
+            broken.append(f"{rel}:{i + 1}: an unclosed fence")
+            break
+        text = "\n".join(line[len(indent) :] for line in lines[i + 1 : close])
+        marker = _marker_before(lines, i)
+        if not info.strip():
+            broken.append(f"{rel}:{i + 1}: a fence with no language: ```text for output, else ```bash, ```python, ...")
+        elif info.strip() == "text" and marker is None:
+            broken.append(f"{rel}:{i + 1}: a ```text block (output) with no <!-- output: ... --> or <!-- transcript --> marker")
+        elif marker is not None and info.strip() != "text":
+            broken.append(f"{rel}:{i + 1}: a marker before a ```{info.strip()} block; quoted output is ```text")
+        elif marker is not None:
+            m = MARKER.fullmatch(marker)
+            if not m or (m["kind"] == "output") != bool(m["command"]):
+                broken.append(f"{rel}:{i + 1}: a marker that does not parse: {marker}")
+            else:
+                command = m["command"].strip() if m["command"] else None
+                found.append(Block(rel, i + 2, close + 1, m["kind"], m["mode"] or "live", m["after"], command, text))
+        i = close + 1
+    return found, broken
+
+
+def _marker_before(lines: list[str], i: int) -> str | None:
+    """The HTML comment that ends on the line before line ``i``, if it is a marker."""
+    if i == 0 or not lines[i - 1].rstrip().endswith("-->"):
+        return None
+    start = i - 1
+    while start > 0 and not lines[start].lstrip().startswith("<!--"):
+        start -= 1
+    comment = " ".join(line.strip() for line in lines[start:i])
+    return comment if re.match(r"<!-- (output|transcript)\b", comment) else None
+
+
+def all_blocks(pages: list[Path] = PAGES) -> list[Block]:
+    return [b for page in pages for b in blocks(page)[0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the commands
+
+
+@dataclasses.dataclass
+class Command:
+    """A command line: its environment, its program and arguments, its filters and its `# exit N`."""
+
+    env: dict[str, str]
+    argv: list[str]
+    filters: list[list[str]]
+    status: int | None
+
+    @classmethod
+    def parse(cls, line: str) -> Command:
+        lex = shlex.shlex(line, posix=True, punctuation_chars="|")
+        lex.whitespace_split, lex.commenters = True, ""
+        tokens = list(lex)
+        status = None
+        if "#" in tokens:
+            comment = " ".join(tokens[tokens.index("#") + 1 :])
+            tokens = tokens[: tokens.index("#")]
+            if m := re.match(r"exit (\d+)", comment):
+                status = int(m[1])
+        env = {}
+        while tokens and re.match(r"[A-Z_][A-Z0-9_]*=", tokens[0]):
+            name, _, value = tokens.pop(0).partition("=")
+            env[name] = value
+        parts, current = [], []
+        for t in tokens:
+            if t == "|":
+                parts.append(current)
+                current = []
+            else:
+                current.append(t)
+        parts.append(current)
+        argv, filters = parts[0], parts[1:]
+        if argv and argv[-1] == "2>&1":
+            argv = argv[:-1]
+        elif filters:
+            raise ValueError(f"{line}: filters apply to stdout and stderr together, so write `2>&1 |`")
+        return cls(env, argv, filters, status)
+
+    @property
+    def base(self) -> str:
+        """The command without its filters: what is run once and cached."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        return " ".join([*env, *map(shlex.quote, self.argv)])
+
+
+def apply_filters(text: str, filters: list[list[str]]) -> str:
+    """``head``, ``tail``, ``grep [-v] [-E]`` and ``sed -n 'A,Bp'``, as the shell's would."""
+    lines = text.splitlines()
+    for f in filters:
+        name, args = f[0], f[1:]
+        if name in ("head", "tail"):
+            n = int(args[1]) if args[0] == "-n" else int(args[0].lstrip("-"))
+            lines = lines[:n] if name == "head" else lines[-n:] if n else []
+        elif name == "grep":
+            flags = [a for a in args if a.startswith("-")]
+            (pattern,) = [a for a in args if not a.startswith("-")]
+            assert set(flags) <= {"-v", "-E"}, f"grep {flags}: only -v and -E"
+            lines = [line for line in lines if bool(re.search(pattern, line)) != ("-v" in flags)]
+        elif name == "sed" and args[0] == "-n" and (m := re.fullmatch(r"(\d+|/.+?/|\$)(?:,(\d+|/.+?/|\$))?p", args[1])):
+            lines = _sed_range(lines, m[1], m[2] or m[1])
+        else:
+            raise ValueError(f"filter {' '.join(f)}: use head, tail, grep [-v] [-E] or sed -n 'A,Bp'")
+    return "\n".join(lines)
+
+
+def _sed_range(lines: list[str], a: str, b: str) -> list[str]:
+    def at(address: str, start: int) -> int:
+        if address == "$":
+            return len(lines) - 1
+        if address.startswith("/"):
+            return next((i for i in range(start, len(lines)) if re.search(address[1:-1], lines[i])), len(lines))
+        return int(address) - 1
+
+    first = at(a, 0)
+    return lines[first : at(b, first + (a != b)) + 1]
+
+
+class Session:
+    """A folder that commands run in. ``/tmp/`` in their words is ``folder/tmp/``, and relative paths
+    are from ``folder``, which links the repository's configs/, examples/ and benchmarks/.
+    ``inprocess``: ``jzero`` commands call :func:`jzero.cli.main.main` here (this process has the
+    suite's 8 CPU devices); otherwise each command runs in bash with ``env``."""
+
+    def __init__(self, folder: Path, inprocess: bool, env: dict[str, str] | None = None):
+        self.folder, self.inprocess, self.env = folder, inprocess, env
+        (folder / "tmp").mkdir(parents=True, exist_ok=True)
+        for name in LINKED:
+            if (ROOT / name).exists() and not (folder / name).exists():
+                (folder / name).symlink_to(ROOT / name)
+        self.cache: dict[str, tuple[int, str, float]] = {}
+        self.done: set[str] = set()
+
+    def words(self, text: str) -> str:
+        return text.replace("/tmp/", f"{self.folder}/tmp/")
+
+    def unwords(self, text: str) -> str:
+        return text.replace(f"{self.folder}/tmp/", "/tmp/").replace(f"{self.folder}/", "")
+
+    def after(self, action: str) -> None:
+        if action not in self.done:
+            ACTIONS[action](self)
+            self.done.add(action)
+
+    def run(self, line: str, again: bool = False) -> tuple[str, float]:
+        """What ``line``'s command prints before its filters, and the seconds it took. A command
+        runs once, and the same words again get the same run, unless ``again``."""
+        command = Command.parse(line)
+        inprocess = self.inprocess and (command.argv[:1] == ["jzero"] or command.argv[:2] == ["python", "-c"])
+        # bash runs the line without its filters and comment; the filters are applied here either way
+        key = command.base if inprocess else unfiltered(line)
+        if key not in self.cache or again:
+            start = time.perf_counter()
+            status, text = self._jzero(command) if inprocess else self._bash(key)
+            self.cache[key] = (status, self.unwords(text), time.perf_counter() - start)
+        status, text, seconds = self.cache[key]
+        if command.status is not None and status != command.status:
+            raise AssertionError(f"{line}: exit status {status}, not {command.status}:\n{text}")
+        return text, seconds
+
+    def _jzero(self, command: Command) -> tuple[int, str]:
+        """``jzero ...`` through :func:`jzero.cli.main.main`, or ``python -c CODE`` by ``exec``, here."""
+        from jzero.cli.main import main
+
+        def python(argv: list[str]) -> int:
+            exec(argv[1], {"__name__": "__main__"})
+            return 0
+
+        out = io.StringIO()
+        saved_env, cwd = {k: os.environ.get(k) for k in command.env}, os.getcwd()
+        os.environ.update({k: self.words(v) for k, v in command.env.items()})
+        os.chdir(self.folder)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                try:
+                    status = (main if command.argv[0] == "jzero" else python)([self.words(a) for a in command.argv[1:]])
+                except SystemExit as e:  # argparse's usage errors
+                    status = e.code if isinstance(e.code, int) else 1
+        finally:
+            os.chdir(cwd)
+            for k, v in saved_env.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        return status, out.getvalue()
+
+    def _bash(self, line: str) -> tuple[int, str]:
+        env = dict(self.env if self.env is not None else os.environ)
+        if self.env is not None:  # a user's first run: JAX's compilation cache (jzero.compile_cache) cold
+            (self.folder / "cache").mkdir(exist_ok=True)
+            env["XDG_CACHE_HOME"] = tempfile.mkdtemp(dir=self.folder / "cache")
+        command = ["bash", "-c", self.words(line)]
+        done = subprocess.run(command, cwd=self.folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return done.returncode, done.stdout
+
+
+def _flip_one_bit(session: Session, step: str) -> None:
+    """One bit flipped in the middle of the largest data file of ``step``'s state."""
+    state = session.folder / "tmp" / "demo" / "checkpoints" / step / "state"
+    files = sorted(state.rglob("d/*"), key=lambda p: p.stat().st_size)
+    data = bytearray(files[-1].read_bytes())
+    data[len(data) // 2] ^= 0x10
+    files[-1].write_bytes(bytes(data))
+
+
+def _bad_jsonl(session: Session) -> None:
+    (session.folder / "empty.jsonl").write_text("")
+    (session.folder / "docs.jsonl").write_text('{"text": "one document"}\n{"body": "no text"}\n')
+
+
+def _bpe_data(session: Session) -> None:
+    """docs/data.md's first command: BPE on the standard library's sources."""
+    stdlib = "STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])')"
+    sources = "$(find \"$STDLIB\" -name '*.py' -not -path '*/site-packages/*' | sort)"
+    status, text = session._bash(f"{stdlib}; jzero data prepare {sources} --out data/stdlib-bpe --vocab-size 4096")
+    assert status == 0, text
+
+
+def _bpe_run(session: Session) -> None:
+    """docs/data.md's two commands: BPE on the standard library's sources, then 300 steps on it."""
+    session.after("the BPE data prepared")
+    session.run("jzero train configs/gpt-tiny-bpe.yaml")
+
+
+# The steps that are no command, by the name a marker gives them after `after: `.
+ACTIONS: dict[str, Callable[[Session], None]] = {
+    "one bit flipped in step 3": lambda s: _flip_one_bit(s, "3"),
+    "an empty empty.jsonl, and docs.jsonl whose line 2 has no text": _bad_jsonl,
+    "the default run trained": lambda s: s.run("jzero train configs/gpt-tiny.yaml") and None,
+    "the BPE data prepared": _bpe_data,
+    "the BPE run trained": _bpe_run,
+}
+
+
+def shown(line: str, printed: str) -> str:
+    """What a block shows of ``printed``, the output of ``line``'s command: its filters applied."""
+    return normal(apply_filters(printed, Command.parse(line).filters))
+
+
+def compare(block: Block, outputs: list[str]) -> tuple[str, str]:
+    """The differences between ``block`` and what it should show, ``outputs`` (filtered: see
+    :func:`shown`), and the block's text with them."""
+    text = block.render(outputs)
+    return differences(normal(block.text), text), text
+
+
+def check(block: Block, session: Session) -> tuple[str, str, list[str], list[float]]:
+    """Rerun ``block``'s commands: the differences, the block's text now (:func:`compare`), and
+    what each command printed and its seconds."""
+    if block.after:
+        session.after(block.after)
+    printed, seconds, ran = [], [], set()
+    for _, command, _ in block.steps():  # a command a transcript repeats runs again: what it changed matters
+        text, s = session.run(command, again=unfiltered(command) in ran)
+        ran.add(unfiltered(command))
+        printed.append(text)
+        seconds.append(s)
+    return *compare(block, [shown(c, p) for (_, c, _), p in zip(block.steps(), printed, strict=True)]), printed, seconds
+
+
+def stored_runs() -> dict[str, list[dict]]:
+    return json.loads(STORED.read_text()) if STORED.exists() else {}
+
+
+def unfiltered(line: str) -> str:
+    """``line`` without its filters and its comment: the command that runs."""
+    return re.sub(r"\s+#\s.*$|\s*2>&1.*$", "", line)
+
+
+def stored_entry(block: Block, stored: dict[str, list[dict]]) -> dict | None:
+    """``block``'s stored run: the one of its page that ran the block's commands, each as written
+    or without its filters (``printed`` is what the line in ``commands`` printed)."""
+    lines = [c for _, c, _ in block.steps()]
+
+    def ran(e: dict) -> bool:
+        pairs = zip(e["commands"], lines, strict=False)
+        return len(e["commands"]) == len(lines) and all(r in (c, unfiltered(c)) for r, c in pairs)
+
+    return next((e for e in stored.get(block.page, []) if ran(e)), None)
+
+
+def stored_shown(block: Block, entry: dict) -> list[str]:
+    """What ``block`` shows of its stored run: the filters applied where the run left them out."""
+    runs = zip(block.steps(), entry["commands"], entry["printed"], strict=True)
+    return [normal(p) if r == c else shown(c, p) for (_, c, _), r, p in runs]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+
+
+def test_every_output_block_is_marked():
+    broken = [b for page in PAGES for b in blocks(page)[1]]
+    assert broken == [], "\n".join(broken)
+    for b in all_blocks():
+        if b.after:
+            assert b.after in ACTIONS, f"{b.where}: no action named {b.after!r} in ACTIONS"
+        for _, command, _ in b.steps():
+            Command.parse(command)  # filters written as the rule says
+
+
+def test_the_rule_finds_what_it_should(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n<!-- output: jzero estimate --params 1B\n  --devices 8 -->\n```text\nout\n```\n\n"
+        "```text\nunmarked\n```\n\n```\nno language\n```\n\n<!-- output: jzero plan x -->\n```bash\njzero\n```\n\n"
+        "Prints:\n\n    $ jzero plan x\n\n- a list\n\n    its indented paragraph\n\n<!-- transcript (stored), after: x -->\n"
+        "```text\n$ jzero a \\\n    --b c\none\n$ jzero d\n```\n"
+    )
+    found, broken = blocks(page)
+    assert [(b.line, b.kind, b.mode, b.after, b.command) for b in found] == [
+        (6, "output", "live", None, "jzero estimate --params 1B --devices 8"),
+        (32, "transcript", "stored", "x", None),
+    ]
+    assert [b.split(": ")[1].split(" ")[1] for b in broken] == ["```text", "fence", "marker", "indented"]
+    assert found[1].steps() == [("$ jzero a \\\n    --b c", "jzero a --b c", "one"), ("$ jzero d", "jzero d", "")]
+    assert found[1].render(["two", "three"]) == "$ jzero a \\\n    --b c\ntwo\n$ jzero d\nthree"
+
+
+def test_commands_and_filters():
+    c = Command.parse("X=1 jzero plan 'a b' 2>&1 | grep -v '^blocks/' | head -n 2  # exit 0")
+    assert (c.env, c.argv, c.filters, c.status, c.base) == (
+        {"X": "1"}, ["jzero", "plan", "a b"], [["grep", "-v", "^blocks/"], ["head", "-n", "2"]], 0, "X=1 jzero plan 'a b'"
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="2>&1"):
+        Command.parse("jzero plan | head -n 1")
+    text = "a\nblocks/x\nb\nc\nd"
+    assert apply_filters(text, [["grep", "-v", "^blocks/"], ["tail", "-n", "2"]]) == "c\nd"
+    assert apply_filters(text, [["sed", "-n", "/^b$/,/d/p"]]) == "b\nc\nd"
+    assert apply_filters(text, [["sed", "-n", "2,3p"]]) == "blocks/x\nb"
+    assert apply_filters(text, [["head", "-1"]]) == "a"
+
+
+def test_masks_hide_only_what_varies():
+    run = "trained steps 0 -> 4: loss 4.9541 -> 3.0805\ngoodput 0.73 of 79.5 s: steps 73.0%, eval 4.9%"
+    other = "trained steps 0 -> 4: loss 4.9540 -> 3.0806\ngoodput 0.41 of 99.1 s: steps 41.0%, eval 9.9%"
+    assert differences(run, other) == ""
+    assert differences(run, other.replace("eval", "evals")) != ""  # the words are checked
+    assert differences(run, other.replace("3.0806", "3.1805")) != ""  # a loss beyond the tolerance
+    assert differences(run, other.replace("0 -> 4", "0 -> 5")) != ""  # steps are exact
+    assert differences("compiled in 12.7 s", "compiled in 1.7 s, read from JAX's compilation cache in /tmp/c") == ""
+    assert differences("temporaries 11.24 MiB, ratio 1.32", "temporaries 11.25 MiB, ratio 1.32") != ""  # bytes: exact
+    assert differences("4 of 4 async overlap compute", "3 of 4 async overlap compute") != ""
+    row = "       2  yes        yes              3        8          1  data=8 x model=1                {}"
+    assert differences(row.format("9.52 MiB"), row.format("9.19 MiB")) == ""  # a step's bytes on disk
+    assert differences(row.format("9.52 MiB"), row.format("9.19 MiB").replace("yes", "no", 1)) != ""
+
+
+def test_quoted_outputs_match_a_rerun(devices, tmp_path):
+    """Every live block, rerun in one session (each command once); all differences in one report."""
+    session = Session(tmp_path, inprocess=True)
+    failures = []
+    for block in all_blocks():
+        if block.mode == "live":
+            diff = check(block, session)[0]
+            if diff:
+                failures.append(f"{block.where}:\n{diff}")
+    rerun = "quoted output differs; `python tests/test_doc_outputs.py --write` rewrites it"
+    assert not failures, rerun + ":\n\n" + "\n\n".join(failures)
+
+
+def test_stored_outputs_match_their_blocks():
+    """Every stored block is its stored run, and every stored run is some block's."""
+    stored, failures, used = stored_runs(), [], set()
+    for block in all_blocks():
+        if block.mode != "stored":
+            continue
+        entry = stored_entry(block, stored)
+        if entry is None:
+            rerun = f"`python tests/test_doc_outputs.py --stored --no-live {block.page}` (minutes), then `--write`"
+            failures.append(f"{block.where}: no stored run; {rerun}")
+            continue
+        used.add(id(entry))
+        diff = compare(block, stored_shown(block, entry))[0]
+        if diff:
+            failures.append(f"{block.where}:\n{diff}")
+    unused = [(p, e["commands"]) for p, entries in stored.items() for e in entries if id(e) not in used]
+    assert not failures and not unused, "\n\n".join(failures) + "".join(f"\nstored run of no block: {u}" for u in unused)
+
+
+# ---------------------------------------------------------------------------------------------
+# Regenerating
+
+
+def _rewrite(block: Block, text: str) -> None:
+    page = ROOT / block.page
+    lines = page.read_text().splitlines(keepends=True)
+    indent = re.match(r" *", lines[block.line - 2])[0]
+    new = [f"{indent}{line}\n" if line else "\n" for line in text.splitlines()]
+    lines[block.line - 1 : block.end - 1] = new
+    page.write_text("".join(lines))
+
+
+def _commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    status = ["git", "status", "--porcelain", "--untracked-files=no", "jzero"]
+    dirty = subprocess.run(status, cwd=ROOT, capture_output=True, text=True)
+    return head + (" with uncommitted changes to jzero/" if dirty.stdout.strip() else "")
+
+
+def regenerate(
+    pages: list[Path],
+    write: bool,
+    stored: bool,
+    live_too: bool,
+    subprocesses: bool,
+    only: dict[Path, set[int]] | None = None,
+    force: bool = False,
+) -> int:
+    """Check the pages' blocks: the live ones rerun (unless not ``live_too``), the stored ones
+    against benchmarks/results/doc_outputs.json, rerunning them first with ``stored`` (each run
+    saved at once). ``write`` rewrites the blocks that differ (with ``force``, also those that
+    differ only where masked); ``only`` picks blocks of a page by their first line. Returns how
+    many differ."""
+    only = only or {}
+    # The suite's XLA flags and compilation cache folder are not a user's.
+    user_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+    differ = 0
+    runs = stored_runs()
+    with tempfile.TemporaryDirectory() as live_dir:
+        live = Session(Path(live_dir) / "live", inprocess=not subprocesses, env=user_env)
+        stored_sessions: dict[str, Session] = {}
+        for page in pages:
+            rewrites = []
+            for block in blocks(page)[0]:
+                if only.get(page) and block.line not in only[page]:
+                    continue
+                commands = [c for _, c, _ in block.steps()]
+                if block.mode == "live" and live_too:
+                    diff, text, _, seconds = check(block, live)
+                elif block.mode == "stored":
+                    if stored:
+                        if block.page not in stored_sessions:
+                            folder = Path(live_dir) / "stored" / page.stem
+                            stored_sessions[block.page] = Session(folder, inprocess=False, env=user_env)
+                        _, _, printed, seconds = check(block, stored_sessions[block.page])
+                        entries = [e for e in runs.get(block.page, []) if e is not stored_entry(block, runs)]
+                        ran = [unfiltered(c) for c in commands]  # what ran; the block's filters apply to its output
+                        entry = {"commands": ran, "printed": printed, "seconds": [round(x, 1) for x in seconds]}
+                        runs[block.page] = [*entries, {**entry, "commit": _commit()}]
+                        STORED.write_text(json.dumps(runs, indent=1, ensure_ascii=False) + "\n")
+                    entry = stored_entry(block, runs)
+                    if entry is None:
+                        print(f"{block.where}: no stored run; rerun it with --stored", flush=True)
+                        differ += 1
+                        continue
+                    seconds = entry["seconds"]
+                    diff, text = compare(block, stored_shown(block, entry))
+                else:
+                    continue
+                print(f"{block.where}: {'differs' if diff else 'ok'} ({sum(seconds):.1f} s)", flush=True)
+                if diff:
+                    differ += 1
+                    print(diff)
+                if diff or (force and normal(block.text) != text):
+                    rewrites.append((block, text))
+            if stored:
+                kept = {id(e) for b in blocks(page)[0] if b.mode == "stored" and (e := stored_entry(b, runs))}
+                relative = str(page.relative_to(ROOT))
+                if relative in runs and len(kept) < len(runs[relative]):  # stored runs of no block
+                    runs[relative] = [e for e in runs[relative] if id(e) in kept]
+                    STORED.write_text(json.dumps(runs, indent=1, ensure_ascii=False) + "\n")
+            if write:
+                for block, text in sorted(rewrites, key=lambda r: -r[0].line):
+                    _rewrite(block, text)
+    return differ
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pages", nargs="*", help="README.md or docs/*.md (default: all), or PAGE:LINE for one block")
+    parser.add_argument("--write", action="store_true", help="rewrite the blocks that differ")
+    parser.add_argument("--stored", action="store_true", help="rerun the stored blocks, as subprocesses, and store their runs")
+    parser.add_argument("--no-live", action="store_true", help="leave the live blocks out")
+    parser.add_argument("--force", action="store_true", help="with --write, also rewrite what differs only where masked")
+    parser.add_argument("--stored-file", type=Path, default=STORED, help="where the stored runs are (default: %(default)s)")
+    parser.add_argument("--subprocess", action="store_true", help="run the live blocks' jzero commands as subprocesses")
+    args = parser.parse_args()
+    if not args.subprocess:
+        import conftest  # noqa: F401  # the suite's 8 CPU devices, before JAX starts
+    STORED = args.stored_file
+    chosen: dict[Path, set[int]] = {}
+    for name in args.pages:
+        page, _, line = name.partition(":")
+        chosen.setdefault(Path(page).resolve(), set()).update([int(line)] if line else [])
+    pages = list(chosen) or PAGES
+    differ = regenerate(pages, args.write, args.stored, not args.no_live, args.subprocess, chosen, args.force)
+    sys.exit(1 if differ and not args.write else 0)
