@@ -1,33 +1,21 @@
 """The README's own-loop examples (plain Flax linen and NNX loops converted to ZeRO) run and learn."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 from conftest import reference_with_floor
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # Flax modules are dataclasses, which look themselves up here
-    spec.loader.exec_module(module)
-    return module
+from helpers.examples import load_example
 
 
 @pytest.fixture(scope="module")
 def linen_loop():
-    return _load("zero3_loop")
+    return load_example("zero3_loop")
 
 
 @pytest.fixture(scope="module")
 def nnx_loop():
-    return _load("nnx_loop")
+    return load_example("nnx_loop")
 
 
 def _learned(losses):

@@ -3,14 +3,13 @@ by name, and each friction of issue 35's point 4 as one line: a path rule that p
 Precision missing from ``abstract_state``, an own-loop checkpoint's layout. The page's example
 itself trains and resumes in tests/test_readme.py."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 from conftest import tiny_config
+from helpers.examples import load_example
 
 import jzero
 from jzero.checkpoint.runs import STAGE_1_OR_2, changes, describe
@@ -25,22 +24,14 @@ SMALL = ["model.seq_len=16"]
 UNITS = ["h/0", "h/1", "lm_head/kernel", "ln_f/bias", "ln_f/scale", "wpe/embedding", "wte/embedding"]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # Flax modules are dataclasses, which look themselves up here
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def own_model():
-    return _load("own_model")
+    return load_example("own_model")
 
 
 @pytest.fixture(scope="module")
 def zero3_loop():
-    return _load("zero3_loop")
+    return load_example("zero3_loop")
 
 
 def test_the_config_names_the_model_and_its_units(devices, own_model, monkeypatch):

@@ -1,7 +1,6 @@
 """The Python snippets of README.md and docs/*.md, run as written: each page's snippets in order, in
 one namespace, by the test that SNIPPETS names for that page."""
 
-import importlib.util
 import json
 import os
 import re
@@ -13,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from conftest import tiny_config
+from helpers.examples import load_example
 
 import jzero
 from jzero.checkpoint.runs import RunCheckpoints
@@ -42,18 +42,10 @@ def test_every_snippet_is_run():
         assert callable(globals().get(test)), f"SNIPPETS names {test}, which is not a test here"
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("zero3_loop", ROOT / "examples" / "zero3_loop.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # Flax modules are dataclasses, which look themselves up here
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_own_loop_and_its_checkpoints(devices, tmp_path, monkeypatch):
     own_loop, save, restore = python_blocks("README.md")
     monkeypatch.chdir(tmp_path)  # the snippets write under runs/
-    example = _example()
+    example = load_example("zero3_loop")
     batches = [example.make_batch(k) for k in range(3)]
     namespace = {"training_parts": example.training_parts, "batches": batches}  # the user's own pieces
 
@@ -186,7 +178,7 @@ def test_own_model_page_example_resume_and_own_loop(devices, tmp_path, monkeypat
     resumed, _ = namespace["main"](config, [*OWN_MODEL, "train.steps=30"], progress=False)
     assert (resumed.start_step, resumed.final_step, resumed.saved) == (20, 30, [30])
 
-    example_loop = _example()  # the README's loop: init_fn, loss_fn, tx, key, mesh and batches
+    example_loop = load_example("zero3_loop")  # the README's loop: init_fn, loss_fn, tx, key, mesh and batches
     init_fn, loss_fn, tx, key = example_loop.training_parts()
     namespace.update(init_fn=init_fn, loss_fn=loss_fn, tx=tx, key=key, mesh=jzero.make_mesh({"data": -1}),
                      batches=[example_loop.make_batch(k) for k in range(2)])  # fmt: skip
