@@ -72,7 +72,8 @@ def test_the_figure_holds_the_metrics_and_the_png_is_written(tmp_path, capsys):
     assert lines["train loss"] == ([10, 20, 30, 40, 50], [r["loss"] for r in rows])
     assert lines["eval loss"] == ([20, 40], [rows[1]["eval_loss"], rows[3]["eval_loss"]])  # only the eval steps
     assert lines["tokens/s"] == ([10, 20, 30, 40, 50], [r["tokens_per_sec"] for r in rows])
-    assert lines["MFU"] == ([10, 20, 30, 40, 50], pytest.approx([100 * r["mfu"] for r in rows], rel=1e-12))  # percent
+    # In percent: one multiply each, so the floor is 1 ulp (2e-16); rel=1e-12 leaves a margin of 1e4.
+    assert lines["MFU"] == ([10, 20, 30, 40, 50], pytest.approx([100 * r["mfu"] for r in rows], rel=1e-12))
     assert fig.get_suptitle() == "my-run"
     assert "loss 4.5 at step 10 → 2.5 at step 50; eval 3.1 at step 40" in fig.axes[0].get_title()
 
