@@ -214,6 +214,59 @@ def test_a_full_disk_is_one_line(devices, tmp_path, size):
         assert not (run / CHECKPOINTS).exists() or not [r for r in describe(run) if r["committed"]]
 
 
+def test_a_disk_that_fills_while_resumed_is_one_line_and_a_rerun_recovers(devices, tmp_path):
+    """A resumed run on a disk with 48 KiB left: its logs fill it. One line from the loop's thread
+    (tensorboardX's own writer thread printed a traceback here), exit 1, the committed step
+    untouched; once the disk has room again the rerun resumes and logs each step once."""
+    with small_disk(tmp_path / "disk", "40m") as disk:
+        run = disk / "run"
+        train(run_config(run, "train.steps=2", "run.log_every=1"), progress=False)
+        committed = snapshot(run / CHECKPOINTS / "2")
+        fill = disk / "fill"
+        fill.write_bytes(b"\0" * (os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - (48 << 10)))
+        done = jzero_cli("train", "--quiet", *cli_args(run, "train.steps=100000", "checkpoint.every=0", "run.log_every=1"))
+        err = stderr_lines(done.stderr)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        logs = (run / "metrics.jsonl", run / "tensorboard")
+        assert err[-1] in (f"jzero: writing {log} failed: No space left on device" for log in logs), err
+        assert len(err) <= 2 and snapshot(run / CHECKPOINTS / "2") == committed, done.stderr[-3000:]
+        fill.unlink()
+        again = jzero_cli("train", "--quiet", *cli_args(run, "train.steps=6", "run.log_every=1"))
+        assert again.returncode == 0, again.stderr[-3000:]
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(1, 7)), steps
+
+
+TENSORBOARD_ON_A_FULL_DISK = """
+import sys
+import threading
+from jzero.errors import OutputWriteError
+from jzero.training.hooks import TensorBoardHook
+
+hook = TensorBoardHook(sys.argv[1])
+try:
+    for step in range(1 << 20):
+        hook.log({"step": step, "loss": 1.0})
+except OutputWriteError as err:
+    print(err, file=sys.stderr)
+assert threading.enumerate() == [threading.main_thread()], threading.enumerate()  # no writer thread
+try:
+    hook.close()
+except OutputWriteError:
+    pass
+"""
+
+
+def test_tensorboard_on_a_full_disk_fails_in_the_callers_thread(tmp_path):
+    """The TensorBoard hook on a 64 KiB disk: the caller gets the failure, and no thread of its own
+    can print a traceback (tensorboardX's writer thread did, at exit: ``OSError: handle is closed``)."""
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        script = [sys.executable, "-c", TENSORBOARD_ON_A_FULL_DISK, str(disk / "tb")]
+        done = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    want = [f"writing {disk / 'tb'} failed: No space left on device"]
+    assert done.returncode == 0 and stderr_lines(done.stderr) == want, done.stderr[-3000:]
+
+
 def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):
     """The first SIGINT asks for a save; a second one right after aborts it. One notice, one line
     for the abort, exit 130, no traceback; every committed step still reads back."""

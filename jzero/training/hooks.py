@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,39 +107,37 @@ class JsonlHook(Hook):
 
 
 class TensorBoardHook(Hook):
-    """Each logged record's numbers as TensorBoard scalars under ``logdir`` (``tensorboardX``). A
-    failed write raises :class:`OutputWriteError`, like every other output of the run."""
+    """Each logged record's numbers as TensorBoard scalars in an event file under ``logdir``.
+
+    Written in the loop's thread with tensorboardX's ``EventsWriter``, not its ``SummaryWriter``,
+    whose background thread printed its own traceback when the disk filled: a failed write raises
+    :class:`OutputWriteError`, like every other output of the run.
+    """
 
     def __init__(self, logdir: str | Path):
-        from tensorboardX import SummaryWriter  # only runs that log to TensorBoard import it
+        from tensorboardX.event_file_writer import EventsWriter  # only runs that log to TensorBoard import it
 
         # It logs a warning for each NaN it is given; the loss is NaN in metrics.jsonl too, and a
         # diverging run says so in its own line (jzero.training.nonfinite).
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
-        self.logdir = logdir
-        with self._writing():
-            self.writer = SummaryWriter(str(logdir))
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        try:
-            with writing(self.logdir):
-                yield
-        except OutputWriteError:
-            # tensorboardX flushes again at exit and would print the same failure as a traceback.
-            for file_writer in (getattr(self, "writer", None) and self.writer.all_writers or {}).values():
-                file_writer.event_writer._closed = True
-            raise
+        self.logdir = Path(logdir)
+        with writing(self.logdir):
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            self.writer = EventsWriter(str(self.logdir / "events"))
 
     def log(self, record: dict[str, Any]) -> None:
-        with self._writing():
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        with writing(self.logdir):
             for name, value in record.items():
                 if name != "step":
-                    self.writer.add_scalar(name, value, record["step"])
+                    event = Event(wall_time=time.time(), step=record["step"], summary=scalar(name, value))
+                    self.writer.write_event(event)
             self.writer.flush()
 
     def close(self) -> None:
-        with self._writing():
+        with writing(self.logdir):
             self.writer.close()
 
 
