@@ -63,6 +63,31 @@ def test_a_directory_as_the_config_is_named_as_one(tmp_path, capsys):
     one_line_error(capsys, ["plan", str(tmp_path)], f"config: {tmp_path} is a directory, not a YAML file")
 
 
+def test_a_config_path_that_is_a_folder_or_holds_nul_is_one_plain_line(tmp_path, capsys):
+    line = one_line_error(capsys, ["plan", str(tmp_path)], "")
+    assert line == f"jzero: error: config: {tmp_path} is a directory, not a YAML file"
+    line = one_line_error(capsys, ["train", "c\x00.yaml"], "")
+    assert line == "jzero: error: config: a path must not contain a NUL byte, got 'c\\x00.yaml'"
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n", "---\n"])
+def test_an_empty_config_points_to_the_tiny_one(tmp_path, capsys, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    one_line_error(capsys, ["train", str(path)], f"config: {path} holds no settings; start from a copy of configs/gpt-tiny.yaml")
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_section_or_key_given_twice_names_the_lines(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  steps: 2\nseed: 1\ntrain:\n  steps: 3\n")
+    one_line_error(capsys, ["plan", str(path)], f"config: {path} line 4: 'train' is given twice (first at line 1)")
+    (tmp_path / "m.yaml").write_text("axes:\n  data: 4\n  model: 2\n  data: 8\n")
+    path.write_text("mesh: m.yaml\n")
+    one_line_error(capsys, ["plan", str(path)], f"mesh: {tmp_path / 'm.yaml'} line 4: 'data' is given twice (first at line 2)")
+    one_line_error(capsys, ["plan", CONFIG, *sets("model={d_model: 64, d_model: 32}")], "model: the value gives 'd_model' twice")
+
+
 def test_deep_nesting_is_one_line_in_a_file_and_in_set(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("seed: " + "[" * 100_000 + "\n")
@@ -152,12 +177,13 @@ def test_an_alias_bomb_in_set_makes_a_short_message(capsys):
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("optimizer.learning_rate=nan", "optimizer.learning_rate: must be a finite number, got 'nan'"),
+        ("optimizer.learning_rate=.nan", "optimizer.learning_rate: must be a finite number, got nan"),
+        ("optimizer.learning_rate=nan", "optimizer.learning_rate: must be a number, got 'nan'"),  # text: YAML's NaN is .nan
         ("optimizer.learning_rate=.inf", "optimizer.learning_rate: must be a finite number, got inf"),
-        ("optimizer.learning_rate=inf", "optimizer.learning_rate: must be a finite number, got 'inf'"),
+        ("optimizer.learning_rate=inf", "optimizer.learning_rate: must be a number, got 'inf'"),
         ("optimizer.learning_rate=" + "9" * 400, "optimizer.learning_rate: must be a finite number"),
         ("optimizer.learning_rate=0", "optimizer.learning_rate: must be positive, got 0"),
-        ("optimizer.clip_norm=nan", "optimizer.clip_norm: must be a finite number, got 'nan'"),
+        ("optimizer.clip_norm=.nan", "optimizer.clip_norm: must be a finite number, got nan"),
         ("optimizer.clip_norm=0", "optimizer.clip_norm: must be positive, got 0"),
         ("optimizer.b1=1.5", "optimizer.b1: must be in [0, 1), got 1.5"),
         ("optimizer.b1=1", "optimizer.b1: must be in [0, 1), got 1"),
@@ -167,8 +193,8 @@ def test_an_alias_bomb_in_set_makes_a_short_message(capsys):
         ("optimizer.weight_decay=-1", "optimizer.weight_decay: must be >= 0, got -1"),
         ("optimizer.min_lr_ratio=1.5", "optimizer.min_lr_ratio: must be in [0, 1], got 1.5"),
         ("optimizer.warmup_steps=-1", "optimizer.warmup_steps: must be in [0, 2147483647], got -1"),
-        ("precision.loss_scale=nan", "precision.loss_scale: must be a finite number, got 'nan'"),
-        ("precision.loss_scale=1e39", "precision.loss_scale: must be positive and at most 3.40282e+38, got 1e+39"),
+        ("precision.loss_scale=.nan", "precision.loss_scale: must be a finite number, got nan"),
+        ("precision.loss_scale=1e39", "precision.loss_scale: must be at most 3.40282e+38 in size (float32's largest"),
         ("precision.loss_scale_window=3000000000", "precision.loss_scale_window: must be positive and at most 2147483647"),
         ("seed=-1", "seed: must be in [0, 4294967295], got -1"),
         ("seed=4294967296", "seed: must be in [0, 4294967295], got 4294967296"),
@@ -178,12 +204,22 @@ def test_an_alias_bomb_in_set_makes_a_short_message(capsys):
         ("model.d_model=1000000000000", "model.d_model: must be positive and at most 2147483647, got 1000000000000"),
         ("model.mlp_ratio=100000000", "model.mlp_ratio: the MLP width mlp_ratio x d_model = 3200000000 is over 2147483647"),
         ("model.d_model=1048576 model.n_layers=1048576", "model: d_model=1048576, n_layers=1048576, mlp_ratio=4, vocab_"),
-        ("train.steps=1e20", "train.steps: is out of range (more than 64 bits), got '1e20'"),
+        ("train.steps=1e20", "train.steps: is out of range (more than 64 bits), got 1e+20"),
         ("train.steps=3000000000", "train.steps: must be positive and at most 2147483647, got 3000000000"),
         ("runtime.cpu_devices=100000", "runtime.cpu_devices: must be positive and at most 4096, got 100000"),
         ("data.max_bytes=1e30", "data.max_bytes: is out of range (more than 64 bits)"),
         ("mesh.axes.data=3000000000", "mesh.axes.data: size must be positive (at most 2147483647) or -1"),
         ("seed=2001-13-01", "seed: must be an integer, got '2001-13-01'"),
+        # Numbers of the key's type, finite and nonzero as the float32 the step uses them in
+        ("train.steps='2'", "train.steps: must be an integer, got '2' (a string: write it without quotes)"),
+        ("optimizer.learning_rate='1e-3'", "optimizer.learning_rate: must be a number, got '1e-3' (a string: write"),
+        ("optimizer.learning_rate=1e300", "optimizer.learning_rate: must be at most 3.40282e+38 in size (float32's largest"),
+        ("optimizer.eps=1e-40", "optimizer.eps: must be 0 or at least 1.17549e-38 in size (float32's smallest normal"),
+        ("optimizer.b2=0.99999999", "optimizer.b2: is 1 as a float32, which the optimizer uses; at most 0.9999999403953552"),
+        # Paths are strings without NUL bytes
+        ("run.dir=5", "run.dir: must be a string, got 5"),
+        ("data.tokens=a\x00b", "data.tokens: a path must not contain a NUL byte, got 'a\\x00b'"),
+        ("train.init_from=''", "train.init_from: a path must not be empty"),
     ],
 )
 def test_meaningless_values_are_refused(tmp_path, capsys, override, fragment):
@@ -206,6 +242,16 @@ def test_the_largest_seed_works_end_to_end():
     batches = TextBatches(np.arange(1000, dtype=np.uint8), 8, 4, config.seed)
     assert batches.global_batch(0).shape == (4, 9)
     assert jax.random.key(config.seed).shape == ()
+
+
+def test_jax_keeps_only_32_bits_of_a_seed():
+    """Why ``seed`` stops at 2**32 - 1: past it, jax.random.key would give another seed's key."""
+    import jax
+
+    def data(seed):
+        return jax.random.key_data(jax.random.key(seed)).tolist()
+
+    assert data(2**32) == data(0) and data(2**40 + 5) == data(5)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """Config files, dotted overrides and their one-line errors (no JAX needed)."""
 
+import dataclasses
+import typing
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from jzero.config.loading import ConfigError, dump_config, load_config
+from jzero.config import schema
+from jzero.config.loading import ConfigError, _Loader, dump_config, from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +52,7 @@ def test_inline_mesh_and_round_trip(tmp_path):
     path.write_text("mesh:\n  axes: {model: 2, data: -1}\noptimizer:\n  learning_rate: 3e-4\n")
     cfg = load_config(path)
     assert list(cfg.mesh.axes) == ["model", "data"]
-    assert cfg.optimizer.learning_rate == pytest.approx(3e-4)  # YAML 1.1 reads "3e-4" as text
+    assert cfg.optimizer.learning_rate == 3e-4  # a number, though YAML 1.1 reads "3e-4" as text
     again = tmp_path / "again.yaml"
     again.write_text(dump_config(cfg))
     assert load_config(again) == cfg
@@ -143,3 +147,155 @@ def test_values_in_messages_are_bounded():
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"model.{long}=1"])
     assert len(str(err.value)) < 400 and err.value.key.startswith("model.xxx")
+
+
+# ---------------------------------------------------------------------------------------------
+# A strict config: keys once, numbers of their type and float32 range, paths without NUL
+
+
+def refused(overrides: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert "\n" not in str(err.value)
+    return err.value
+
+
+def test_yaml_is_read_as_safe_load_reads_it():
+    """The loader builds exactly what safe_load builds: plain data, no Python objects."""
+    assert _Loader.yaml_constructors == yaml.SafeLoader.yaml_constructors
+    assert _Loader.yaml_multi_constructors == yaml.SafeLoader.yaml_multi_constructors
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  steps: 2\nseed: 1\ntrain:\n  steps: 3\n", "line 4: 'train' is given twice (first at line 1)"),
+        ("train:\n  steps: 2\n  global_batch_size: 8\n  steps: 3\n", "line 4: 'steps' is given twice (first at line 2)"),
+        ("model: {d_model: 64, 'd_model': 32}\n", "line 1: 'd_model' is given twice (first at line 1)"),
+        ("model: {<<: {d_model: 64, d_model: 32}}\n", "line 1: 'd_model' is given twice (first at line 1)"),
+    ],
+)
+def test_a_key_given_twice_names_its_lines(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"config: {path} {message}"
+
+
+def test_a_merge_key_may_be_overridden_and_anchors_reused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {<<: &shape {d_model: 64, n_heads: 4}, d_model: 32}\nmesh: {axes: {data: 8}, dcn: {<<: *shape}}\n")
+    with pytest.raises(ConfigError, match="^mesh.dcn.d_model: is not a mesh axis"):
+        load_config(path)  # the anchor's mapping reused whole
+    path.write_text("model: {<<: {d_model: 64, n_heads: 4}, d_model: 32}\n")
+    assert (load_config(path).model.d_model, load_config(path).model.n_heads) == (32, 4)
+
+
+def test_empty_files_are_refused_and_none_means_the_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    for text in ["", "# nothing\n", "---\n", "~\n"]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=f"^config: {path} holds no settings; start from a copy of configs/gpt-tiny.yaml$"):
+            load_config(path)
+    path.write_text("{}\n")  # an explicit empty mapping: the defaults, as asked
+    assert load_config(path) == load_config(None) == from_dict({})
+
+
+def test_scientific_notation_is_a_number_in_files_and_in_set(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer:\n  learning_rate: 1e-3\n  eps: 1E-8\ntrain:\n  steps: 1e3\n")
+    cfg = load_config(path, ["optimizer.weight_decay=.5e-1", "precision.loss_scale=+2e4"])
+    assert (cfg.optimizer.learning_rate, cfg.optimizer.eps, cfg.optimizer.weight_decay) == (1e-3, 1e-8, 0.05)
+    assert cfg.precision.loss_scale == 2e4 and cfg.train.steps == 1000 and type(cfg.train.steps) is int
+
+
+@pytest.mark.parametrize(
+    "text, key, message",
+    [
+        ("train: {steps: '2'}", "train.steps", "must be an integer, got '2' (a string: write it without quotes)"),
+        ("optimizer: {eps: '3e-4'}", "optimizer.eps", "must be a number, got '3e-4' (a string: write it without quotes)"),
+        ("optimizer: {learning_rate: fast}", "optimizer.learning_rate", "must be a number, got 'fast'"),
+        ("train: {steps: 2.5}", "train.steps", "must be an integer, got 2.5"),
+        ("train: {steps: true}", "train.steps", "must be an integer, got True"),
+        ("optimizer: {b1: yes}", "optimizer.b1", "must be a number, got True"),
+        ("optimizer: {name: 5}", "optimizer.name", "must be a string, got 5"),
+        ("run: {dir: 5}", "run.dir", "must be a string, got 5"),
+        ("run: {dir: 1e3}", "run.dir", "must be a string, got 1000.0"),
+        ('run: {dir: "runs/a\\0b"}', "run.dir", "a path must not contain a NUL byte, got 'runs/a\\x00b'"),
+    ],
+)
+def test_values_must_be_of_the_keys_type(tmp_path, text, key, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{key}: {message}"
+
+
+def keys_typed(wanted: object) -> set[str]:
+    """The dotted keys of every section whose type is ``wanted`` or a union holding it."""
+    keys = set()
+    for section, cls in typing.get_type_hints(schema.Config).items():
+        if dataclasses.is_dataclass(cls):
+            hints = typing.get_type_hints(cls, include_extras=True).items()
+            keys |= {f"{section}.{name}" for name, hint in hints if wanted in (hint, *typing.get_args(hint))}
+    return keys
+
+
+FLOAT_KEYS = {
+    *(f"optimizer.{k}" for k in ("learning_rate", "weight_decay", "b1", "b2", "eps", "min_lr_ratio", "clip_norm")),
+    "precision.loss_scale",
+}
+PATH_KEYS = {
+    *("run.dir", "model.entry", "train.init_from", "runtime.compilation_cache"),
+    *(f"data.{k}" for k in ("path", "tokens", "eval_path")),
+}
+
+
+def test_the_keys_each_rule_covers():
+    assert keys_typed(float) == FLOAT_KEYS
+    assert keys_typed(schema.PathText) == PATH_KEYS
+
+
+@pytest.mark.parametrize("key", sorted(FLOAT_KEYS))
+def test_every_float_stays_finite_and_nonzero_in_float32(key):
+    """Each float key reaches the step as a float32: past its largest is infinity, below its
+    smallest normal number XLA computes 0."""
+    assert refused([f"{key}=-3.5e38"]).key == key
+    assert "must be at most 3.40282e+38 in size (float32's largest" in str(refused([f"{key}=1e39"]))
+    assert "must be 0 or at least 1.17549e-38 in size (float32's smallest normal" in str(refused([f"{key}=1e-40"]))
+
+
+def test_the_float32_edges():
+    values = [3.4028235e38, 3.40282357e38, -1e39, 1e-45, 1e-46, 0.99999999, 0.1]
+    with np.errstate(over="ignore"):
+        assert [schema.float32(x) for x in values] == np.array(values).astype(np.float32).tolist()
+    assert load_config(None, ["precision.loss_scale=3.4028235e38"]).precision.loss_scale == 3.4028235e38
+    assert load_config(None, ["optimizer.eps=1.2e-38", "optimizer.weight_decay=0"]).optimizer.eps == 1.2e-38
+    assert load_config(None, ["optimizer.b2=0.9999999"]).optimizer.b2 == 0.9999999  # below 1 as a float32 too
+    message = "optimizer.b1: is 1 as a float32, which the optimizer uses; at most 0.9999999403953552, got 0.99999999"
+    assert str(refused(["optimizer.b1=0.99999999"])) == message
+
+
+@pytest.mark.parametrize("key", sorted(PATH_KEYS))
+def test_paths_are_strings_without_nul(key):
+    assert str(refused([f"{key}=5"])) == f"{key}: must be a string, got 5"
+    assert str(refused([f"{key}=a\x00b"])) == f"{key}: a path must not contain a NUL byte, got 'a\\x00b'"
+    assert str(refused([f"{key}=''"])) == f"{key}: a path must not be empty"
+
+
+def test_a_mesh_file_name_is_a_path_too(tmp_path):
+    assert str(refused(["mesh=a\x00b"])) == "mesh: a path must not contain a NUL byte, got 'a\\x00b'"
+    (tmp_path / "m.yaml").write_text("axes: {data: 4, data: 2}\n")
+    with pytest.raises(ConfigError, match=f"^mesh: {tmp_path / 'm.yaml'} line 1: 'data' is given twice"):
+        load_config(None, [f"mesh={tmp_path / 'm.yaml'}"])
+
+
+def test_dumps_load_back_as_they_were(tmp_path):
+    """Text that now reads as a number is written quoted; 1e-08 is written 1.0e-08."""
+    cfg = from_dict({"run": {"dir": "1e3"}, "data": {"path": "2E-5"}, "optimizer": {"eps": 1e-8, "learning_rate": 3e-38}})
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    assert "dir: '1e3'" in path.read_text() and "eps: 1.0e-08" in path.read_text()
+    assert load_config(path) == cfg

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 
 from jzero.axes import MODEL
-from jzero.config.schema import Config
+from jzero.config.schema import MAX_FLOAT32, MIN_NORMAL_FLOAT32, Config, float32
 from jzero.config.validation import validate
 from jzero.errors import ConfigError, clip, show_value
 from jzero.remat_policies import policy_name
@@ -34,11 +35,67 @@ MAX_YAML_BYTES = 1 << 20  # configs are a few KB; a bigger file is the wrong pat
 
 
 # ---------------------------------------------------------------------------------------------
+# YAML: safe_load's loader, stricter in two ways
+
+
+# YAML 1.1 (PyYAML's) reads 1e-3 and 1e3 as text; YAML 1.2 reads them as numbers, as people do.
+_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$")
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _GivenTwice(yaml.YAMLError):
+    """A mapping that gives one key twice; ``line`` and ``first`` count from 1."""
+
+    def __init__(self, name: str, line: int, first: int):
+        self.name, self.line = name, line
+        super().__init__(f"{show_value(name)} is given twice (first at line {first})")
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, with its constructors (plain data only), that also reads ``1e-3``
+    as a number and refuses a key given twice in one mapping. Keys merged in by ``<<`` may be
+    given again: the mapping's own value wins, as YAML says."""
+
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)  # an alias is not composed again: no alias bomb here
+        seen: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE:
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in seen:
+                    raise _GivenTwice(key.value, line, seen[key.tag, key.value])
+                seen[key.tag, key.value] = line
+        return node
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.safe_dump``'s dumper, which quotes text such as ``'1e3'`` that :class:`_Loader` reads as a number."""
+
+
+for _cls in (_Loader, _Dumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+.0123456789"))
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: nothing but plain data is built
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading files and overrides
 
 
-def _read_yaml(path: Path, key: str) -> Any:
-    """A YAML file's content; every way reading it can fail is one ConfigError naming ``key`` and the path."""
+def _path(text: str, key: str) -> str:
+    """A path as given; the OS refuses a NUL byte, and an empty path would mean the working folder."""
+    if not text:
+        raise ConfigError(key, "a path must not be empty")
+    if "\0" in text:
+        raise ConfigError(key, f"a path must not contain a NUL byte, got {show_value(text)}")
+    return text
+
+
+def _read_text(path: Path, key: str) -> str:
+    """A small UTF-8 file's text; every way reading it can fail is one ConfigError naming ``key`` and the path."""
+    _path(str(path), key)
     try:
         if path.is_dir():
             raise ConfigError(key, f"{path} is a directory, not a YAML file")
@@ -48,16 +105,23 @@ def _read_yaml(path: Path, key: str) -> Any:
             raise ConfigError(key, f"{path} is not a regular file")
         with open(path, "rb") as f:
             data = f.read(MAX_YAML_BYTES + 1)
-    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
-        raise ConfigError(key, f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    except OSError as err:
+        raise ConfigError(key, f"cannot read {path}: {err.strerror or err}") from None
     if len(data) > MAX_YAML_BYTES:
         raise ConfigError(key, f"{path} is over {MAX_YAML_BYTES >> 20} MiB; a config is a small YAML file")
     try:
-        text = data.decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise ConfigError(key, f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+
+
+def _read_yaml(path: Path, key: str) -> Any:
+    """A YAML file's content, or one ConfigError naming ``key``, the path and, where it can, the line."""
+    text = _read_text(path, key)
     try:
-        return yaml.safe_load(text)
+        return _load_yaml(text)
+    except _GivenTwice as err:
+        raise ConfigError(key, f"{path} line {err.line}: {err}") from None
     except RecursionError:
         raise ConfigError(key, f"{path} is nested too deeply to read") from None
     except Exception as err:  # also YAML Python cannot build: the date 2001-13-01, a 5000-digit int
@@ -67,7 +131,7 @@ def _read_yaml(path: Path, key: str) -> Any:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``"a.b=3"`` -> ``("a.b", 3)``; the value is read as a YAML scalar."""
+    """``"a.b=3"`` -> ``("a.b", 3)``; the value is read as a YAML scalar, as in a config file."""
     if "=" not in text:
         raise ConfigError("--set", f"expected KEY=VALUE, got {show_value(text)}")
     key, _, raw = text.partition("=")
@@ -75,7 +139,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError("--set", f"empty key in {show_value(text)}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _load_yaml(raw) if raw.strip() else None
+    except _GivenTwice as err:
+        raise ConfigError(key, f"the value gives {show_value(err.name)} twice") from None
     except RecursionError:
         raise ConfigError(key, "value is nested too deeply to read") from None
     except Exception:  # not YAML, or YAML Python cannot build (the date 2001-13-01): the text itself
@@ -99,7 +165,7 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
 def _resolve_mesh(raw: dict[str, Any], base: Path) -> None:
     """A ``mesh:`` that is a string names a mesh file, relative to the config file's folder."""
     if isinstance(raw.get("mesh"), str):
-        mesh_path = base / raw["mesh"]
+        mesh_path = base / _path(raw["mesh"], "mesh")
         mesh = _read_yaml(mesh_path, "mesh")
         if not isinstance(mesh, dict):
             raise ConfigError("mesh", f"{mesh_path} must hold a mapping with 'axes:'")
@@ -110,9 +176,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a run config.
 
     Args:
-      path: a YAML config file (None: the defaults). A ``mesh:`` that is a string, in the file or
-        from ``--set mesh=...``, names a mesh file relative to the config file's folder (the working
-        directory when there is no file).
+      path: a YAML config file (None: the defaults; an empty file is refused). A ``mesh:`` that is
+        a string, in the file or from ``--set mesh=...``, names a mesh file relative to the config
+        file's folder (the working directory when there is no file).
       overrides: ``KEY=VALUE`` strings, dotted keys, values read as YAML scalars.
 
     Returns:
@@ -126,8 +192,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         path = Path(path)
         loaded = _read_yaml(path, "config")
-        if loaded is None:
-            loaded = {}
+        if loaded is None:  # an empty file, or only comments: most likely not the file meant
+            raise ConfigError("config", f"{path} holds no settings; start from a copy of configs/gpt-tiny.yaml")
         if not isinstance(loaded, dict):
             raise ConfigError("config", f"{path} must hold a mapping of sections")
         raw = loaded
@@ -167,11 +233,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if hint is int:
         return _integer(value, key)
     if hint is float:
-        return _finite(value, key)
+        return _float(value, key)
     if hint is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        if not isinstance(value, str):
             raise ConfigError(key, f"must be a string, got {show_value(value)}")
-        return str(value)
+        return value
+    if origin is typing.Annotated:  # PathText, the one mark there is
+        return _path(_coerce(value, str, key), key)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(key, f"must be a mapping, got {show_value(value)}")
@@ -198,39 +266,50 @@ def _kind(hint_or_value: Any) -> str:
 
 
 def _integer(value: Any, key: str) -> int:
-    """An int from an int, an integral float or text (YAML 1.1 reads ``1e3`` as text); never past int64."""
-    number: Any = value
-    if isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:  # "1e3", or more digits than Python converts
-            digits = value.strip().lstrip("+-").isdigit()
-            try:
-                number = 2**63 if digits else float(value)
-            except ValueError:
-                number = None
-    if isinstance(number, float) and math.isfinite(number) and number.is_integer():
-        number = int(number)
+    """An int, or a float of integral value (``1e6``); never text, never past int64."""
+    number = value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    if isinstance(value, str) and len(digits := value.strip().lstrip("+-")) > 19 and digits.isdigit():
+        number = 2**63  # past int64, and past what Python converts from --set (a file's YAML refuses it)
     if isinstance(number, bool) or not isinstance(number, int):
-        raise ConfigError(key, f"must be an integer, got {show_value(value)}")
+        raise _not_a_number(value, key, "an integer")
     if not -(2**63) <= number < 2**63:
         raise ConfigError(key, f"is out of range (more than 64 bits), got {show_value(value)}")
     return number
 
 
-def _finite(value: Any, key: str) -> float:
-    """A finite float: no config number means anything as NaN or infinity."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(key, f"must be a number, got {show_value(value)}")
+def _float(value: Any, key: str) -> float:
+    """A number that stays finite, and nonzero if it is, as the float32 the step uses it in."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _not_a_number(value, key, "a number")
     try:
         number = float(value)
-    except ValueError:
-        raise ConfigError(key, f"must be a number, got {show_value(value)}") from None
     except OverflowError:  # an int beyond any float
         number = math.inf
     if not math.isfinite(number):
         raise ConfigError(key, f"must be a finite number, got {show_value(value)}")
+    narrow = float32(number)
+    if math.isinf(narrow):
+        why = "float32's largest, as the step uses it"
+        raise ConfigError(key, f"must be at most {MAX_FLOAT32:g} in size ({why}), got {number:g}")
+    if number and abs(narrow) < MIN_NORMAL_FLOAT32:
+        why = "float32's smallest normal, as the step uses it; XLA on the CPU makes smaller ones 0"
+        raise ConfigError(key, f"must be 0 or at least {MIN_NORMAL_FLOAT32:g} in size ({why}), got {number:g}")
     return number
+
+
+def _not_a_number(value: Any, key: str, kind: str) -> ConfigError:
+    """``must be an integer, got 'x'``; text that reads as a number was quoted, and a quoted number is a string."""
+    note = " (a string: write it without quotes)" if isinstance(value, str) and _reads_as_number(value) else ""
+    return ConfigError(key, f"must be {kind}, got {show_value(value)}{note}")
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _name(key: Any) -> str:
@@ -239,7 +318,7 @@ def _name(key: Any) -> str:
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name.removesuffix("_"): f.name for f in dataclasses.fields(cls)}  # YAML name -> field
     kwargs = {}
     for name, value in raw.items():
@@ -276,4 +355,4 @@ def _with_defaults(config: Config) -> Config:
 
 def dump_config(config: Config) -> str:
     """The resolved config as YAML, mesh inline, loadable by :func:`load_config`."""
-    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+    return yaml.dump(config.to_dict(), Dumper=_Dumper, sort_keys=False)

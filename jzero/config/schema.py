@@ -6,7 +6,8 @@ and flags, :mod:`jzero.config.validation` checks its values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import struct
+from typing import Annotated, Any
 
 from jzero.axes import DATA, MODEL
 from jzero.models.names import AUTO_ATTENTION
@@ -21,13 +22,18 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "PartitioningConfig",
+    "PathText",
     "PrecisionConfig",
     "ProfileConfig",
     "RunConfig",
     "RuntimeConfig",
     "TrainConfig",
     "ZeroConfig",
+    "float32",
 ]
+
+PATH = "path"  # the mark of a key that names a file or folder: a string without NUL bytes
+PathText = Annotated[str, PATH]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +61,7 @@ class ProfileConfig:
 class RunConfig:
     """``run:``: the run folder (:class:`~jzero.config.rundir.RunDir`) and what is logged there."""
 
-    dir: str = "runs/default"
+    dir: PathText = "runs/default"
     log_every: int = 10
     tensorboard: bool = True  # scalars in <dir>/tensorboard/ (tensorboard --logdir runs/)
     profile: ProfileConfig | None = None  # none: no trace
@@ -97,7 +103,7 @@ class ModelConfig:
     name: str = "gpt"  # gpt or own
     # name: own: ``FILE.py:FUNCTION`` (relative to the working directory) or ``MODULE:FUNCTION``;
     # ``FUNCTION(config)`` returns ``(init_fn, loss_fn)``. None: they are passed to jzero.build_job.
-    entry: str | None = None
+    entry: PathText | None = None
     vocab_size: int = 256
     d_model: int = 128
     n_layers: int = 4
@@ -143,7 +149,7 @@ class TrainConfig:
     microbatches: int = 1  # gradient accumulation: slices of the global batch run in sequence
     eval_every: int = 0  # validation loss every N steps and at the last step (0: never)
     eval_batches: int = 4  # global batches of the validation split, the same ones each time
-    init_from: str | None = None  # start from exported (.safetensors) or plain Flax (.msgpack, Orbax dir) params
+    init_from: PathText | None = None  # start from exported (.safetensors) or plain Flax (.msgpack, Orbax dir) params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,12 +178,12 @@ class DataConfig:
     """``data:``: byte-level text (``path``: a file, a folder or a glob; None means the Python stdlib's
     own sources) or a token folder written by ``jzero data prepare`` (``tokens``)."""
 
-    path: str | None = None
+    path: PathText | None = None
     max_bytes: int = 8_000_000  # bytes read from ``path``
-    tokens: str | None = None  # a ``jzero data prepare`` folder; then ``path`` and ``max_bytes`` are unused
+    tokens: PathText | None = None  # a ``jzero data prepare`` folder; then ``path`` and ``max_bytes`` are unused
     # The validation data, read as the training data is (files of bytes, or a token folder). None:
     # the token folder's own validation split, or for bytes the last windows, held out of training.
-    eval_path: str | None = None
+    eval_path: PathText | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +208,7 @@ class RuntimeConfig:
     heartbeat_timeout_s: int = 60  # a process silent this long is lost: the others exit, naming it
     shutdown_timeout_s: int = 300  # how long the processes wait for each other at the end
     # JAX's persistent compilation cache: auto (~/.cache/jzero/jax), off, or a folder (jzero.compile_cache).
-    compilation_cache: str | bool = "auto"
+    compilation_cache: PathText | bool = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,10 +264,21 @@ MAX_INT32 = 2**31 - 1
 # Parameter counts are exact as floats below 2**53 (the ledger and the estimate use floats), and
 # 16 bytes per parameter (fp32 Adam) x 2**53 = 2**57 stays inside int64 byte counts.
 MAX_PARAMS = 2**53
-MAX_SEED = 2**32 - 1  # grain's shuffle takes a uint32 seed (jax.random.key takes more)
-MAX_FLOAT32 = 3.4028234663852886e38  # the loss scale is a float32
+# grain's shuffle takes a uint32 seed, and jax.random.key keeps only the low 32 bits (measured with
+# JAX 0.10: the keys of 2**32 and 0 are equal).
+MAX_SEED = 2**32 - 1
+# Every float key reaches the step as a float32 (optax's hyperparameters, the schedule, the loss
+# scale): a value must stay finite there, and a nonzero one must stay a normal number, as XLA on
+# the CPU flushes subnormals to 0 (measured: 1e-40 x 1.0 is 0; an eps of 1e-40 makes Adam's update NaN).
+MAX_FLOAT32 = 3.4028234663852886e38
+MIN_NORMAL_FLOAT32 = 2.0**-126
 # Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
 # 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
 MAX_CPU_DEVICES = 4096
 DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: any longer is a typo
+
+
+def float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (infinity past its largest)."""
+    return struct.unpack("f", struct.pack("f", value))[0]

@@ -13,7 +13,6 @@ from jzero.config.schema import (
     DISTRIBUTED_MODES,
     DTYPE_NAMES,
     MAX_CPU_DEVICES,
-    MAX_FLOAT32,
     MAX_INT32,
     MAX_PARAMS,
     MAX_SEED,
@@ -32,6 +31,7 @@ from jzero.config.schema import (
     RuntimeConfig,
     TrainConfig,
     ZeroConfig,
+    float32,
 )
 from jzero.errors import ConfigError, clip, show_value
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, MODELS, OWN
@@ -221,8 +221,8 @@ def _check_optimizer(o: OptimizerConfig) -> None:
         raise ConfigError("optimizer.name", f"unknown optimizer {show_value(o.name)} (known: {', '.join(OPTIMIZERS)})")
     _positive(o.learning_rate, "optimizer.learning_rate", math.inf)
     _in_range(o.weight_decay, "optimizer.weight_decay", 0, math.inf, open_high=True)
-    _in_range(o.b1, "optimizer.b1", 0, 1, open_high=True)  # decay rates: 1 would never forget, above it diverges
-    _in_range(o.b2, "optimizer.b2", 0, 1, open_high=True)
+    _decay_rate(o.b1, "optimizer.b1")
+    _decay_rate(o.b2, "optimizer.b2")
     _positive(o.eps, "optimizer.eps", math.inf)
     _in_range(o.min_lr_ratio, "optimizer.min_lr_ratio", 0, 1)
     _in_range(o.warmup_steps, "optimizer.warmup_steps", 0, MAX_INT32)
@@ -230,6 +230,14 @@ def _check_optimizer(o: OptimizerConfig) -> None:
         raise ConfigError("optimizer.schedule", f"unknown schedule {show_value(o.schedule)} (known: {', '.join(SCHEDULES)})")
     if o.clip_norm is not None:
         _positive(o.clip_norm, "optimizer.clip_norm", math.inf)
+
+
+def _decay_rate(value: float, key: str) -> None:
+    """In [0, 1), also as the float32 the optimizer uses it in: 1 would never forget, above it diverges
+    (measured: a b2 that is 1 in float32 leaves Adam's update 0 at every step)."""
+    _in_range(value, key, 0, 1, open_high=True)
+    if float32(value) == 1:
+        raise ConfigError(key, f"is 1 as a float32, which the optimizer uses; at most {1 - 2**-24!r}, got {value!r}")
 
 
 def _check_nonfinite(train: TrainConfig) -> None:
@@ -244,7 +252,7 @@ def _check_precision(pr: PrecisionConfig) -> None:
             raise ConfigError(f"precision.{field}", f"unknown dtype {show_value(value)} (known: {', '.join(DTYPE_NAMES)})")
     if pr.master_dtype != "float32":
         raise ConfigError("precision.master_dtype", f"must be float32, got {show_value(pr.master_dtype)}")
-    _positive(pr.loss_scale, "precision.loss_scale", MAX_FLOAT32)
+    _positive(pr.loss_scale, "precision.loss_scale", math.inf)  # a float32 (the loader's rule for every float)
     _positive(pr.loss_scale_window, "precision.loss_scale_window")
 
 
@@ -278,7 +286,7 @@ def _check_runtime(runtime: RuntimeConfig) -> None:
     for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
         _positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
     cache = runtime.compilation_cache
-    if not isinstance(cache, str) or not cache or "\0" in cache:
+    if not isinstance(cache, str):  # a folder's text is the loader's (PathText)
         raise ConfigError("runtime.compilation_cache", f"must be auto, off or a folder, got {show_value(cache)}")
     cluster = runtime.distributed
     if isinstance(cluster, (str, bool)):
