@@ -1,13 +1,16 @@
-"""``jzero sample``: KV-cache decoding equals the model, a memorised text comes back, and bad input
-is one line and exit 2."""
+"""``jzero sample``: KV-cache decoding equals the model, a memorised text comes back, bad input is
+one line and exit 2, and an output that cannot be written is one line and exit 1."""
 
 import io
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TINY, assert_within_floor, snapshot
+from test_bad_input import ROOT, jzero_env
 
 from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
@@ -79,6 +82,13 @@ def test_greedy_decoding_reproduces_a_memorised_text(devices, tmp_path, capsys):
     assert captured.out == CONTINUATION[8:] + "\n"
     assert "--max-tokens 50 cut to 4" in captured.err and len(captured.err.splitlines()) == 1
     assert snapshot(run) == before
+    # Onto a full disk (/dev/full: every write is ENOSPC): one line naming it, not the text or a
+    # traceback; a real process, as Python flushes stdout again at exit, and would report a failure.
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "jzero.cli", "sample", str(run), "--prompt", PROMPT, "--max-tokens", "5"],
+                              cwd=ROOT, env=jzero_env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    assert (done.returncode, done.stderr) == (1, "jzero: writing /dev/full failed: No space left on device\n")
+    assert snapshot(run) == before
 
     # A damaged newest step is named, and the one before it is read; nothing is moved aside.
     state = run / "checkpoints" / str(STEPS) / "state"
@@ -133,6 +143,10 @@ BAD = {
     "temperature": (["--temperature", "-0.5"], "--temperature: must be 0"),
     "top-k zero": (["--top-k", "0"], "--top-k: must be from 1 to the vocabulary's 256"),
     "top-k over vocab": (["--top-k", "257"], "--top-k: must be from 1"),
+    "seed past 64 bits": (["--seed", str(2**64)], "--seed: must be from 0 to 4294967295 (JAX's key keeps 32 bits), not 1844"),
+    "seed past 32 bits": (["--seed", str(2**32)], "--seed: must be from 0 to 4294967295"),
+    "negative seed": (["--seed", "-1"], "--seed: must be from 0 to 4294967295"),
+    "BPE run without its tokenizer": ([], "tokenizer.json: is missing: the run trained on the BPE token folder data.tokens="),
 }
 
 
@@ -144,6 +158,9 @@ def test_bad_input_is_one_line_and_exit_2(devices, untrained, capsys, case):
         (run / "checkpoints").rmdir()
     elif case == "not a run folder":
         (run / "config.yaml").unlink()
+    elif case == "BPE run without its tokenizer":  # never decoded as bytes
+        bpe = load_config(None, [*TINY, "model.seq_len=32", f"run.dir={run}", "data.tokens=/data/tok", "model.vocab_size=512"])
+        (run / "config.yaml").write_text(dump_config(bpe))
     before = snapshot(run.parent), sorted(run.parent.rglob("*"))  # files' bytes, and every path (empty folders too)
     assert main(["sample", str(run), *flags]) == 2
     captured = capsys.readouterr()

@@ -1,7 +1,8 @@
 """The ``jzero`` command line: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint info|verify|export``,
 ``data prepare``, ``sample`` and ``report``.
 
-Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2.
+Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2;
+a run or a write that failed for another reason (:class:`~jzero.errors.RunError`), one line and 1.
 Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
 and the rest of :mod:`jzero.cli` (:mod:`~jzero.cli.parser`, :mod:`~jzero.cli.commands`,
 :mod:`~jzero.cli.interrupts`) import only the standard library, :mod:`jzero.config.loading` and
@@ -18,8 +19,8 @@ import threading
 
 from jzero.cli.interrupts import exit_interrupted, on_sigint
 from jzero.cli.parser import build_parser, version_line
-from jzero.distributed.process import BAD_INPUT, INTERRUPTED
-from jzero.errors import JzeroError
+from jzero.distributed.process import BAD_INPUT, INTERRUPTED, RUN_FAILED
+from jzero.errors import JzeroError, RunError
 
 __all__ = ["build_parser", "main", "version_line"]
 
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it
         print(f"jzero: error: {err}", file=sys.stderr)
         return BAD_INPUT
+    except RunError as err:  # a write the machine refused (a full disk, a read-only folder): one line
+        print(f"jzero: {err}", file=sys.stderr)
+        return RUN_FAILED
     except KeyboardInterrupt:
         if program:
             exit_interrupted()

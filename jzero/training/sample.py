@@ -1,10 +1,13 @@
 """``jzero sample RUN_DIR``: continue a prompt with a run's trained GPT, streamed to stdout.
 
-It reads the run's ``config.yaml`` and tokenizer (``tokenizer.json`` for a BPE run, else bytes),
-checks a committed checkpoint against its manifest, reads only its parameters (not the optimizer
-state) whole onto this host's first device, whatever mesh and stage wrote them, and decodes with
+It reads the run's ``config.yaml`` and tokenizer: a run whose config names a token folder
+(``data.tokens``) is BPE, and decodes with its own copy of the folder's ``tokenizer.json`` (never
+bytes: a missing file is one line naming it); any other run is bytes. It checks a committed
+checkpoint against its manifest, reads only its parameters (not the optimizer state) whole onto
+this host's first device, whatever mesh and stage wrote them, and decodes with
 :func:`jzero.models.decode.generate`: a KV cache inside one compiled loop. Only the continuation
-is printed, as it is made; the prompt is not repeated. Nothing is written to the run folder.
+is printed, as it is made; the prompt is not repeated. Nothing is written to the run folder; an
+output that cannot be written (``> /dev/full``) is one line naming it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +30,10 @@ from jzero.checkpoint.export import restore_numpy
 from jzero.checkpoint.runs import array_metadata, committed_steps, shape_differences, step_folder, verify_step
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
-from jzero.config.schema import Config
-from jzero.data.tokenizer import Tokenizer, load_tokenizer
-from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, JzeroError, error_line
+from jzero.config.schema import MAX_SEED, Config
+from jzero.data.tokenizer import BYTES, Tokenizer, load_tokenizer
+from jzero.data.tokens import TOKENIZER_FILE
+from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, JzeroError, OutputWriteError, error_line, show_value
 from jzero.models.decode import generate
 from jzero.models.gpt import GPT
 from jzero.models.names import AUTO_ATTENTION
@@ -50,6 +55,7 @@ def sample_command(args: argparse.Namespace) -> int:
 
     Raises:
       JzeroError: bad input (:func:`sample`); nothing has been printed on stdout then.
+      OutputWriteError: stdout could not be written (a full disk).
     """
     from jzero.distributed.process import start_backends
 
@@ -57,8 +63,26 @@ def sample_command(args: argparse.Namespace) -> int:
     start_backends()  # one process, one device: no jax.distributed, no simulated CPU devices
     options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
     sample(args.run_dir, args.prompt, **options, step=args.step, out=sys.stdout, warn=_to_stderr)
-    print(flush=True)
+    _write(sys.stdout, "\n")
     return 0
+
+
+def _write(out: IO[str], text: str) -> None:
+    """Write and flush ``text``; a failure is an :class:`OutputWriteError` naming the file. (A
+    failed flush drops what it held, so Python's own flush at exit does not fail again.)"""
+    try:
+        out.write(text)
+        out.flush()
+    except OSError as err:
+        raise OutputWriteError(_file_name(out), err) from None
+
+
+def _file_name(out: IO[str]) -> str:
+    """The file behind ``out``: for stdout the one the shell opened (``> FILE``), where Linux says."""
+    try:
+        return os.readlink(f"/proc/self/fd/{out.fileno()}")
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+        return str(getattr(out, "name", "the output"))
 
 
 def run_config(run_dir: str | Path) -> Config:
@@ -112,7 +136,7 @@ def sample(
       max_tokens: how many tokens to make, at least 1.
       temperature: 0 for greedy decoding, else the softmax temperature.
       top_k: sample from the ``top_k`` most likely tokens only (1 to ``model.vocab_size``).
-      seed: the sampling key's seed.
+      seed: the sampling key's seed, from 0 to :data:`~jzero.config.schema.MAX_SEED` (JAX's key keeps 32 bits).
       step: a committed step (default: the newest that reads back; a damaged one is named and skipped).
       out: where the continuation streams (default: nowhere; it is returned).
       warn: told of notes and skipped checkpoints, one line each.
@@ -121,9 +145,13 @@ def sample(
       The continuation's text.
 
     Raises:
-      ConfigError: a bad option (``--max-tokens``, ``--temperature``, ``--top-k``, ``--prompt``, ``--step``).
+      ConfigError: a bad option (``--max-tokens``, ``--temperature``, ``--top-k``, ``--seed``, ``--prompt``,
+        ``--step``), or a BPE run without its ``tokenizer.json``.
       CheckpointError: not a run folder, no committed checkpoint, or one of another model's shapes.
+      OutputWriteError: ``out`` could not be written.
     """
+    if not 0 <= seed <= MAX_SEED:  # a larger one would make a smaller one's text: JAX keeps 32 bits
+        raise ConfigError("--seed", f"must be from 0 to {MAX_SEED} (JAX's key keeps 32 bits), not {show_value(seed)}")
     req = _request(run_dir, prompt, max_tokens, temperature, top_k)
     params = _restore_params(run_dir, req.model, step, warn)
     if req.note:
@@ -141,7 +169,10 @@ def sample(
         eos_id=req.tokenizer.eos_id,
         on_token=stream,
     )
-    return stream.finish([int(t) for t in tokens[0, :count] if t != req.tokenizer.eos_id])
+    text = stream.finish([int(t) for t in tokens[0, :count] if t != req.tokenizer.eos_id])
+    if stream.failed is not None:
+        raise stream.failed
+    return text
 
 
 def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: float, top_k: int | None) -> _Request:
@@ -157,8 +188,7 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
         raise ConfigError("model.name", f"{run_dir} trained a model of your own; jzero sample decodes jzero's GPT, {yours}")
     if top_k is not None and not 1 <= top_k <= m.vocab_size:
         raise ConfigError("--top-k", f"must be from 1 to the vocabulary's {m.vocab_size}, not {top_k}")
-    run = RunDir(Path(run_dir))
-    tokenizer = load_tokenizer(run.tokenizer if run.tokenizer.is_file() else None, key=str(run.tokenizer))
+    tokenizer = _tokenizer(run_dir, config)
     ids = tokenizer.encode(prompt) if prompt else _start(tokenizer)
     if len(ids) >= m.seq_len:
         raise ConfigError(
@@ -172,6 +202,18 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
     # Decoding has its own attention over the cache: the trained attention's choice does not apply.
     model = build_model(dataclasses.replace(m, attention=AUTO_ATTENTION), build_precision(config.precision))
     return _Request(model, tokenizer, ids, min(max_tokens, room), note)
+
+
+def _tokenizer(run_dir: str | Path, config: Config) -> Tokenizer:
+    """Bytes, or for a run on a token folder (``data.tokens``: BPE) the run's copy of its tokenizer."""
+    if config.data.tokens is None:
+        return BYTES
+    path = RunDir(Path(run_dir)).tokenizer
+    if not path.exists():
+        given = Path(config.data.tokens) / TOKENIZER_FILE
+        why = f"the run trained on the BPE token folder data.tokens={config.data.tokens}, and decodes with its tokenizer"
+        raise ConfigError(str(path), f"is missing: {why}; copy {given} there")
+    return load_tokenizer(path, key=str(path))
 
 
 def _start(tokenizer: Tokenizer) -> list[int]:
@@ -224,6 +266,7 @@ class _Stream:
         self.tokenizer, self.out = tokenizer, out
         self.ids: list[int] = []
         self.shown = ""
+        self.failed: OutputWriteError | None = None  # raised by sample: inside JAX's callback it would be a traceback
 
     def __call__(self, tokens: np.ndarray, index: int) -> None:
         token = int(tokens[0])
@@ -235,8 +278,10 @@ class _Stream:
         text = self.tokenizer.decode(self.ids)
         if (final or not text.endswith("\ufffd")) and text.startswith(self.shown):
             if self.out is not None and len(text) > len(self.shown):
-                self.out.write(text[len(self.shown) :])
-                self.out.flush()
+                try:
+                    _write(self.out, text[len(self.shown) :])
+                except OutputWriteError as err:
+                    self.failed, self.out = err, None
             self.shown = text
 
     def finish(self, ids: list[int]) -> str:
