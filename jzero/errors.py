@@ -19,6 +19,8 @@ A run that stops, under :class:`RunError` (the command line prints it and exits 
 
 from __future__ import annotations
 
+import errno
+import os
 import reprlib
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,11 @@ __all__ = [
     "RunError",
     "TooManySkipped",
     "TrainingHalted",
+    "checked_path",
     "clip",
     "error_line",
+    "os_reason",
+    "path_error",
     "show_value",
 ]
 
@@ -111,10 +116,71 @@ class CheckpointWriteError(RunError):
 
 
 class OutputWriteError(RunError):
-    """Writing one of the run's outputs failed (a full disk, permissions): one line naming it."""
+    """Writing one of the run's outputs failed (a full disk, permissions): one line naming it.
 
-    def __init__(self, path: str | Path, cause: OSError):
-        super().__init__(f"writing {path} failed: {cause.strerror or cause}")
+    Args:
+      path: what could not be written.
+      cause: the ``OSError``.
+      key: the config key or flag that named ``path``, if any, to begin the line with.
+      action: what was tried (``"create"``), for ``cannot create PATH``; else ``writing PATH failed``.
+    """
+
+    def __init__(self, path: str | Path, cause: OSError, key: str = "", action: str = ""):
+        self.path, self.cause = path, cause
+        reason = os_reason(cause, path)
+        text = f"cannot {action} {path}: {reason}" if action else f"writing {path} failed: {reason}"
+        super().__init__(f"{key}: {text}" if key else text)
+
+
+# Errors that say the path itself cannot be what it is asked to be: the input's fault, not the system's.
+_INPUT_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP, errno.ENOENT})
+
+
+def path_error(key: str, path: str | Path, err: OSError, action: str) -> ConfigError | OutputWriteError:
+    """An ``OSError`` met on ``path`` as one line, of the kind its cause is.
+
+    Args:
+      key: the config key or flag that named ``path`` (``"run.dir"``, ``"--out"``).
+      path: the path that failed.
+      err: the error.
+      action: what was tried on it, a verb (``"create"``, ``"write"``).
+
+    Returns:
+      A :class:`ConfigError` (bad input, exit status 2) when the path cannot be what it is asked to
+      be: a component is a file, a dangling link, a name too long; else an :class:`OutputWriteError`
+      (exit status 1): a full disk, a read-only file system, a missing permission.
+    """
+    if err.errno in _INPUT_ERRNOS or _dangling_link(Path(path)) is not None:
+        return ConfigError(key, f"cannot {action} {path}: {os_reason(err, path)}")
+    return OutputWriteError(path, err, key=key, action=action)
+
+
+def os_reason(err: OSError, path: str | Path) -> str:
+    """Why ``path`` failed, in words: the errno's meaning, or the dangling link behind it (which
+    the system reports as "File exists" or "No such file or directory")."""
+    link = _dangling_link(Path(path))
+    if link is not None:
+        return f"{link} is a symbolic link to {os.readlink(link)}, which does not exist"
+    return err.strerror or str(err)
+
+
+def _dangling_link(path: Path) -> Path | None:
+    """``path`` or its nearest ancestor that is a symbolic link to nothing, or None."""
+    for part in (path, *path.parents):
+        if part.is_symlink() and not part.exists():
+            return part
+    return None
+
+
+def checked_path(key: str, path: str | Path) -> Path:
+    """``path`` as a ``Path``, refused first if it holds a NUL byte, which no system call takes.
+
+    Raises:
+      ConfigError: named by ``key``.
+    """
+    if "\0" in str(path):
+        raise ConfigError(key, f"a path must not contain a NUL byte, got {show_value(str(path))}")
+    return Path(path)
 
 
 def error_line(err: BaseException) -> str:

@@ -16,7 +16,7 @@ import pytest
 from conftest import snapshot, tiny_config
 from test_checkpoint import cli_args, host, jzero_process, run_config
 
-from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe
+from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe, verify_run
 from jzero.cli.main import main
 from jzero.training.job import build_job
 from jzero.training.loop import train
@@ -26,6 +26,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def stderr_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
+
+
+def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
+    """A trainer saving every step and keeping one, while this process lists and verifies its
+    checkpoints over and over: a step deleted by the rotation meanwhile is left out, never reported
+    "damaged" or "written before manifests"."""
+    proc = jzero_process(tmp_path, "train.steps=100000", "checkpoint.every=1", "checkpoint.keep=1")
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / CHECKPOINTS / "2").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reads, seen = 0, set()
+        while reads < 200 and time.monotonic() < deadline:
+            verdicts = verify_run(tmp_path)
+            assert all(isinstance(v, int) for _, v in verdicts), verdicts
+            rows = describe(tmp_path)  # raises DamagedCheckpoint
+            assert all(row["verified"] for row in rows if row["committed"]), rows
+            reads, seen = reads + 1, seen | {s for s, _ in verdicts}
+        assert reads == 200 and len(seen) >= 5, (reads, seen)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,6 +141,22 @@ def test_run_dir_under_a_file_is_one_line(devices, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------
 # metrics.jsonl after a kill
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("a-file", "is a file, not a run folder"),
+        ("dangling", "is not a run folder: it is a symbolic link to {gone}, which does not exist"),
+    ],
+)
+def test_checkpoint_info_says_what_a_run_path_is(tmp_path, capsys, case, expected):
+    """A run path that is a file, or a link to nothing, is named as such (they read "holds no
+    checkpoints (RUN/checkpoints does not exist)", as if a run folder had lost them)."""
+    run = tmp_path / "run"
+    run.write_text("") if case == "a-file" else run.symlink_to(tmp_path / "gone")
+    assert main(["checkpoint", "info", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == f"jzero: error: {run}: " + expected.format(gone=tmp_path / "gone")
 
 
 def test_metrics_hold_one_row_per_step_after_a_kill_and_a_resume(devices, tmp_path):
@@ -265,6 +303,39 @@ def test_tensorboard_on_a_full_disk_fails_in_the_callers_thread(tmp_path):
         done = subprocess.run(script, capture_output=True, text=True, timeout=300)
     want = [f"writing {disk / 'tb'} failed: No space left on device"]
     assert done.returncode == 0 and stderr_lines(done.stderr) == want, done.stderr[-3000:]
+
+
+def test_sigterm_before_the_first_step_says_nothing_was_saved(devices, tmp_path):
+    """SIGTERM while the step compiles: the run stops at its first step boundary and says it saved
+    nothing (it said "after steps 0 -> 0 to DIR", as if it had)."""
+    args = [sys.executable, "-m", "jzero.cli", "train", *cli_args(tmp_path, "train.steps=50")]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.startswith("compiling the train step"):
+            proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, lines
+    want = "jzero: preempted by SIGTERM before its first step; nothing was saved (there is no checkpoint)"
+    assert want in lines and lines[-1] == "next: run the same command again to start the run", lines
+    assert not (tmp_path / CHECKPOINTS).exists() or not list((tmp_path / CHECKPOINTS).iterdir())
+
+
+def test_a_run_dir_the_system_refuses_is_the_machines_fault_and_a_dangling_link_the_inputs(devices, tmp_path, capsys):
+    """A read-only file system: one line, exit 1 (it was an Orbax traceback). A symbolic link to
+    nothing: exit 2, naming the link (the system's word for it was "File exists")."""
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        done = jzero_cli("train", "--quiet", *cli_args(disk / "run", "train.steps=2"))
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert stderr_lines(done.stderr) == [f"jzero: run.dir: cannot create {disk / 'run'}: Read-only file system"]
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone" / "run")
+    assert main(["train", "--quiet", *cli_args(link, "train.steps=2")]) == 2
+    err = capsys.readouterr().err.strip()
+    gone = tmp_path / "gone" / "run"
+    assert err == f"jzero: error: run.dir: cannot create {link}: {link} is a symbolic link to {gone}, which does not exist"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "link"]
 
 
 def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):

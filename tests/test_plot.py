@@ -112,7 +112,8 @@ def test_an_existing_png_is_replaced_and_a_torn_last_line_skipped(tmp_path):
     "case, expected",
     [
         ("missing", "{run}: is not a run folder: no such folder"),
-        ("a-file", "{run}: is not a folder"),
+        ("a-file", "{run}: is a file, not a run folder"),
+        ("dangling", "{run}: is not a run folder: it is a symbolic link to {tmp}/gone, which does not exist"),
         ("no-metrics", "{run}: is not a run folder: it holds no metrics.jsonl (jzero train writes one)"),
         ("no-loss", "{run}/metrics.jsonl: holds no record with a loss: nothing to draw"),
         ("empty", "{run}/metrics.jsonl: holds no record with a loss: nothing to draw"),
@@ -136,6 +137,8 @@ def test_bad_input_is_one_line_naming_the_path_and_writes_nothing(tmp_path, caps
     }
     if case == "a-file":
         run.write_text("")
+    elif case == "dangling":
+        run.symlink_to(tmp_path / "gone")
     elif case != "missing":
         run.mkdir()
         if case != "no-metrics":
@@ -146,7 +149,7 @@ def test_bad_input_is_one_line_naming_the_path_and_writes_nothing(tmp_path, caps
     out = paths[target] if target else out
     before = sorted(p.name for p in tmp_path.rglob("*"))
     err = _one_line_error(capsys, ["report", str(run), "--out", str(out)])
-    fields = {"run": run, **paths, "out_deep_parent": tmp_path / "nope"}
+    fields = {"run": run, **paths, "out_deep_parent": tmp_path / "nope", "tmp": tmp_path}
     assert err.startswith("jzero: error: " + expected.format(**fields)), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
 

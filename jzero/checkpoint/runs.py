@@ -18,8 +18,10 @@ stage or device count; only the model's shapes must match.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +38,7 @@ from jax.sharding import NamedSharding
 from jzero.axes import DATA
 from jzero.checkpoint import in_flight, integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
-from jzero.config.rundir import CHECKPOINTS
+from jzero.config.rundir import CHECKPOINTS, RunDir, not_a_folder
 from jzero.config.schema import CheckpointConfig
 from jzero.errors import CheckpointError, CheckpointWriteError, ConfigError, DamagedCheckpoint, JzeroError, error_line
 from jzero.state import TrainState
@@ -52,6 +54,8 @@ __all__ = [
     "changes",
     "committed_steps",
     "describe",
+    "read_newest",
+    "rotated_away",
     "run_meta",
     "shape_differences",
     "state_layout",
@@ -62,6 +66,7 @@ __all__ = [
 ]
 
 ITEMS = ("state", "data", "meta")
+ROTATION_WAIT_S = 2.0  # how long a step that failed to read may take to vanish, when a trainer is live
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
@@ -163,7 +168,8 @@ class RunCheckpoints:
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()
         in_flight.wait_for(self.directory)  # else this manager would sweep its temporary folder away
         if read_only and not self.directory.is_dir():
-            raise CheckpointError(str(run_dir), f"holds no checkpoints ({self.directory} does not exist)")
+            problem = not_a_folder(run_dir) or f"holds no checkpoints ({self.directory} does not exist)"
+            raise CheckpointError(str(run_dir), problem)
         options = _manager_options(cfg.keep, read_only, seal=self._seal)
         self.async_ = cfg.async_
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -440,7 +446,14 @@ def committed_steps(run_dir: str | Path, step: int | None = None) -> list[int]:
       CheckpointError: ``run_dir`` holds no checkpoints folder.
       ConfigError: ``step`` is not a committed step (``--step``).
     """
-    checkpoints = RunCheckpoints(run_dir, read_only=True)
+    for attempt in range(5):  # Orbax stats each step it lists: one the run rotates away meanwhile is gone
+        try:
+            checkpoints = RunCheckpoints(run_dir, read_only=True)
+            break
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
     steps = checkpoints.steps()
     checkpoints.close()
     if step is not None and step not in steps:
@@ -452,14 +465,49 @@ Verdict = int | integrity.Unverified | DamagedCheckpoint  # bytes verified, no m
 
 
 def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, Verdict]]:
-    """Each committed step (or one) with its verdict: bytes verified, ``Unverified``, or the damage."""
+    """Each committed step (or one) with its verdict: bytes verified, ``Unverified``, or the damage.
+    A step the run's own rotation deleted while it was read is left out: it was not damaged."""
     verdicts = []
     for s in committed_steps(run_dir, step):
+        folder = step_folder(run_dir, s)
         try:
-            verdicts.append((s, verify_step(step_folder(run_dir, s))))
+            verdict: Verdict = verify_step(folder)
         except DamagedCheckpoint as err:
-            verdicts.append((s, err))
+            verdict = err
+        if isinstance(verdict, int) or not rotated_away(folder):
+            verdicts.append((s, verdict))
     return verdicts
+
+
+def rotated_away(step_dir: Path) -> bool:
+    """Whether a step that failed to read (or read without its manifest) was being deleted meanwhile
+    by its run's rotation (``checkpoint.keep``): while a trainer holds the run, its folder goes
+    within moments (Orbax removes it file by file)."""
+    live = RunDir(step_dir.parent.parent).lock.exists()
+    deadline = time.monotonic() + (ROTATION_WAIT_S if live else 0.0)
+    while step_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not step_dir.exists()
+
+
+def read_newest(run_dir: str | Path, step: int | None, read: Callable[[Path], Any]) -> Any:
+    """``read(step_dir)`` of ``step``, or of the newest committed step; if the run's rotation
+    deletes the newest while it is read, the new newest is read instead.
+
+    Raises:
+      CheckpointError: the step named was deleted by the rotation while it was read; or what
+        :func:`committed_steps` and ``read`` raise.
+    """
+    while True:
+        step_dir = step_folder(run_dir, committed_steps(run_dir, step)[-1])
+        try:
+            return read(step_dir)
+        except Exception:
+            if not rotated_away(step_dir):
+                raise
+            if step is not None:
+                rotated = "was deleted by its run's rotation (checkpoint.keep) while being read"
+                raise CheckpointError(str(step_dir), rotated) from None
 
 
 def describe(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -472,7 +520,7 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
     """
     directory = Path(run_dir) / CHECKPOINTS
     if not directory.is_dir():
-        raise CheckpointError(str(run_dir), f"holds no checkpoints ({directory} does not exist)")
+        raise CheckpointError(str(run_dir), not_a_folder(run_dir) or f"holds no checkpoints ({directory} does not exist)")
     verdicts = dict(verify_run(run_dir))
     for verdict in verdicts.values():
         if isinstance(verdict, DamagedCheckpoint):
@@ -494,11 +542,21 @@ def describe(run_dir: str | Path) -> list[dict[str, Any]]:
                 "stage": meta.get("stage"),
                 "devices": meta.get("devices"),
                 "processes": meta.get("processes"),
-                "bytes": sum(f.stat().st_size for f in entry.rglob("*") if f.is_file()),
+                "bytes": _size(entry),
                 "path": str(entry),
             }
         )
     return sorted(rows, key=lambda r: (r["step"], r["committed"]))
+
+
+def _size(folder: Path) -> int:
+    """The bytes of the files under ``folder``; those deleted while counted (a rotation) count 0."""
+    total = 0
+    for parent, _, files in os.walk(folder):  # os.walk skips folders that vanish
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(parent, name)).st_size
+    return total
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -14,12 +14,16 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from jzero.cli.interrupts import interrupt_raises
 from jzero.config.loading import load_config
 from jzero.config.schema import Config
 from jzero.distributed.process import DIVERGED, RUN_FAILED
 from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, RunError, TooManySkipped, error_line
+
+if TYPE_CHECKING:
+    from jzero.training.loop import TrainResult
 
 __all__ = [
     "cmd_checkpoint_export",
@@ -87,7 +91,6 @@ def _watched(config: Config) -> Iterator[None]:
 def cmd_train(args: argparse.Namespace) -> int:
     """``jzero train``: train, resuming from the run's latest checkpoint unless ``--no-resume``; 0, 1 (the run
     failed) or 4 (:data:`~jzero.distributed.process.DIVERGED`: too many non-finite steps in a row)."""
-    from jzero.config.rundir import CHECKPOINTS
     from jzero.distributed.runtime import is_primary
     from jzero.training.goodput import format_goodput
     from jzero.training.loop import train
@@ -105,25 +108,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     span = f"steps {result.start_step} -> {result.final_step}"
     loss = f": loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}" if history else ""
     saved = f"; saved step {result.saved[-1]}" if result.saved else ""
-    where = f"{config.run.dir}/{CHECKPOINTS}/{result.saved[-1]}" if result.saved else config.run.dir
     if result.goodput is not None:
         print(format_goodput(result.goodput))
     if result.preempted:
-        print(f"jzero: preempted by {result.preempted} after {span}{saved} to {where}")
+        print(_preempted_line(config.run.dir, result))
     else:
         print(f"trained {span}{loss}{saved}; run dir {config.run.dir}")
     if not args.quiet:
-        print(_next_steps(config, bool(result.preempted)))
+        print(_next_steps(config, result))
     return 0
 
 
-def _next_steps(config: Config, preempted: bool) -> str:
+def _preempted_line(run_dir: str, result: TrainResult) -> str:
+    """What a preempted run did: the step it saved, or that it saved nothing (and what remains)."""
+    from jzero.config.rundir import CHECKPOINTS
+
+    head = f"jzero: preempted by {result.preempted}"
+    span = f"steps {result.start_step} -> {result.final_step}"
+    if result.saved:
+        step = result.saved[-1]
+        return f"{head} after {span}; saved step {step} to {run_dir}/{CHECKPOINTS}/{step}"
+    when = "before its first step" if result.final_step == result.start_step else f"after {span}"
+    kept = f"the newest checkpoint is still step {result.start_step}" if result.start_step else "there is no checkpoint"
+    return f"{head} {when}; nothing was saved ({kept})"
+
+
+def _next_steps(config: Config, result: TrainResult) -> str:
     """The line that ends ``jzero train``: what to run next on this run."""
     from jzero.models.names import GPT
 
     run = config.run.dir
-    if preempted:
-        return "next: run the same command again to resume from the newest checkpoint"
+    if result.preempted:
+        resumable = result.saved or result.start_step
+        return f"next: run the same command again to {'resume from the newest checkpoint' if resumable else 'start the run'}"
     sample = f'jzero sample {run} --prompt "def " to continue a prompt, ' if config.model.name == GPT else ""
     return (f"next: {sample}jzero report {run} --out {run}/loss.png to plot the loss, or the same command "
             f"with --set train.steps={2 * config.train.steps} to train on")  # fmt: skip

@@ -10,10 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINTS", "LOCK", "RunDir"]
+__all__ = ["CHECKPOINTS", "LOCK", "RunDir", "not_a_folder"]
 
 CHECKPOINTS = "checkpoints"  # <run.dir>/checkpoints/<step>/, one folder per committed step
 LOCK = "train.lock"  # held by the one jzero train writing the folder (jzero.config.runlock); gone when it ends
+
+
+def not_a_folder(path: str | Path) -> str | None:
+    """Why a run folder a reader was given is not a folder, in words, or None when it is one."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    if path.is_symlink():
+        return f"is not a run folder: it is a symbolic link to {os.readlink(path)}, which does not exist"
+    return "is a file, not a run folder" if path.exists() else "is not a run folder: no such folder"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 
 from jzero.config.rundir import RunDir
-from jzero.errors import ConfigError
+from jzero.errors import ConfigError, path_error
 
 __all__ = ["RunLock", "holder"]
 
@@ -46,26 +46,26 @@ class RunLock:
 
         Raises:
           ConfigError: ``run.dir``: another holder has the folder (naming its pid and host), or the
-            folder or its lock file cannot be made. Folders made for the attempt are removed.
+            path cannot be a folder (:func:`jzero.errors.path_error`).
+          OutputWriteError: ``run.dir``: the file system refused the folder or its lock file
+            (read-only, full, no permission). Folders made for the attempt are removed.
         """
         self.created = _make_folders(self.folder.path)
         try:
             self.fd = _locked(self.folder.lock)
+            _name_holder(self.fd, self.folder.lock)
         except BaseException:
-            self._remove_created()
+            self.release()
             raise
-        os.ftruncate(self.fd, 0)
-        os.write(self.fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
         return self
 
     def release(self) -> None:
         """Remove the lock file and let go; then remove the folders :meth:`acquire` made, if empty."""
-        if self.fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.unlink(self.folder.lock)  # while held: whoever opened it meanwhile sees it gone and retries
-        os.close(self.fd)
-        self.fd = None
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.folder.lock)  # while held: whoever opened it meanwhile sees it gone and retries
+            os.close(self.fd)
+            self.fd = None
         self._remove_created()
 
     def _remove_created(self) -> None:
@@ -90,13 +90,22 @@ def holder(lock_file: str | Path) -> str:
     return " ".join(text.split()[:6]) or "holder not yet named"
 
 
+def _name_holder(fd: int, path: Path) -> None:
+    """Write this process's pid and host into the lock file, for a refused second trainer to name."""
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
+    except OSError as err:
+        raise path_error("run.dir", path, err, "write") from None
+
+
 def _make_folders(run_dir: Path) -> list[Path]:
     """Create ``run_dir`` and its missing parents; returns those created, deepest first."""
     missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError("run.dir", f"cannot create {run_dir}: {err.strerror or err}") from None
+        raise path_error("run.dir", run_dir, err, "create") from None
     return missing
 
 
@@ -107,7 +116,7 @@ def _locked(path: Path) -> int:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
-            raise ConfigError("run.dir", f"cannot create {path}: {err.strerror or err}") from None
+            raise path_error("run.dir", path, err, "create") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

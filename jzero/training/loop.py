@@ -35,7 +35,7 @@ from jzero.config.rundir import RunDir
 from jzero.config.runlock import RunLock
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
-from jzero.errors import ConfigError, TrainingHalted
+from jzero.errors import ConfigError, OutputWriteError, TrainingHalted, path_error
 from jzero.ledger import targets
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
@@ -79,7 +79,7 @@ def lock_run_dir(path: str) -> RunLock:
     if is_primary():
         try:
             lock.acquire()
-        except ConfigError as err:
+        except (ConfigError, OutputWriteError) as err:
             refused = err
     if jax.process_count() > 1:  # the others learn process 0's answer (a collective)
         agreed = multihost_utils.process_allgather(np.int32(refused is not None))
@@ -105,7 +105,7 @@ def create_run_dir(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError("run.dir", f"cannot create {run_dir}: {err.strerror or err}") from None
+        raise path_error("run.dir", run_dir, err, "create") from None
 
 
 @dataclasses.dataclass

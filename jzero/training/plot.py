@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jzero.config.rundir import RunDir
+from jzero.config.rundir import RunDir, not_a_folder
 from jzero.errors import ConfigError, show_value
 
 if TYPE_CHECKING:
@@ -79,8 +79,8 @@ def read_metrics(run_dir: str | Path) -> Metrics:
         number), or no record with a loss; each names the path.
     """
     folder = Path(run_dir)
-    if not folder.is_dir():
-        raise ConfigError(str(folder), "is not a run folder: no such folder" if not folder.exists() else "is not a folder")
+    if problem := not_a_folder(folder):
+        raise ConfigError(str(folder), problem)
     path = RunDir(folder).metrics
     if not path.is_file():
         raise ConfigError(str(folder), f"is not a run folder: it holds no {path.name} (jzero train writes one)")
