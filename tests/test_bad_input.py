@@ -1,6 +1,7 @@
 """Bad input of every kind gets ONE line naming the key or path, exit status 2, no traceback, and
 nothing already written is lost or overwritten: configs, overrides, checkpoints to export onto a
-full disk or beside a user's own files, files to start from, and Ctrl-C while JAX imports."""
+full disk (exit status 1: the machine's fault) or beside a user's own files, files to start from,
+and Ctrl-C while JAX imports."""
 
 import errno
 import json
@@ -39,6 +40,12 @@ def one_line_error(capsys, argv: list[str], fragment: str) -> str:
     assert lines[0].startswith("jzero: error: ") and fragment in lines[0], lines[0]
     assert "Traceback" not in out + err
     return lines[0]
+
+
+def one_line_failure(capsys, argv: list[str], line: str) -> None:
+    """Run ``jzero argv`` in-process: exit 1 (the machine refused a write), ``line`` alone on stderr."""
+    assert main(argv) == 1
+    assert capsys.readouterr() == ("", line + "\n")
 
 
 def jzero_env() -> dict[str, str]:
@@ -306,15 +313,24 @@ def test_a_failed_export_keeps_a_users_partial_file(run_dir, tmp_path, capsys, m
     out = tmp_path / "model.safetensors"
     (tmp_path / "model.safetensors.partial").write_bytes(b"my own bytes")
     before = snapshot(tmp_path)
-    if failure == "full-disk":
+    argv = ["checkpoint", "export", str(run_dir), "--out", str(out)]
+    if failure == "full-disk":  # the machine's fault: exit 1
         monkeypatch.setattr(jzero.checkpoint.export, "write_safetensors", full_disk)
-        fragment = f"jzero: error: --out: writing {out} failed: No space left on device"
+        one_line_failure(capsys, argv, f"jzero: --out: cannot write {out}: No space left on device")
     else:
         monkeypatch.setattr(jzero.checkpoint.export, "restore_numpy", unreadable)
         fragment = f"jzero: error: {run_dir / CHECKPOINTS / '2'}: is unreadable (ValueError: DATA_LOSS"
-    line = one_line_error(capsys, ["checkpoint", "export", str(run_dir), "--out", str(out)], fragment)
-    assert line.startswith(fragment)
+        assert one_line_error(capsys, argv, fragment).startswith(fragment)
     assert snapshot(tmp_path) == before  # no temporary file left, the user's one untouched
+
+
+def test_export_under_a_file_is_one_line_and_exit_2(run_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("a file, not a folder")
+    before = snapshot(tmp_path)
+    out = tmp_path / "file" / "model.safetensors"
+    argv = ["checkpoint", "export", str(run_dir), "--out", str(out)]
+    one_line_error(capsys, argv, f"--out: cannot write {out}: Not a directory")
+    assert snapshot(tmp_path) == before
 
 
 def test_an_interrupted_export_leaves_nothing(run_dir, tmp_path, capsys, monkeypatch):
@@ -343,8 +359,8 @@ def test_export_onto_a_real_full_or_read_only_disk(run_dir, tmp_path, capsys, di
         if disk == "read-only":
             subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
         out = folder / "model.safetensors"
-        one_line_error(capsys, ["checkpoint", "export", str(run_dir), "--out", str(out)],
-                       f"jzero: error: --out: writing {out} failed: {reason}")  # fmt: skip
+        argv = ["checkpoint", "export", str(run_dir), "--out", str(out)]
+        one_line_failure(capsys, argv, f"jzero: --out: cannot write {out}: {reason}")  # the machine's fault: exit 1
         assert snapshot(folder) == before
     finally:
         subprocess.run(["umount", "-l", str(folder)])

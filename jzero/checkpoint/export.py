@@ -45,7 +45,7 @@ from jzero.checkpoint.runs import (
     verify_step,
 )
 from jzero.config.schema import EXPORT_DTYPES
-from jzero.errors import CheckpointError, ConfigError, clip, error_line, show_value
+from jzero.errors import CheckpointError, ConfigError, checked_path, clip, error_line, path_error, show_value
 from jzero.trees import tree_paths
 
 __all__ = [
@@ -235,17 +235,19 @@ def export_checkpoint(
       ``bytes``, ``out`` and ``dtype``.
 
     Raises:
-      ConfigError: ``dtype`` is not one of those, ``out`` exists or its folder does not, or writing
-        it failed (named ``--dtype`` and ``--out``, the command's flags).
+      ConfigError: ``dtype`` is not one of those, ``out`` exists, its folder does not or is a file,
+        or it holds a NUL byte (named ``--dtype`` and ``--out``, the command's flags).
+      OutputWriteError: the machine refused the write (a full disk, a read-only folder); nothing
+        is left written.
       DamagedCheckpoint: the step's files are not what was written; nothing is written.
       CheckpointError: the run has no committed checkpoint, or the step holds no parameters.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError("--dtype", f"must be one of {', '.join(EXPORT_DTYPES)}, got {show_value(dtype)}")
-    out = Path(out)
+    out = checked_path("--out", out)
     if out.exists():
         raise ConfigError("--out", f"{out} exists; not overwritten")
-    if not out.parent.is_dir():
+    if not out.parent.exists():  # one that is a file fails the write: "Not a directory"
         raise ConfigError("--out", f"folder {out.parent} does not exist")
     steps = committed_steps(run_dir, step)  # only the listing; the tensors are read one by one below
     if not steps:
@@ -283,7 +285,7 @@ def export_checkpoint(
         _check_written(tmp, tensors, written, out)
         _publish(tmp, out)
     except OSError as err:
-        raise ConfigError("--out", f"writing {out} failed: {err.strerror or err}") from None
+        raise path_error("--out", out, err, "write") from None
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)

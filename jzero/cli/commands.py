@@ -295,10 +295,12 @@ def cmd_launch(args: argparse.Namespace, build_parser: Callable[[], argparse.Arg
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    """``jzero data prepare``: tokenize the sources into a token folder; 0, or bad input (a ``ConfigError``)."""
+    """``jzero data prepare``: tokenize the sources into a token folder; 0, bad input (a ``ConfigError``) or
+    a write the machine refused (an ``OutputWriteError``)."""
     from jzero.data.prepare import prepare_command
 
-    return prepare_command(args)
+    with interrupt_raises():  # so that the prepare removes its temporary folder
+        return prepare_command(args)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:

@@ -9,14 +9,20 @@ Document ``i`` (in the sources' order) goes to the validation split when
 ``floor((i + 1) * f) > floor(i * f)`` for ``--eval-fraction f``: evenly spread, and the same on
 every run. With two documents or more and none chosen so, the last one is.
 
-Nothing is overwritten: an ``--out`` that exists and holds anything is refused, and the folder is
-written under a temporary sibling name and renamed at the end, so a failure leaves nothing behind.
+Nothing is overwritten: an ``--out`` that exists and holds anything is refused. The folder is
+written beside it as ``.NAME.partial-PID``, locked (``flock``) while its process lives, and renamed
+onto ``--out`` at the end: an error or Ctrl-C removes it, and the next prepare onto ``--out``
+removes those of processes that died without cleaning up (SIGKILL). While one is locked, another
+prepare onto ``--out`` is refused; two that start together both write, and the second to finish is
+refused by the rename, which replaces no folder that holds anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import fcntl
 import math
 import os
 import shutil
@@ -33,7 +39,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from jzero.data.sources import Documents
 from jzero.data.tokenizer import EOS, MIN_BPE_VOCAB, SPECIAL_TOKENS, BpeTokenizer, train_bpe
 from jzero.data.tokens import TOKENIZER_FILE, TokenHeader, TokenWriter
-from jzero.errors import ConfigError
+from jzero.errors import ConfigError, checked_path, path_error
 
 __all__ = ["MAX_VOCAB", "is_eval_document", "prepare", "prepare_command"]
 
@@ -136,12 +142,89 @@ def _write_tokens(texts: Iterable[str], tok: BpeTokenizer, folder: Path, eval_fr
         writer.close()
 
 
-def _new_parents(out: Path) -> list[Path]:
-    """The folders above ``out`` that do not exist yet, deepest first: made now, removed on failure."""
-    missing = [p for p in out.absolute().parents if not p.exists()]
-    for p in reversed(missing):
-        p.mkdir()
-    return missing
+def _partial_prefix(out: Path) -> str:
+    """``.NAME.partial-``, the PID follows; the name is cut so that the whole fits 255 bytes."""
+    return f".{out.name[:200]}.partial-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _sweep(out: Path) -> None:
+    """Remove the temporary folders beside ``out`` left by prepares that died (SIGKILL, a second
+    Ctrl-C while cleaning up); refuse ``out`` while another prepare is writing it."""
+    prefix = _partial_prefix(out)
+    try:
+        names = [n for n in os.listdir(out.parent) if n.startswith(prefix) and n[len(prefix) :].isdigit()]
+    except OSError:
+        return  # no such folder yet, or unreadable: making the temporary folder says why
+    for name in names:
+        _remove_if_dead(out.parent / name, int(name[len(prefix) :]), out)
+
+
+def _remove_if_dead(partial: Path, pid: int, out: Path) -> None:
+    """Remove ``partial`` if the prepare that made it is dead: its lock free, its PID gone (or ours)."""
+    try:
+        fd = os.open(partial, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return  # gone meanwhile, or not a folder
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = f"another jzero data prepare (pid {pid}) is writing {out}"
+            raise ConfigError("--out", f"{held}; wait for it to end, or choose another --out") from None
+        # Unlocked but its PID alive: a writer between mkdir and flock, or a reused PID; left alone.
+        if pid == os.getpid() or not _alive(pid):
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.stat(partial), os.fstat(fd)):  # still the folder locked
+                    shutil.rmtree(partial)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _partial_folder(out: Path) -> Iterator[Path]:
+    """A new locked folder beside ``out`` to write in, renamed onto ``out`` when the block ends
+    well; on any exception (Ctrl-C too) it is removed, with the parents made for it."""
+    made: list[Path] = []
+    partial, created, lock = out.parent / f"{_partial_prefix(out)}{os.getpid()}", False, None
+    try:
+        for parent in reversed([p for p in out.absolute().parents if not p.exists()]):
+            parent.mkdir()
+            made.append(parent)
+        partial.mkdir()
+        created = True
+        lock = os.open(partial, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the kernel releases it however this process ends
+        yield partial
+        _publish(partial, out)
+    except BaseException:
+        if created:
+            shutil.rmtree(partial, ignore_errors=True)
+        for parent in reversed(made):
+            with contextlib.suppress(OSError):  # another writer may have put something there since
+                parent.rmdir()
+        raise
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _publish(partial: Path, out: Path) -> None:
+    try:
+        os.replace(partial, out)  # onto an empty folder too: rename(2) replaces an empty directory
+    except OSError as err:
+        if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise
+        raise ConfigError("--out", f"{out} was written meanwhile, by another process; not overwritten") from None
 
 
 def prepare(
@@ -168,32 +251,30 @@ def prepare(
 
     Raises:
       ConfigError: bad options, sources (none found, a JSONL without documents or ``text``), a bad
-        tokenizer or an ``--out`` that holds something; nothing is left written then.
+        tokenizer, an ``--out`` that holds something, that another prepare is writing, or that
+        cannot be a folder (under a file, a NUL byte); nothing is left written then.
+      OutputWriteError: the machine refused the writes (a full disk, a read-only folder); the same.
     """
     _check_options(vocab_size, tokenizer, eval_fraction)
-    out = Path(out)
+    out = checked_path("--out", out)
+    for source in sources:
+        checked_path("SOURCES", source)
     _check_out(out)
     documents = Documents(sources)
-    given = _given_tokenizer(tokenizer) if tokenizer is not None else None
-    made = _new_parents(out)
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
-    partial.mkdir()
+    given = _given_tokenizer(checked_path("--tokenizer", tokenizer)) if tokenizer is not None else None
+    _sweep(out)
     try:
-        with _Bar(progress) as bar:
+        with _partial_folder(out) as partial, _Bar(progress) as bar:
+            path = partial / TOKENIZER_FILE
             if given is None:
-                train_bpe(bar.track(documents, "training the tokenizer"), vocab_size).save(str(partial / TOKENIZER_FILE))
+                trained = train_bpe(bar.track(documents, "training the tokenizer"), vocab_size)
+                with open(path, "x", encoding="utf-8") as f:  # not trained.save: Rust's errors are no OSErrors
+                    f.write(trained.to_str(pretty=True))
             else:
-                shutil.copyfile(given.path, partial / TOKENIZER_FILE)
-            tok = BpeTokenizer(partial / TOKENIZER_FILE)
-            header = _write_tokens(bar.track(documents, "tokenizing"), tok, partial, eval_fraction)
-        os.replace(partial, out)  # onto an empty folder too: rename(2) replaces an empty directory
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        for p in made:
-            with contextlib.suppress(OSError):  # another writer may have put something there since
-                p.rmdir()
-        raise
-    return header
+                shutil.copyfile(given.path, path)
+            return _write_tokens(bar.track(documents, "tokenizing"), BpeTokenizer(path), partial, eval_fraction)
+    except OSError as err:  # reading a source raises ConfigErrors: this is writing --out
+        raise path_error("--out", out, err, "write") from None
 
 
 def prepare_command(args: argparse.Namespace) -> int:
@@ -201,6 +282,7 @@ def prepare_command(args: argparse.Namespace) -> int:
 
     Raises:
       ConfigError: :func:`prepare`'s.
+      OutputWriteError: :func:`prepare`'s.
     """
     t0 = time.perf_counter()
     header = prepare(
