@@ -6,7 +6,8 @@ exits with status 2):
 - :class:`ConfigError`: a config key or a command-line flag (``zero.stage``, ``--out``);
 - :class:`PlanError`: a sharding plan asked of the Python API (a stage, a mesh, a tensor's spec);
 - :class:`CheckpointError`: a checkpoint folder or file, named by its path;
-  :class:`DamagedCheckpoint` is one whose files are not what was written.
+  :class:`DamagedCheckpoint` is one whose files are not what was written, :class:`RotatedAway` a step
+  deleted by its run while being read.
 
 A run that stops, under :class:`RunError` (the command line prints it and exits with status 1):
 
@@ -33,6 +34,7 @@ __all__ = [
     "JzeroError",
     "OutputWriteError",
     "PlanError",
+    "RotatedAway",
     "RunError",
     "TooManySkipped",
     "TrainingHalted",
@@ -76,6 +78,14 @@ class DamagedCheckpoint(CheckpointError):
     def __init__(self, step_dir: Path, file: str, problem: str):
         self.step_dir, self.file, self.problem = step_dir, file, problem
         super().__init__(str(step_dir), f"checkpoint step {step_dir.name} is damaged: {file} {problem}")
+
+
+class RotatedAway(CheckpointError):
+    """A step its run's rotation (``checkpoint.keep``) deleted while it was being read: not damage."""
+
+    def __init__(self, step_dir: Path):
+        self.step_dir = step_dir
+        super().__init__(str(step_dir), "was deleted by its run's rotation (checkpoint.keep) while being read")
 
 
 class RunError(RuntimeError):

@@ -109,9 +109,12 @@ def _chunked(loss_fn, chunks: int):
         return loss_fn
 
     def loss(params, batch):
-        rows = jax.tree.leaves(batch)[0].shape[0] // chunks
-        parts = [loss_fn(params, jax.tree.map(lambda x, i=i: x[i * rows : (i + 1) * rows], batch)) for i in range(chunks)]
-        return sum(parts) / chunks
+        # A scan compiles the model once, not ``chunks`` times (the unrolled sum of 2 + 4 + 8 + 16
+        # copies made the reference runs a tenth of the suite); the sums run in the same order.
+        sliced = jax.tree.map(lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:]), batch)
+        first = loss_fn(params, jax.tree.map(lambda x: x[0], sliced))
+        total, _ = jax.lax.scan(lambda t, part: (t + loss_fn(params, part), None), first, jax.tree.map(lambda x: x[1:], sliced))
+        return total / chunks
 
     return loss
 

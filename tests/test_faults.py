@@ -16,10 +16,12 @@ import pytest
 from conftest import snapshot, tiny_config
 from test_checkpoint import cli_args, host, jzero_process, run_config
 
+from jzero.checkpoint.export import export_checkpoint
 from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe, verify_run
 from jzero.cli.main import main
 from jzero.training.job import build_job
 from jzero.training.loop import train
+from jzero.training.sample import sample
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,8 +32,9 @@ def stderr_lines(text: str) -> list[str]:
 
 def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
     """A trainer saving every step and keeping one, while this process lists and verifies its
-    checkpoints over and over: a step deleted by the rotation meanwhile is left out, never reported
-    "damaged" or "written before manifests"."""
+    checkpoints over and over, and exports and samples from the newest: a step deleted by the
+    rotation meanwhile is left out or read afresh, never reported "damaged" or "written before
+    manifests"."""
     proc = jzero_process(tmp_path, "train.steps=100000", "checkpoint.every=1", "checkpoint.keep=1")
     try:
         deadline = time.monotonic() + 120
@@ -43,6 +46,9 @@ def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
             assert all(isinstance(v, int) for _, v in verdicts), verdicts
             rows = describe(tmp_path)  # raises DamagedCheckpoint
             assert all(row["verified"] for row in rows if row["committed"]), rows
+            if reads % 40 == 0:  # the readers that read tensors: they read the new newest instead
+                export_checkpoint(tmp_path, tmp_path / f"params-{reads}.safetensors", warn=pytest.fail)
+                sample(tmp_path, "a", max_tokens=2, warn=pytest.fail)
             reads, seen = reads + 1, seen | {s for s, _ in verdicts}
         assert reads == 200 and len(seen) >= 5, (reads, seen)
     finally:

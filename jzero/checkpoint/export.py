@@ -37,13 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
-from jzero.checkpoint.runs import (
-    array_metadata,
-    committed_steps,
-    shape_differences,
-    step_folder,
-    verify_step,
-)
+from jzero.checkpoint.runs import array_metadata, read_newest, shape_differences, verify_step
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, checked_path, clip, error_line, path_error, show_value
 from jzero.trees import tree_paths
@@ -249,11 +243,13 @@ def export_checkpoint(
         raise ConfigError("--out", f"{out} exists; not overwritten")
     if not out.parent.exists():  # one that is a file fails the write: "Not a directory"
         raise ConfigError("--out", f"folder {out.parent} does not exist")
-    steps = committed_steps(run_dir, step)  # only the listing; the tensors are read one by one below
-    if not steps:
-        raise CheckpointError(str(run_dir), "holds no committed checkpoint")
-    step = steps[-1]
-    step_dir = step_folder(run_dir, step)
+    # A step the run's rotation deletes while it is read is exported from the new newest instead.
+    return read_newest(run_dir, step, lambda step_dir: _export_step(step_dir, out, dtype, warn))
+
+
+def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], None]) -> dict[str, Any]:
+    """:func:`export_checkpoint` of one committed step folder."""
+    step = int(step_dir.name)
     state_dir = step_dir / "state"
     verify_step(step_dir, warn)
 

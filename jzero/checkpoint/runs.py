@@ -40,12 +40,21 @@ from jzero.checkpoint import in_flight, integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.config.rundir import CHECKPOINTS, RunDir, not_a_folder
 from jzero.config.schema import CheckpointConfig
-from jzero.errors import CheckpointError, CheckpointWriteError, ConfigError, DamagedCheckpoint, JzeroError, error_line
+from jzero.errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    ConfigError,
+    DamagedCheckpoint,
+    JzeroError,
+    RotatedAway,
+    error_line,
+)
 from jzero.state import TrainState
 from jzero.trees import tree_paths
 
 __all__ = [
     "ITEMS",
+    "NO_COMMITTED_STEP",
     "Restored",
     "RunCheckpoints",
     "STAGE_1_OR_2",
@@ -66,6 +75,7 @@ __all__ = [
 ]
 
 ITEMS = ("state", "data", "meta")
+NO_COMMITTED_STEP = "has no committed checkpoint (jzero train saves one every checkpoint.every steps)"
 ROTATION_WAIT_S = 2.0  # how long a step that failed to read may take to vanish, when a trainer is live
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
@@ -423,6 +433,7 @@ def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> in
 
     Raises:
       DamagedCheckpoint: naming the step folder and the first bad file this process found.
+      CheckpointError: the step was deleted by its run's rotation while it was checked.
     """
     expect = _read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST
     try:
@@ -434,6 +445,8 @@ def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> in
         damage = DamagedCheckpoint(step_dir, "a data file", f"failed its checksum on process {found.index(True)}")
     if damage is not None:
         raise damage
+    if isinstance(verdict, integrity.Unverified) and rotated_away(step_dir):  # its manifest went first
+        raise RotatedAway(step_dir)
     if warn is not None and isinstance(verdict, integrity.Unverified):
         warn(f"jzero: warning: {verdict}")
     return verdict
@@ -450,7 +463,7 @@ def committed_steps(run_dir: str | Path, step: int | None = None) -> list[int]:
         try:
             checkpoints = RunCheckpoints(run_dir, read_only=True)
             break
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             if attempt == 4:
                 raise
             time.sleep(0.05)
@@ -474,6 +487,8 @@ def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, 
             verdict: Verdict = verify_step(folder)
         except DamagedCheckpoint as err:
             verdict = err
+        except RotatedAway:
+            continue
         if isinstance(verdict, int) or not rotated_away(folder):
             verdicts.append((s, verdict))
     return verdicts
@@ -495,19 +510,21 @@ def read_newest(run_dir: str | Path, step: int | None, read: Callable[[Path], An
     deletes the newest while it is read, the new newest is read instead.
 
     Raises:
-      CheckpointError: the step named was deleted by the rotation while it was read; or what
-        :func:`committed_steps` and ``read`` raise.
+      CheckpointError: the run has no committed step, or the step named was deleted by the
+        rotation while it was read; or what :func:`committed_steps` and ``read`` raise.
     """
     while True:
-        step_dir = step_folder(run_dir, committed_steps(run_dir, step)[-1])
+        steps = committed_steps(run_dir, step)
+        if not steps:
+            raise CheckpointError(str(run_dir), NO_COMMITTED_STEP)
+        step_dir = step_folder(run_dir, steps[-1])
         try:
             return read(step_dir)
         except Exception:
             if not rotated_away(step_dir):
                 raise
             if step is not None:
-                rotated = "was deleted by its run's rotation (checkpoint.keep) while being read"
-                raise CheckpointError(str(step_dir), rotated) from None
+                raise RotatedAway(step_dir) from None
 
 
 def describe(run_dir: str | Path) -> list[dict[str, Any]]:

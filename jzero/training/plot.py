@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jzero.config.rundir import RunDir, not_a_folder
-from jzero.errors import ConfigError, show_value
+from jzero.errors import ConfigError, path_error, show_value
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -219,20 +219,22 @@ def write_png(fig: Figure, out: Path) -> None:
     """Writes the figure as a PNG at ``out``, replacing a file there only once the new one is whole.
 
     Raises:
-      ConfigError: the file could not be written (its folder read-only, the disk full).
+      OutputWriteError: the machine refused the file (its folder read-only, the disk full).
+      ConfigError: ``--out`` cannot be a file (:func:`jzero.errors.path_error`).
     """
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         fig.savefig(tmp, format="png")
         os.replace(tmp, out)
-    except OSError as err:  # a read-only folder, a full disk: bad --out, not a bug
-        raise ConfigError("--out", f"{out} could not be written: {err.strerror or err}") from None
+    except OSError as err:
+        raise path_error("--out", out, err, "write") from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def plot_command(args: argparse.Namespace) -> int:
-    """``jzero report``: checks ``--out``, reads the run, draws it; 0, or bad input (a ``ConfigError``)."""
+    """``jzero report``: checks ``--out``, reads the run, draws it; 0, bad input (a ``ConfigError``), or a
+    write the machine refused (an ``OutputWriteError``)."""
     out = check_out(args.out)
     fig = draw(read_metrics(args.run_dir))
     write_png(fig, out)

@@ -27,13 +27,30 @@ import numpy as np
 from flax import traverse_util
 
 from jzero.checkpoint.export import restore_numpy
-from jzero.checkpoint.runs import array_metadata, committed_steps, shape_differences, step_folder, verify_step
+from jzero.checkpoint.runs import (
+    NO_COMMITTED_STEP,
+    array_metadata,
+    committed_steps,
+    rotated_away,
+    shape_differences,
+    step_folder,
+    verify_step,
+)
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import MAX_SEED, Config
 from jzero.data.tokenizer import BYTES, Tokenizer, load_tokenizer
 from jzero.data.tokens import TOKENIZER_FILE
-from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, JzeroError, OutputWriteError, error_line, show_value
+from jzero.errors import (
+    CheckpointError,
+    ConfigError,
+    DamagedCheckpoint,
+    JzeroError,
+    OutputWriteError,
+    RotatedAway,
+    error_line,
+    show_value,
+)
 from jzero.models.decode import generate
 from jzero.models.gpt import GPT
 from jzero.models.names import AUTO_ATTENTION
@@ -225,17 +242,21 @@ def _restore_params(run_dir: str | Path, model: GPT, step: int | None, warn: Cal
     """The parameters of ``step`` (or of the newest step that reads back) on this host's first device."""
     steps = committed_steps(run_dir, step)
     if not steps:
-        raise CheckpointError(str(run_dir), "has no committed checkpoint (train saves one every checkpoint.every steps)")
+        raise CheckpointError(str(run_dir), NO_COMMITTED_STEP)
     expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), np.zeros((1, 1), np.int32))["params"]))
     for s in reversed(steps):
+        folder = step_folder(run_dir, s)
         try:
-            return _read_params(step_folder(run_dir, s), expected, warn)
-        except DamagedCheckpoint as err:
-            problem = err
-        except JzeroError:
-            raise  # another model's shapes: the config's fault, not the checkpoint's
-        except Exception as err:  # tensorstore and Orbax raise plain Exceptions for unreadable data
-            problem = CheckpointError(str(step_folder(run_dir, s)), f"could not be read ({error_line(err)})")
+            return _read_params(folder, expected, warn)
+        except Exception as err:
+            if rotated_away(folder):  # not damage: the run saved a newer step and deleted this one
+                if step is not None:
+                    raise RotatedAway(folder) from None
+                return _restore_params(run_dir, model, step, warn)
+            if isinstance(err, JzeroError) and not isinstance(err, DamagedCheckpoint):
+                raise  # another model's shapes: the config's fault, not the checkpoint's
+            unreadable = CheckpointError(str(folder), f"could not be read ({error_line(err)})")
+            problem = err if isinstance(err, JzeroError) else unreadable  # tensorstore raises plain Exceptions
         if step is not None:
             raise problem
         warn(f"jzero: warning: {problem}; trying the previous checkpoint")  # read only: nothing is moved aside
