@@ -20,7 +20,7 @@ import yaml
 from jzero.axes import MODEL
 from jzero.config.schema import MAX_FLOAT32, MIN_NORMAL_FLOAT32, Config, float32
 from jzero.config.validation import validate
-from jzero.errors import ConfigError, clip, show_value
+from jzero.errors import ConfigError, checked_path, clip, show_value
 from jzero.remat_policies import policy_name
 
 __all__ = [
@@ -88,8 +88,7 @@ def _path(text: str, key: str) -> str:
     """A path as given; the OS refuses a NUL byte, and an empty path would mean the working folder."""
     if not text:
         raise ConfigError(key, "a path must not be empty")
-    if "\0" in text:
-        raise ConfigError(key, f"a path must not contain a NUL byte, got {show_value(text)}")
+    checked_path(key, text)
     return text
 
 
