@@ -156,13 +156,15 @@ def test_run_dir_under_a_file_is_one_line(devices, tmp_path, capsys):
         ("dangling", "is not a run folder: it is a symbolic link to {gone}, which does not exist"),
     ],
 )
-def test_checkpoint_info_says_what_a_run_path_is(tmp_path, capsys, case, expected):
-    """A run path that is a file, or a link to nothing, is named as such (they read "holds no
-    checkpoints (RUN/checkpoints does not exist)", as if a run folder had lost them)."""
+def test_readers_say_what_a_run_path_is(tmp_path, capsys, case, expected):
+    """A run path that is a file, or a link to nothing, is named as such by checkpoint info and
+    sample (they read "holds no checkpoints (RUN/checkpoints does not exist)", as if a run folder
+    had lost them, and "no such folder")."""
     run = tmp_path / "run"
     run.write_text("") if case == "a-file" else run.symlink_to(tmp_path / "gone")
-    assert main(["checkpoint", "info", str(run)]) == 2
-    assert capsys.readouterr().err.strip() == f"jzero: error: {run}: " + expected.format(gone=tmp_path / "gone")
+    for command in (["checkpoint", "info", str(run)], ["sample", str(run), "--prompt", "a"]):
+        assert main(command) == 2
+        assert capsys.readouterr().err.strip() == f"jzero: error: {run}: " + expected.format(gone=tmp_path / "gone")
 
 
 def test_metrics_hold_one_row_per_step_after_a_kill_and_a_resume(devices, tmp_path):

@@ -37,7 +37,7 @@ from jzero.checkpoint.runs import (
     verify_step,
 )
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir
+from jzero.config.rundir import RunDir, not_a_folder
 from jzero.config.schema import MAX_SEED, Config
 from jzero.data.tokenizer import BYTES, Tokenizer, load_tokenizer
 from jzero.data.tokens import TOKENIZER_FILE
@@ -110,8 +110,8 @@ def run_config(run_dir: str | Path) -> Config:
       ConfigError: the file does not read as a config.
     """
     path = RunDir(Path(run_dir)).config
-    if not Path(run_dir).is_dir():
-        raise CheckpointError(str(run_dir), "is not a run folder: no such folder")
+    if problem := not_a_folder(run_dir):
+        raise CheckpointError(str(run_dir), problem)
     if not path.is_file():
         raise CheckpointError(str(run_dir), f"is not a run folder: it holds no {path.name} (train writes one)")
     return load_config(path)
