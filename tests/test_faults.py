@@ -346,6 +346,31 @@ def test_a_run_dir_the_system_refuses_is_the_machines_fault_and_a_dangling_link_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "link"]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_export_stopped_at_random_moments_leaves_nothing_partial(devices, tmp_path, sig):
+    """``jzero checkpoint export`` sent SIGINT or SIGKILL at three random moments: ``--out`` is
+    either absent or the whole file, byte for byte; Ctrl-C also removes the hidden temporary."""
+    run = tmp_path / "run"
+    train(run_config(run, "train.steps=2"), progress=False)
+    whole = tmp_path / "whole.safetensors"
+    export_checkpoint(run, whole, warn=pytest.fail)
+    rng = np.random.default_rng(sig)
+    for trial in range(3):
+        out = tmp_path / f"t{trial}" / "params.safetensors"
+        out.parent.mkdir()
+        args = [sys.executable, "-m", "jzero.cli", "checkpoint", "export", str(run), "--out", str(out)]
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(rng.uniform(0.5, 4.0))
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert not out.exists() or out.read_bytes() == whole.read_bytes(), trial
+        if sig == signal.SIGINT:
+            assert proc.returncode in (0, 130) and "Traceback" not in err, err[-3000:]
+            assert [p.name for p in out.parent.iterdir()] == ([out.name] if out.exists() else []), trial
+    assert main(["checkpoint", "export", str(run), "--out", str(tmp_path / "again.safetensors")]) == 0
+    assert (tmp_path / "again.safetensors").read_bytes() == whole.read_bytes()
+
+
 def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):
     """The first SIGINT asks for a save; a second one right after aborts it. One notice, one line
     for the abort, exit 130, no traceback; every committed step still reads back."""
