@@ -18,7 +18,7 @@ from test_checkpoint import ROOT, cli_args, jzero_process, run_config
 from jzero.checkpoint.runs import CHECKPOINTS
 from jzero.cli.main import main
 from jzero.config.rundir import RunDir
-from jzero.config.runlock import RunLock
+from jzero.config.runlock import RunLock, writer_may_be_live
 from jzero.errors import ConfigError
 from jzero.training.hooks import Hook
 from jzero.training.loop import train
@@ -126,3 +126,17 @@ def test_a_refused_run_leaves_no_folder_and_no_lock(devices, tmp_path):
     with pytest.raises(ConfigError, match="train.init_from"):
         train(run_config(run, "train.steps=2", f"train.init_from={tmp_path / 'missing.safetensors'}"), progress=False)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_reader_tells_a_live_writer_from_a_dead_ones_lock_file(tmp_path):
+    """Readers wait for a rotating step to vanish only while a trainer may be writing: a lock file
+    naming an ended process of this host (left by a SIGKILL) is not one; one not yet named, or
+    another host's, may be."""
+    here = socket.gethostname()
+    assert not writer_may_be_live(tmp_path)
+    with RunLock(tmp_path).acquire():
+        assert writer_may_be_live(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for text, live in [(f"pid {dead.stdout.strip()} on host {here}\n", False), ("", True), ("pid 1 on host elsewhere\n", True)]:
+        RunDir(tmp_path).lock.write_text(text)
+        assert writer_may_be_live(tmp_path) is live, text

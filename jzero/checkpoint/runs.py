@@ -38,7 +38,8 @@ from jax.sharding import NamedSharding
 from jzero.axes import DATA
 from jzero.checkpoint import in_flight, integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
-from jzero.config.rundir import CHECKPOINTS, RunDir, not_a_folder
+from jzero.config.rundir import CHECKPOINTS, not_a_folder
+from jzero.config.runlock import writer_may_be_live
 from jzero.config.schema import CheckpointConfig
 from jzero.errors import (
     CheckpointError,
@@ -496,9 +497,9 @@ def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, 
 
 def rotated_away(step_dir: Path) -> bool:
     """Whether a step that failed to read (or read without its manifest) was being deleted meanwhile
-    by its run's rotation (``checkpoint.keep``): while a trainer holds the run, its folder goes
-    within moments (Orbax removes it file by file)."""
-    live = RunDir(step_dir.parent.parent).lock.exists()
+    by its run's rotation (``checkpoint.keep``): while a trainer may be writing the run, its folder
+    goes within moments (Orbax removes it file by file); otherwise it is not waited for."""
+    live = writer_may_be_live(step_dir.parent.parent)
     deadline = time.monotonic() + (ROTATION_WAIT_S if live else 0.0)
     while step_dir.exists() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -17,7 +17,7 @@ from pathlib import Path
 from jzero.config.rundir import RunDir
 from jzero.errors import ConfigError, path_error
 
-__all__ = ["RunLock", "holder"]
+__all__ = ["RunLock", "holder", "writer_may_be_live"]
 
 
 class RunLock:
@@ -88,6 +88,25 @@ def holder(lock_file: str | Path) -> str:
     except OSError:
         text = ""
     return " ".join(text.split()[:6]) or "holder not yet named"
+
+
+def writer_may_be_live(run_dir: str | Path) -> bool:
+    """Whether a trainer may be writing ``run_dir`` now, seen without taking its lock (taking it,
+    even for a moment, could refuse a trainer starting then): its lock file exists and does not
+    name a process of this host that has ended."""
+    lock = RunDir(Path(run_dir)).lock
+    if not lock.exists():
+        return False
+    words = holder(lock).split()  # "pid N on host H"
+    if len(words) != 5 or words[0] != "pid" or not words[1].isdigit() or words[4] != socket.gethostname():
+        return True  # not named yet, or another host's: it may be live
+    try:
+        os.kill(int(words[1]), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # it exists, under another user
+    return True
 
 
 def _name_holder(fd: int, path: Path) -> None:
