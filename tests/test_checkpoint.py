@@ -330,6 +330,9 @@ def test_info_lists_steps_mesh_stage_size_and_commit(devices, tmp_path, capsys):
     assert table[1].split()[:5] == ["2", "yes", "yes", "3", "8"] and table[3].split()[:3] == ["6", "no", "-"]
     assert [r["verified"] for r in rows] == [True, True, None]
     assert main(["checkpoint", "info", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.strip() == f"jzero: error: {tmp_path / 'nothing'}: is not a run folder: no such folder"
+    (tmp_path / "empty").mkdir()
+    assert main(["checkpoint", "info", str(tmp_path / "empty")]) == 2
     assert "holds no checkpoints" in capsys.readouterr().err
 
 

@@ -204,4 +204,7 @@ def test_verify_of_a_step_that_is_not_committed_is_one_line(tmp_path, capsys):
     assert main(["checkpoint", "verify", str(tmp_path), "--step", "3"]) == 2
     assert capsys.readouterr().err.strip() == "jzero: error: --step: no committed checkpoint at step 3 (committed: none)"
     assert main(["checkpoint", "verify", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.strip() == f"jzero: error: {tmp_path / 'nothing'}: is not a run folder: no such folder"
+    (tmp_path / "empty").mkdir()
+    assert main(["checkpoint", "verify", str(tmp_path / "empty")]) == 2
     assert "holds no checkpoints" in capsys.readouterr().err
