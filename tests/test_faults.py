@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import snapshot, tiny_config
+from helpers.disks import small_disk
 from test_checkpoint import cli_args, host, jzero_process, run_config
 
 from jzero.checkpoint.export import export_checkpoint
@@ -229,18 +230,6 @@ def test_export_of_a_damaged_checkpoint_is_one_line(devices, tmp_path, how):
     assert done.returncode == 2 and len(stderr_lines(done.stderr)) == 1, done.stderr[-3000:]
     assert done.stderr.startswith(f"jzero: error: {tmp_path / CHECKPOINTS / '2'}")
     assert not (tmp_path / "p.safetensors").exists()
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size: str):
-    """A real tmpfs of ``size`` at ``path`` (root only); skips where it cannot be mounted."""
-    path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)])
 
 
 @pytest.mark.parametrize("size", ["300k", "8k"])

@@ -4,7 +4,6 @@ moments of its work, two prepares onto one ``--out``, a full, read-only or forbi
 there byte for byte, and a rerun succeeds."""
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import snapshot
+from helpers.disks import small_disk
 from test_bad_input import one_line_error
 
 from jzero.cli.main import main
@@ -135,20 +135,12 @@ def test_two_prepares_onto_one_out_each_give_the_loser_one_line(tmp_path, source
     assert snapshot(tmp_path) == {**kept, "tok/theirs.txt": b"written by the winner"}
 
 
-def mount_tmpfs(folder: Path, size: str) -> None:
-    folder.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]).returncode:
-        pytest.skip("mounting a small tmpfs needs root; the permission test below runs without it")
-
-
 @pytest.mark.parametrize("disk", ["full", "read-only"])
 def test_a_full_or_read_only_disk_is_one_line_and_a_rerun_recovers(tmp_path, sources, capsys, disk):
     """A real 64 KiB tmpfs, which the small output (172 KB) does not fit, then grown to 1 MiB; or one
     of 1 MiB remounted read-only, then read-write. The user's file beside ``--out`` is kept."""
     _, small = sources
-    folder = tmp_path / "disk"
-    mount_tmpfs(folder, "64k" if disk == "full" else "1m")
-    try:
+    with small_disk(tmp_path / "disk", "64k" if disk == "full" else "1m") as folder:
         (folder / "mine.txt").write_text("the user's own file")
         before = listing(folder), snapshot(folder)
         if disk == "read-only":
@@ -163,8 +155,6 @@ def test_a_full_or_read_only_disk_is_one_line_and_a_rerun_recovers(tmp_path, sou
         assert main(args) == 0
         assert_prepared(out)
         assert (folder / "mine.txt").read_text() == "the user's own file" and partials(out) == []
-    finally:
-        subprocess.run(["umount", "-l", str(folder)])
 
 
 # Python -c: os.mkdir refuses, with EACCES, what it would create under FOLDER (root writes anywhere).
