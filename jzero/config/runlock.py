@@ -17,7 +17,7 @@ from pathlib import Path
 from jzero.config.rundir import RunDir
 from jzero.errors import ConfigError, path_error
 
-__all__ = ["RunLock", "holder", "writer_may_be_live"]
+__all__ = ["RunLock", "holder", "process_alive", "writer_may_be_live"]
 
 
 class RunLock:
@@ -100,12 +100,17 @@ def writer_may_be_live(run_dir: str | Path) -> bool:
     words = holder(lock).split()  # "pid N on host H"
     if len(words) != 5 or words[0] != "pid" or not words[1].isdigit() or words[4] != socket.gethostname():
         return True  # not named yet, or another host's: it may be live
+    return process_alive(int(words[1]))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` of this host is running (another user's counts)."""
     try:
-        os.kill(int(words[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:
-        pass  # it exists, under another user
+    except PermissionError:  # another user's process
+        return True
     return True
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
+from jzero.config.runlock import process_alive
 from jzero.data.sources import Documents
 from jzero.data.tokenizer import EOS, MIN_BPE_VOCAB, SPECIAL_TOKENS, BpeTokenizer, train_bpe
 from jzero.data.tokens import TOKENIZER_FILE, TokenHeader, TokenWriter
@@ -147,16 +148,6 @@ def _partial_prefix(out: Path) -> str:
     return f".{out.name[:200]}.partial-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _sweep(out: Path) -> None:
     """Remove the temporary folders beside ``out`` left by prepares that died (SIGKILL, a second
     Ctrl-C while cleaning up); refuse ``out`` while another prepare is writing it."""
@@ -182,7 +173,7 @@ def _remove_if_dead(partial: Path, pid: int, out: Path) -> None:
             held = f"another jzero data prepare (pid {pid}) is writing {out}"
             raise ConfigError("--out", f"{held}; wait for it to end, or choose another --out") from None
         # Unlocked but its PID alive: a writer between mkdir and flock, or a reused PID; left alone.
-        if pid == os.getpid() or not _alive(pid):
+        if pid == os.getpid() or not process_alive(pid):
             with contextlib.suppress(OSError):
                 if os.path.samestat(os.stat(partial), os.fstat(fd)):  # still the folder locked
                     shutil.rmtree(partial)
