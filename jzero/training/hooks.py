@@ -115,24 +115,24 @@ class TensorBoardHook(Hook):
     """
 
     def __init__(self, logdir: str | Path):
-        from tensorboardX.event_file_writer import EventsWriter  # only runs that log to TensorBoard import it
+        # Only runs that log to TensorBoard import it.
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
 
         # It logs a warning for each NaN it is given; the loss is NaN in metrics.jsonl too, and a
         # diverging run says so in its own line (jzero.training.nonfinite).
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
-        self.logdir = Path(logdir)
+        self.logdir, self.event, self.scalar = Path(logdir), Event, scalar
         with writing(self.logdir):
             self.logdir.mkdir(parents=True, exist_ok=True)
             self.writer = EventsWriter(str(self.logdir / "events"))
 
     def log(self, record: dict[str, Any]) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
         with writing(self.logdir):
             for name, value in record.items():
                 if name != "step":
-                    event = Event(wall_time=time.time(), step=record["step"], summary=scalar(name, value))
+                    event = self.event(wall_time=time.time(), step=record["step"], summary=self.scalar(name, value))
                     self.writer.write_event(event)
             self.writer.flush()
 
