@@ -3,7 +3,12 @@
 A policy says which intermediate values of a layer the forward keeps for the backward; the rest is
 recomputed (``jax.checkpoint``). The names are :data:`REMAT_POLICIES`:
 
-- ``none``: no rematerialisation; every intermediate is kept.
+- ``none``: no matmul is recomputed. Every matmul's output and the fused attention kernel's outputs
+  are kept; the elementwise work between them (norms, GELU, rotary) is recomputed from those. This
+  is what a layer needs, as in PyTorch without activation checkpointing: JAX's own linearization
+  would keep every intermediate (a tanh GELU alone kept 6 tensors of the MLP's width, the norms
+  their float32 copies: 86 bytes per token and model dimension per layer on the MPT-7B row of
+  ``benchmarks/calibration.py``, against 20 with this policy; ``docs/offload.md``).
 - ``full``: only the layer's inputs are kept; the whole layer is recomputed in the backward.
 - ``dots_saveable``: matrix-multiply outputs are kept, the cheap elementwise work is recomputed.
 - ``dots_with_no_batch_dims_saveable``: the same, but only matmuls without batch dimensions (the
@@ -28,12 +33,20 @@ Wrapped = TypeVar("Wrapped")
 # Each policy's jax.checkpoint policy, from ``jax.checkpoint_policies`` (None: save only the inputs).
 # JAX is imported where a policy is built: config validation reads the names here without it.
 _POLICIES: dict[str, Callable[[Any], Any]] = {
+    "none": lambda policies: _no_matmul_recomputed,
     "full": lambda policies: None,
     "dots_saveable": lambda policies: policies.dots_saveable,
     "dots_with_no_batch_dims_saveable": lambda policies: policies.dots_with_no_batch_dims_saveable,
     "offload_dots": lambda policies: policies.offload_dot_with_no_batch_dims(*_memory_kinds()),
 }
-REMAT_POLICIES = ("none", *_POLICIES)
+REMAT_POLICIES = tuple(_POLICIES)
+# The primitives whose outputs ``none`` keeps: matmuls, and cuDNN's attention forward (its result and
+# softmax statistics; a checkpoint policy sees the kernel, not the matmuls inside it).
+_NOT_RECOMPUTED = frozenset({"dot_general", "dot_product_attention_fwd", "dot_product_attention_fwd_wrapper"})
+
+
+def _no_matmul_recomputed(prim: Any, *_: Any, **__: Any) -> bool:
+    return prim.name in _NOT_RECOMPUTED
 
 
 def _memory_kinds() -> tuple[str, str]:
@@ -55,18 +68,15 @@ def checkpoint_policy(name: str | bool, also_save: tuple[str, ...] = ()) -> Call
     """The ``jax.checkpoint`` policy of a name (None for ``full``: save nothing but the inputs).
 
     Args:
-      name: one of :data:`REMAT_POLICIES` but ``none``.
+      name: one of :data:`REMAT_POLICIES`.
       also_save: ``checkpoint_name`` names whose values are saved too (hpZ's secondary copy).
 
     Raises:
-      ValueError: ``none`` (no checkpoint at all) or an unknown name.
+      ValueError: an unknown name.
     """
     import jax
 
-    name = policy_name(name)
-    if name not in _POLICIES:
-        raise ValueError(f"remat policy {name!r} has no checkpoint (the layer is not rematerialised)")
-    policy = _POLICIES[name](jax.checkpoint_policies)
+    policy = _POLICIES[policy_name(name)](jax.checkpoint_policies)
     if not also_save:
         return policy
     named = jax.checkpoint_policies.save_only_these_names(*also_save)
@@ -78,7 +88,7 @@ def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = T
 
     Args:
       target: a function (wrapped with ``jax.checkpoint``) or an ``nn.Module`` subclass (wrapped
-        with ``nn.remat``); ``none`` returns it unchanged.
+        with ``nn.remat``).
       policy: one of :data:`REMAT_POLICIES`, or ``True``/``False`` for ``full``/``none``.
       prevent_cse: pass False for a layer that runs under a scan, where XLA cannot merge the
         forward and the recomputation anyway (JAX's own advice; it saves work).
@@ -96,8 +106,6 @@ def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = T
     import jax
 
     name = policy_name(policy)
-    if name == "none":
-        return target
     if isinstance(target, type) and issubclass(target, nn.Module):
         return nn.remat(target, prevent_cse=prevent_cse, policy=checkpoint_policy(name, also_save))
     return jax.checkpoint(target, prevent_cse=prevent_cse, policy=checkpoint_policy(name, also_save))

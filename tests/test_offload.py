@@ -114,7 +114,8 @@ def test_remat_policies_in_the_compiled_step():
         s = build_job(tiny_config("zero.stage=3", f"model.remat={policy}"))
         reports[policy] = plan_report(s)
     none, full, offload = reports["none"], reports["full"], reports["offload_dots"]
-    assert full["compiled"]["temp"] < 0.7 * none["compiled"]["temp"]
+    # none keeps what a layer needs (tests/test_saved.py); full keeps only each layer's input.
+    assert full["compiled"]["temp"] < none["compiled"]["temp"]
     assert 0 < full["activations"]["device"] < none["activations"]["device"]
     # The offloading policy asks for the saved matmul outputs in host memory. (The CPU backend
     # ignores the placement, so the ledger reads the share from the program's residuals.)
@@ -137,9 +138,9 @@ def test_remat_helper_wraps_a_function_and_a_module():
     for policy in REMAT_POLICIES:
         wrapped = remat(layer, policy)
         np.testing.assert_array_equal(jax.grad(lambda w, f=wrapped: f(w, x).sum())(w), want)
-    wrapped = remat(nn.Dense, "dots_saveable")
-    assert issubclass(wrapped, nn.Module) and wrapped is not nn.Dense
-    assert remat(nn.Dense, "none") is nn.Dense
+    for policy in REMAT_POLICIES:  # none too: it recomputes the elementwise work, never a matmul
+        wrapped = remat(nn.Dense, policy)
+        assert issubclass(wrapped, nn.Module) and wrapped is not nn.Dense
 
 
 # ZeRO-R's P_a needs saved activations to dominate the temporaries: many layers, a moderate sequence,

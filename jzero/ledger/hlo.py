@@ -431,8 +431,9 @@ def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str,
 
 def _per_example(dims: tuple[int, ...], rows: int) -> bool:
     """A stack of a batch's activations: ``[iterations, rows, ...]``, or ``[iterations, 1, rows, ...]``
-    where the step maps over batch groups (``vmap``) and each device has one."""
-    return dims[1] == rows or (len(dims) > 2 and dims[1] == 1 and dims[2] == rows)
+    where the step maps over batch groups (``vmap``) and each device has one. An activation has a
+    position axis too: a parameter slice ``[iterations, n]`` with ``n == rows`` is not one."""
+    return len(dims) > 2 and (dims[1] == rows or (len(dims) > 3 and dims[1] == 1 and dims[2] == rows))
 
 
 def _written_elements(body: list[_Instruction]) -> set[int]:

@@ -247,7 +247,7 @@ class GPT(nn.Module):
         x = nn.with_logical_constraint(x, BATCH_ACT)
         # Rematerialised like the blocks: the backward gathers the head's weights again instead of
         # holding them whole from the forward (ZeRO-3 frees a gathered parameter after its use).
-        head = GPT._head if policy == "none" else nn.remat(GPT._head, policy=checkpoint_policy(policy, also_save))
+        head = nn.remat(GPT._head, policy=checkpoint_policy(policy, also_save))
         # The table as it rests: a tied head gathers it again, inside its own remat.
         resting = embed.embedding if self.gather is None else self.variables["params"]["embed"]["embedding"]
         logits = head(self, x, resting)

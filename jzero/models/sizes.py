@@ -1,9 +1,31 @@
-"""The GPT's size and its model FLOPs from its shape alone, without building it or importing JAX:
-what config validation needs to refuse a model too large to count, and what MFU divides by."""
+"""The GPT's size, its model FLOPs and what its layers save for the backward, from its shape alone,
+without building it or importing JAX: what config validation needs to refuse a model too large to
+count, what MFU divides by, and the formula the ledger sets the saved activations against."""
 
 from __future__ import annotations
 
-__all__ = ["gpt_flops_per_token", "gpt_matmul_params", "gpt_param_count"]
+__all__ = [
+    "SAVED_BY_POLICY",
+    "gpt_flops_per_token",
+    "gpt_matmul_params",
+    "gpt_param_count",
+    "gpt_saved_per_layer",
+    "gpt_saved_role",
+]
+
+# What each remat policy keeps of a GPT layer (docs/offload.md, "What a layer saves"): its input,
+# the q, k and v projections, attention (cuDNN's output and softmax statistics, or XLA's float32
+# scores and weighted values), the output projection and the MLP's first matmul. Everything else
+# (norms, rotary, GELU, the residual adds) is recomputed from these; offload_dots keeps the same
+# as dots_with_no_batch_dims_saveable but in host memory (the ledger reads which).
+_PROJECTIONS = ("input", "query", "key", "value", "attn_out", "mlp_in")
+SAVED_BY_POLICY: dict[str, tuple[str, ...]] = {
+    "none": (*_PROJECTIONS, "attention"),
+    "full": ("input",),
+    "dots_saveable": (*_PROJECTIONS, "attention(xla)"),
+    "dots_with_no_batch_dims_saveable": _PROJECTIONS,
+    "offload_dots": _PROJECTIONS,
+}
 
 
 def gpt_param_count(vocab_size: int, d_model: int, n_layers: int, mlp_ratio: int) -> int:
@@ -24,3 +46,60 @@ def gpt_flops_per_token(vocab_size: int, d_model: int, n_layers: int, mlp_ratio:
     forward and backward matmuls over N :func:`gpt_matmul_params`, plus 12 L T d for attention's
     scores and weighted values at sequence length T. Remat's recomputation is not counted."""
     return 6 * gpt_matmul_params(vocab_size, d_model, n_layers, mlp_ratio) + 12 * n_layers * seq_len * d_model
+
+
+def gpt_saved_per_layer(
+    policy: str,
+    rows: int,
+    seq_len: int,
+    d_model: int,
+    n_heads: int,
+    mlp_ratio: int,
+    *,
+    dtype_bytes: int,
+    attention: str,
+    model_parallel: int = 1,
+    partitioned: bool = False,
+) -> dict[str, int]:
+    """Bytes one GPT layer saves for the backward per device, by kind, under a remat policy.
+
+    Args:
+      policy: a remat policy's name (:data:`SAVED_BY_POLICY`).
+      rows: the batch rows a device computes at once (one microbatch's).
+      seq_len, d_model, n_heads, mlp_ratio: the model's shape.
+      dtype_bytes: the compute dtype's size (2 for bfloat16).
+      attention: ``xla`` or ``cudnn``.
+      model_parallel: N_m; heads and the MLP's hidden units are split over it.
+      partitioned: the layer's input is split over ``model`` too (ZeRO-R's P_a).
+
+    Returns:
+      ``{kind: bytes}``. For 16-bit compute, ``none`` is (6 + mlp_ratio) s b h bytes plus cuDNN's
+      4 b a s of softmax statistics (20 s b h at mlp_ratio 4, against Korthikanti et al.'s 34 s b h,
+      which also keeps the norms' outputs, the GELU's output and dropout masks), ``full`` 2 s b h.
+    """
+    sbh, split = rows * seq_len * d_model, model_parallel
+    attention_bytes = (
+        {"attention": sbh // split * dtype_bytes + rows * n_heads // split * seq_len * 4}
+        if attention == "cudnn"
+        else {"attention": rows * n_heads // split * seq_len * seq_len * 4 + sbh // split * dtype_bytes}
+    )
+    every = {
+        "input": sbh // (split if partitioned else 1) * dtype_bytes,
+        **{name: sbh // split * dtype_bytes for name in ("query", "key", "value")},
+        "attn_out": sbh // (split if partitioned else 1) * dtype_bytes,  # reduce-scattered along the sequence
+        "mlp_in": sbh * mlp_ratio // split * dtype_bytes,
+        **attention_bytes,
+    }
+    kept = [k.removesuffix("(xla)") for k in SAVED_BY_POLICY[policy] if not (k.endswith("(xla)") and attention != "xla")]
+    return {kind: every[kind] for kind in kept}
+
+
+def gpt_saved_role(kind: str, shape: list[int]) -> str:
+    """The formula's kind of a saved stack named by its producing op (``query/dot_general``, ``input``,
+    ``attention/cudnn``) and shaped ``shape`` (one layer's). Any other op of the block itself is
+    attention's own matmuls under XLA (per head: more than 3 dimensions) or the residual stream that
+    is the next layer's input ([rows, seq, d_model])."""
+    module = kind.split("/")[0]
+    if module in (*_PROJECTIONS, "attention"):
+        return module
+    return "attention" if len(shape) > 3 else "input"

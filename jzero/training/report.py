@@ -22,7 +22,9 @@ from jzero.ledger import targets
 from jzero.ledger.element_types import gradient_reductions, parameter_gathers
 from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
+from jzero.ledger.saved import saved_by_kind
 from jzero.mesh import make_mesh, mesh_shape
+from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
 from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, TensorPlan, shard_bytes
 from jzero.quantize import Layout
@@ -311,12 +313,34 @@ def saved_activations(job: Job, hlo_text: str) -> dict[str, Any]:
         saved["host"] = round(saved["device"] * share)
         saved["device"] -= saved["host"]
         source = "policy"
+    remat, partitioned = policy_name(cfg.model.remat), partitions_activations(cfg.model, model_ways(job.mesh.shape))
+    out = {"device": saved["device"], "host": saved["host"], "remat": remat, "partitioned": partitioned, "host_from": source}
+    return {**out, **_saved_against_formula(job, hlo_text, rows, partitioned)}
+
+
+def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool) -> dict[str, Any]:
+    """The layer loops' saved stacks by kind (:func:`jzero.ledger.saved.saved_by_kind`) and, for the
+    GPT, each kind's bytes per layer by the formula of its remat policy; kinds over it are listed."""
+    by_kind = saved_by_kind(hlo_text, rows)
+    if job.model is None:
+        return {"by_kind": by_kind}
+    m, policy = job.config.model, policy_name(job.config.model.remat)
+    itemsize = jnp.dtype(job.precision.compute_dtype or jnp.float32).itemsize
+    formula = gpt_saved_per_layer(
+        policy, rows, m.seq_len, m.d_model, m.n_heads, m.mlp_ratio, dtype_bytes=itemsize,
+        attention=job.model.attention, model_parallel=model_ways(job.mesh.shape), partitioned=partitioned,
+    )  # fmt: skip
+    measured: dict[str, int] = {}
+    for row in by_kind:
+        row["role"] = gpt_saved_role(row["kind"], row["shape"])
+        measured[row["role"]] = measured.get(row["role"], 0) + row["bytes_per_layer"]
+    layers = max((row["layers"] for row in by_kind), default=m.n_layers)
     return {
-        "device": saved["device"],
-        "host": saved["host"],
-        "remat": policy_name(cfg.model.remat),
-        "partitioned": partitions_activations(cfg.model, model_ways(job.mesh.shape)),
-        "host_from": source,
+        "by_kind": by_kind,
+        "formula": sum(formula.values()) * layers,
+        "formula_by_kind": formula,
+        "over_formula": sorted(role for role, nbytes in measured.items() if nbytes > formula.get(role, 0)),
+        "korthikanti_none": 34 * rows * m.seq_len * m.d_model * layers,  # 16-bit, no recomputation
     }
 
 

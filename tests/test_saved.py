@@ -1,0 +1,89 @@
+"""What the layer loops save for the backward, by kind (jzero/ledger/saved.py), against the GPT's
+formula for each remat policy (jzero/models/sizes.py): the compiled program's bytes, exactly."""
+
+import pytest
+from conftest import tiny_config
+
+from jzero.ledger.render import _saved_kind_lines
+from jzero.ledger.targets import gpu_compiler_available, target_devices
+from jzero.models.sizes import SAVED_BY_POLICY, gpt_saved_per_layer
+from jzero.remat_policies import REMAT_POLICIES
+from jzero.training.job import build_job
+from jzero.training.report import plan_report
+
+BF16 = ("precision.compute_dtype=bfloat16",)
+
+
+def _activations(*sets, devices=None):
+    job = build_job(tiny_config("zero.stage=3", *sets), devices)
+    _, compiled = job.compile_step()
+    return plan_report(job, compiled)["activations"], compiled.as_text()
+
+
+def _roles(a) -> set[str]:
+    return {row["role"] for row in a["by_kind"]}
+
+
+@pytest.mark.parametrize("policy", REMAT_POLICIES)
+def test_each_policy_saves_its_formula_exactly_on_cpu(policy):
+    a, _ = _activations(f"model.remat={policy}")
+    # XLA attention on CPU: its scores in float32 are kept by none and dots_saveable only.
+    assert a["device"] + a["host"] == a["formula"] > 0
+    assert _roles(a) == set(a["formula_by_kind"]) and a["over_formula"] == []
+
+
+def test_none_keeps_what_a_layer_needs_not_every_intermediate():
+    # JAX's own linearization (no checkpoint) kept a tanh GELU's 6 intermediates and the norms'
+    # float32 copies: 86 s b h bytes per layer on the MPT-7B row, against 20 now (docs/offload.md).
+    a, _ = _activations("model.remat=none", "model.mlp_ratio=4")
+    assert set(a["formula_by_kind"]) == set(SAVED_BY_POLICY["none"])
+    mlp = [row for row in a["by_kind"] if row["role"] == "mlp_in"]
+    assert len(mlp) == 1  # the MLP's hidden activations once: GELU is recomputed from them
+
+
+@pytest.fixture(scope="module")
+def h100x8():
+    if not gpu_compiler_available():
+        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
+    return target_devices("h100x8")
+
+
+@pytest.mark.parametrize("mesh", ["mesh.axes.data=8", "mesh.axes.model=2"], ids=["dp8", "dp4-mp2"])
+def test_none_on_gpus_saves_the_formula_and_runs_attention_once(mesh, h100x8):
+    sets = ("model.remat=none", *BF16, mesh) + (("mesh.axes.data=4",) if "model" in mesh else ())
+    a, text = _activations(*sets, devices=h100x8)
+    assert a["device"] == a["formula"] and a["over_formula"] == []
+    assert _roles(a) == set(SAVED_BY_POLICY["none"])  # cuDNN's output and statistics are attention's
+    # The forward's attention kernel is kept, not run again in the backward.
+    assert text.count('custom_call_target="__cudnn$fmhaSoftmax"') == 1
+
+
+def test_the_formula_in_figures():
+    # MPT-7B's row (benchmarks/calibration.py): 6 rows of 2048 tokens, d 4096, 32 heads, bf16, cuDNN.
+    sbh = 6 * 2048 * 4096
+    none = gpt_saved_per_layer("none", 6, 2048, 4096, 32, 4, dtype_bytes=2, attention="cudnn")
+    assert sum(none.values()) == 20 * sbh + 4 * 6 * 32 * 2048  # (6 + r) s b h, 2 bytes, + float32 statistics
+    assert gpt_saved_per_layer("full", 6, 2048, 4096, 32, 4, dtype_bytes=2, attention="cudnn") == {"input": 2 * sbh}
+    split = gpt_saved_per_layer(
+        "none", 6, 2048, 4096, 32, 4, dtype_bytes=2, attention="cudnn", model_parallel=2, partitioned=True
+    )
+    assert (
+        sum(split.values()) == sum(none.values()) // 2
+    )  # everything splits over model, the input and attn_out along the sequence
+    xla = gpt_saved_per_layer("dots_saveable", 1, 8, 4, 2, 4, dtype_bytes=4, attention="xla")
+    assert xla["attention"] == 2 * 8 * 8 * 4 + 8 * 4 * 4  # float32 scores [heads, T, T] and the weighted values
+
+
+def test_the_plan_flags_a_kind_over_its_formula():
+    a = {
+        "device": 300, "host": 0, "remat": "none", "formula": 200, "korthikanti_none": 1000,
+        "formula_by_kind": {"input": 100, "mlp_in": 100}, "over_formula": ["mlp_in"],
+        "by_kind": [
+            {"kind": "input", "role": "input", "dtype": "bf16", "shape": [1, 2], "bytes_per_layer": 100},
+            {"kind": "mlp_in/dot_general", "role": "mlp_in", "dtype": "f32", "shape": [1, 4], "bytes_per_layer": 200},
+        ],
+    }  # fmt: skip
+    lines = _saved_kind_lines(a)
+    assert "saved 1.500 of it" in lines[0]
+    flagged = [line for line in lines if "over the formula" in line]
+    assert len(flagged) == 1 and "mlp_in" in flagged[0] and "f32[1, 4]" in flagged[0]
