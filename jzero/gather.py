@@ -5,7 +5,9 @@ gathered again in the backward, and its gradient reduce-scattered as soon as it 
 it to a loss from outside, without touching the model: it traces the loss to a jaxpr, finds where
 each unit's parameters are read, and runs each such stretch of the program as a :func:`unit_call`.
 That works for any Flax linen or NNX model, a Hugging Face Flax model or a plain function of a
-parameter dict, since all of them are one jaxpr once traced.
+parameter dict, since all of them are one jaxpr once traced. A ``jit`` (``nn.jit``) or remat call
+that reads several units is run in place first; units one ``custom_vjp`` reads together are left
+to XLA, as without units.
 
 Why each piece is there:
 
@@ -29,6 +31,8 @@ Why each piece is there:
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,6 +59,7 @@ __all__ = [
     "gather",
     "gathering",
     "regions",
+    "split_units",
     "tree_gather",
     "unit_call",
     "unit_options",
@@ -389,6 +394,10 @@ def with_units(
 ) -> Callable[[Any, Any], jax.Array]:
     """``loss_fn`` with its units' parameters gathered region by region (:func:`unit_call`).
 
+    Units whose parameters one equation reads together (a ``custom_vjp`` around several layers)
+    cannot be split: they are left to XLA, as with no units, and a warning says so in one line
+    (:func:`split_units`).
+
     Args:
       loss_fn: ``loss_fn(params, batch)``.
       units: parameter path -> unit, for the parameters to gather.
@@ -399,27 +408,141 @@ def with_units(
     Returns:
       A loss of the resting parameters, with the same value and gradient.
     """
+
     def loss(params, batch):
-        flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-        paths = [path_str(p) for p, _ in flat]
+        t = _trace(loss_fn, units, params, batch, compute_dtype)
+        for line in t.merged:
+            warnings.warn(line, stacklevel=2)
         # Units gather (and cast) their own shards; the other leaves are read as they are, cast.
-        leaves = [
-            x if compute_dtype is None or p in units else x.astype(compute_dtype) for p, (_, x) in zip(paths, flat, strict=True)
-        ]
-        avals = [jax.ShapeDtypeStruct(x.shape, compute_dtype or x.dtype) for x in leaves]
-        closed = jax.make_jaxpr(lambda ps, b: loss_fn(treedef.unflatten(ps), b))(avals, batch)
-        jaxpr = closed.jaxpr
-        index = {v: i for i, v in enumerate(jaxpr.invars[: len(leaves)])}
-        unit_of = {i: units[p] for i, p in enumerate(paths) if p in units}
-        found = regions([{index[v] for v in _reads(e) if v in index} for e in jaxpr.eqns], unit_of)
-        env = dict(zip(jaxpr.constvars, closed.consts, strict=True))
+        leaves = [x if compute_dtype is None or i in t.unit_of else x.astype(compute_dtype) for i, x in enumerate(t.leaves)]
+        jaxpr = t.closed.jaxpr
+        env = dict(zip(jaxpr.constvars, t.closed.consts, strict=True))
         env.update(zip(jaxpr.invars, [*leaves, *jax.tree.leaves(batch)], strict=True))
         # Each region gathers its own leaves from the shards; nothing else reads them.
         dtype = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
-        specs_of = [[dataclasses.replace(specs[paths[i]], **dtype) for i in r.leaves] for r in found]
-        return _replay(jaxpr, env, found, specs_of, prefetch)
+        specs_of = [[dataclasses.replace(specs[t.paths[i]], **dtype) for i in r.leaves] for r in t.found]
+        return _replay(jaxpr, env, t.found, specs_of, prefetch)
 
     return loss
+
+
+def split_units(
+    loss_fn: Callable[[Any, Any], jax.Array], units: dict[str, int], params: Any, batch: Any, *, compute_dtype: Any = None
+) -> tuple[dict[str, int], list[str]]:
+    """The units :func:`with_units` can gather one at a time in ``loss_fn``, and why the others cannot.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch)``.
+      units: parameter path -> unit.
+      params, batch: the loss's arguments, or their shapes (``jax.ShapeDtypeStruct``).
+      compute_dtype: the dtype the loss reads the parameters in (None: their own).
+
+    Returns:
+      ``(units in effect, lines)``: ``units`` without those merged into one region, and one line
+      per such region naming its units and the equation that reads them together.
+    """
+    t = _trace(loss_fn, units, params, batch, compute_dtype)
+    return {t.paths[i]: unit for i, unit in t.unit_of.items()}, t.merged
+
+
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    """A loss traced for :func:`with_units`: its flat jaxpr, the regions to gather and the merged units."""
+
+    closed: Any
+    leaves: list[Any]  # the parameter leaves, as given
+    paths: list[str]
+    unit_of: dict[int, int]  # leaf -> unit, for the units in effect
+    found: list[Region]
+    merged: list[str]
+
+
+def _trace(loss_fn: Callable[..., jax.Array], units: dict[str, int], params: Any, batch: Any, compute_dtype: Any) -> _Traced:
+    """``loss_fn`` traced, the calls that read several units opened (:func:`_opened`), and its regions."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    paths = [path_str(p) for p, _ in flat]
+    avals = [jax.ShapeDtypeStruct(x.shape, compute_dtype or x.dtype) for _, x in flat]
+    closed = jax.make_jaxpr(lambda ps, b: loss_fn(treedef.unflatten(ps), b))(avals, batch)
+    unit_of = {i: units[p] for i, p in enumerate(paths) if p in units}
+    closed = _opened(closed, unit_of)
+    index = {v: i for i, v in enumerate(closed.jaxpr.invars[: len(flat)])}
+    reads = [{index[v] for v in _reads(e) if v in index} for e in closed.jaxpr.eqns]
+    found = regions(reads, unit_of)
+    merged = [r for r in found if len({unit_of[i] for i in r.leaves}) > 1]
+    if merged:  # left to XLA, as with no units: gathered once, where XLA places it
+        names = _unit_names(units)
+        lines = [_merged_line(r, reads, unit_of, closed.jaxpr.eqns, names) for r in merged]
+        dropped = {unit_of[i] for r in merged for i in r.leaves}
+        unit_of = {i: unit for i, unit in unit_of.items() if unit not in dropped}
+        return _Traced(closed, [x for _, x in flat], paths, unit_of, regions(reads, unit_of), lines)
+    return _Traced(closed, [x for _, x in flat], paths, unit_of, found, [])
+
+
+def _unit_names(units: dict[str, int]) -> dict[int, str]:
+    """unit -> its name: the path prefix its parameters share (a parameter alone: its path)."""
+    parts: dict[int, list[str]] = {}
+    for path, unit in units.items():
+        # commonprefix compares lists element by element: whole path components.
+        parts[unit] = os.path.commonprefix([parts.get(unit, path.split("/")), path.split("/")])
+    return {unit: "/".join(p) for unit, p in parts.items()}
+
+
+def _merged_line(region: Region, reads: Sequence[set[int]], unit_of: dict[int, int], eqns: Sequence[Any], names: dict) -> str:
+    """One line naming a region's units and the equations that read them together."""
+    units = sorted({unit_of[i] for i in region.leaves})
+    span = range(region.start, region.stop)
+    together = [eqns[k].primitive.name for k in span if len({unit_of[i] for i in reads[k] if i in unit_of}) > 1]
+    first, last = names[units[0]], names[units[-1]]
+    which = f"{first}..{last} ({len(units)} units)" if len(units) > 2 else f"{first} and {last}"
+    by = f"one {together[0]}" if len(together) == 1 else ", ".join(dict.fromkeys(together))
+    return f"units: {which} merged into one region (their parameters are read by {by}); XLA gathers them, as without units"
+
+
+# Calls with no derivative rule of their own, whose bodies can run in place (a custom_jvp or
+# custom_vjp cannot: its rule covers its whole body).
+_CALLS = frozenset({"jit", "closed_call", "call", "remat2"})
+
+
+def _opened(closed: Any, unit_of: dict[int, int]) -> Any:
+    """``closed`` with every call that reads two units' parameters run in place, nested ones too
+    (an ``nn.jit`` model is one ``jit`` equation otherwise); the same jaxpr when there is none."""
+    tags = [frozenset({unit_of[i]}) if i in unit_of else frozenset() for i in range(len(closed.jaxpr.invars))]
+    if not any(_opens(e, dict(zip(closed.jaxpr.invars, tags, strict=True))) for e in closed.jaxpr.eqns):
+        return closed
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in closed.jaxpr.invars]
+    return jax.make_jaxpr(lambda *args: _inlined(closed.jaxpr, closed.consts, args, tags))(*avals)
+
+
+def _units_read(eqn: Any, tag: dict) -> set[int]:
+    return set().union(*(tag.get(v, ()) for v in _reads(eqn)))
+
+
+def _opens(eqn: Any, tag: dict) -> bool:
+    return eqn.primitive.name in _CALLS and len(_units_read(eqn, tag)) > 1
+
+
+def _inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[frozenset]) -> list[Any]:
+    """Evaluate ``jaxpr`` as :func:`_run` does, running in place the calls that read two units
+    (``tags``: the units each argument is a parameter of)."""
+    env = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    tag = {v: t for v, t in zip(jaxpr.invars, tags, strict=True) if t}
+    for eqn in jaxpr.eqns:
+        if not _opens(eqn, tag):
+            _run([eqn], env)
+            continue
+        body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        body, body_consts = (body.jaxpr, body.consts) if hasattr(body, "consts") else (body, ())
+        inner = [tag.get(a, frozenset()) if isinstance(a, Var) else frozenset() for a in eqn.invars]
+        name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+        with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack):
+            out = _inlined(body, body_consts, [_value(a, env) for a in eqn.invars], inner)
+        env.update(zip(eqn.outvars, out, strict=True))
+    return [_value(a, env) for a in jaxpr.outvars]
+
+
+def _value(a: Any, env: dict) -> Any:
+    return a.val if isinstance(a, Literal) else env[a]
 
 
 def _replay(jaxpr: Any, env: dict, found: list[Region], specs_of: list[list[UnitSpec]], prefetch: int) -> Any:

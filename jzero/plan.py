@@ -131,6 +131,8 @@ class Plan:
     units: dict[str, int] = dataclasses.field(default_factory=dict)
     unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.units.unit_names`)
     prefetch: int = 1  # how many units ahead a gather may start
+    # One line per group of units the loss could not split (jzero.gather.split_units): left to XLA.
+    merged_units: tuple[str, ...] = ()
     persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole
     quantized_weights: str = NONE  # qwZ: the width parameter gathers send (none: the compute dtype)
     quantization_block: int = DEFAULT_BLOCK  # qwZ: elements per scale

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from jzero.axes import LAYERS
 from jzero.errors import PlanError
-from jzero.gather import UnitSpec, gather, tree_gather, unit_options, with_units
+from jzero.gather import UnitSpec, gather, split_units, tree_gather, unit_options, with_units
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
@@ -51,6 +51,7 @@ __all__ = [
     "sharded_init",
     "state_from_params",
     "unit_loss",
+    "units_in_effect",
 ]
 
 LossFn = Callable[[Any, Any], jax.Array]
@@ -495,6 +496,16 @@ def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossF
         if t.path in plan.units
     }
     return with_units(loss_fn, plan.units, specs, compute_dtype=precision.compute_dtype, prefetch=plan.prefetch)
+
+
+def units_in_effect(loss_fn: LossFn, plan: Plan, params: Any, batch: Any, precision: Precision = FP32) -> Plan:
+    """``plan`` with only the units ``loss_fn`` lets :func:`unit_loss` gather one at a time
+    (:func:`jzero.gather.split_units`): the others, merged into one region, are left to XLA and
+    named in ``plan.merged_units``. ``params`` and ``batch`` may be shapes."""
+    if not plan.units:
+        return plan
+    units, merged = split_units(loss_fn, plan.units, params, batch, compute_dtype=precision.compute_dtype)
+    return dataclasses.replace(plan, units=units, merged_units=tuple(merged)) if merged else plan
 
 
 def _layout(layouts: dict[str, Any], path: str) -> Layout | None:

@@ -233,3 +233,142 @@ def test_an_nnx_model_with_a_list_of_layers_gets_units_and_the_same_numbers(devi
     for k in range(5):
         state, _ = step(state, jax.device_put(batches[k], plan.batch))
     ref.check(params=jax.device_get(state.params))
+
+
+def _nn_jit_llama(jitted: bool = True):
+    """The Llama-style model, 6 layers, its ``__call__`` wrapped in ``nn.jit`` as a library does so
+    that ``apply`` is fast in notebooks: the loss reads it as one ``jit`` equation."""
+    import flax.linen as nn
+    import optax
+    from helpers.llama import Llama
+
+    model = (nn.jit(Llama) if jitted else Llama)(d=32, layers=6, heads=4, kv_heads=2)
+
+    def init_fn(key):
+        return model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
+
+    def loss_fn(params, batch):
+        logits = model.apply({"params": params}, batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    return init_fn, loss_fn
+
+
+def _own(parts, *overrides):
+    init_fn, loss_fn = parts
+    return build_job(load_config(None, [*LLAMA, "zero.stage=3", *overrides]), jax.devices()[:8], init_fn=init_fn, loss_fn=loss_fn)
+
+
+def _held_and_sent(s):
+    """The share of the parameters gathered at once, and the bytes all-gathered per device."""
+    _, compiled = s.compile_step()
+    return gathered.gathered_at_once(compiled, s.plan)["share_of_params"], gathered.gathered_total(compiled.as_text())
+
+
+def test_units_take_effect_inside_an_nn_jit_model(devices):
+    s = _own(_nn_jit_llama())
+    assert len(set(s.plan.units.values())) == 6 + 3 and s.plan.merged_units == ()
+    held, sent = _held_and_sent(s)
+    assert held <= 0.40, f"the jit is opened and its layers gathered one at a time ({held:.2f} at once)"
+    # The traffic of units (forward and backward, each unit once), not everything gathered twice.
+    _, unwrapped = _held_and_sent(_own(_nn_jit_llama(jitted=False)))
+    assert sent <= unwrapped
+
+
+def test_an_nn_jit_model_with_units_equals_one_device_optax(devices):
+    s = _own(_nn_jit_llama())
+    batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(5)]
+    ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], 5)
+    state, step = s.init_state(), s.make_step()
+    for k in range(5):
+        state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
+    ref.check(params=jax.device_get(state.params))
+
+
+BLOCKS = 6
+
+
+def _blocks(blocks, x):
+    for i in range(BLOCKS):
+        x = x + jax.nn.gelu(x @ blocks[f"blocks_{i}"]["up"]) @ blocks[f"blocks_{i}"]["down"]
+    return x
+
+
+@jax.custom_vjp
+def _fused(blocks, x):
+    """Six blocks in one custom_vjp, as a fused kernel's wrapper runs them."""
+    return _blocks(blocks, x)
+
+
+def _fused_forward(blocks, x):
+    return jax.vjp(_blocks, blocks, x)
+
+
+def _fused_backward(back, ct):
+    # Half the true gradient: a rule autodiff would not give, so that opening the call shows.
+    return jax.tree.map(lambda g: 0.5 * g, back(ct))
+
+
+_fused.defvjp(_fused_forward, _fused_backward)
+
+
+def _fused_parts():
+    import optax
+
+    def init_fn(key):
+        k = iter(jax.random.split(key, 2 * BLOCKS + 2))
+        params = {"embed": 0.02 * jax.random.normal(next(k), (256, 32)), "head": 0.02 * jax.random.normal(next(k), (32, 256))}
+        for i in range(BLOCKS):
+            up, down = 0.05 * jax.random.normal(next(k), (32, 128)), 0.05 * jax.random.normal(next(k), (128, 32))
+            params[f"blocks_{i}"] = {"up": up, "down": down}
+        return params
+
+    def loss_fn(params, batch):
+        x = _fused({k: v for k, v in params.items() if k.startswith("blocks_")}, params["embed"][batch[:, :-1]])
+        return optax.softmax_cross_entropy_with_integer_labels(x @ params["head"], batch[:, 1:]).mean()
+
+    return init_fn, loss_fn
+
+
+MERGED = (
+    "units: blocks_0..blocks_5 (6 units) merged into one region (their parameters are read by one custom_vjp_call); "
+    "XLA gathers them, as without units"
+)
+
+
+def test_units_one_custom_vjp_reads_are_left_to_xla_and_named_once(devices):
+    from jzero.ledger.render import format_plan
+
+    s = _own(_fused_parts())
+    assert s.plan.merged_units == (MERGED,)
+    assert sorted(s.plan.unit_tensors) == ["embed", "head"], "only the units in effect are counted"
+    report = plan_report(s)
+    assert report["gathered"]["units"] == 2 and format_plan(report).splitlines().count(MERGED) == 1
+    held, sent = _held_and_sent(s)
+    held_none, sent_none = _held_and_sent(_own(_fused_parts(), "zero.gather_units=none"))
+    assert held <= held_none, "the merged units are gathered as without units, not all at once twice"
+    head = next(t.nbytes for t in s.plan.tensors if t.path == "head")
+    assert sent <= sent_none + head, "beyond what no units send, only the head's backward gather (the embedding needs none)"
+
+
+def test_a_step_from_make_plan_warns_of_the_merged_units_once(devices):
+    import optax
+
+    init_fn, loss_fn = _fused_parts()
+    tx, key = optax.adam(1e-3), jax.random.key(0)
+    plan = jzero.make_plan(jzero.abstract_state(init_fn, tx, key), jzero.make_mesh({"data": 8}), 3)
+    assert len(set(plan.units.values())) == BLOCKS + 2, "the plan has not traced the loss"
+    params = jax.eval_shape(init_fn, key)
+    with pytest.warns(UserWarning) as caught:
+        jax.make_jaxpr(jzero.step.unit_loss(loss_fn, plan))(params, jax.ShapeDtypeStruct((16, 17), jnp.int32))
+    assert [str(w.message) for w in caught if str(w.message).startswith("units:")] == [MERGED]
+
+
+def test_a_custom_vjp_keeps_its_rule_under_units(devices):
+    s = _own(_fused_parts())
+    batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(5)]
+    ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], 5)
+    state, step = s.init_state(), s.make_step()
+    for k in range(5):
+        state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
+    ref.check(params=jax.device_get(state.params))

@@ -158,7 +158,8 @@ def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> 
       ``peak_bytes`` (:func:`gathered_peak`, per device); ``share_of_params``, that over the whole
       parameters in the compute dtype (model axes still split); ``layer_bytes``, one layer's
       (:meth:`jzero.plan.Plan.layer_bytes`, None without units or a scanned stack); ``layers``,
-      the peak in layers' worth (None likewise); ``units``, how many gathering units; ``prefetch``.
+      the peak in layers' worth (None likewise); ``units``, how many gathering units (those in
+      effect); ``merged``, a line per group of units the loss could not split; ``prefetch``.
     """
     text = compiled if isinstance(compiled, str) else compiled.as_text()
     dtype = precision.compute_dtype
@@ -171,5 +172,6 @@ def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> 
         "layer_bytes": layer or None,
         "layers": peak / layer if layer else None,
         "units": len(set(plan.units.values())),
+        "merged": list(plan.merged_units),
         "prefetch": plan.prefetch,
     }

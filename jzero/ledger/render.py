@@ -276,7 +276,7 @@ def _gathered_lines(report: dict[str, Any]) -> list[str]:
     share = f"{g['share_of_params']:.2f} of the whole parameters{layers}"
     if report["mesh"].get("model", 1) > 1:  # the activations tensor parallelism gathers are all-gathers too
         share = f"{g['share_of_params']:.2f} of a model shard's parameters{layers}, activations gathered over model included"
-    lines = [f"gathered at once: {human_bytes(g['peak_bytes'])} ({share}; {units})"]
+    lines = [f"gathered at once: {human_bytes(g['peak_bytes'])} ({share}; {units})", *g.get("merged", [])]
     return lines + _tensor_list("resting whole below zero.persist_below_bytes (never gathered)", g["persistent"])
 
 

@@ -50,6 +50,7 @@ from jzero.step import (
     model_gather,
     sharded_abstract,
     sharded_init,
+    units_in_effect,
 )
 
 __all__ = [
@@ -254,6 +255,8 @@ class Job:
         )
         plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules, **_zero_keys(config))
         fetches_layers = self.fetches_layers and zero.offload_params
+        if self.model is None:
+            plan = _units_in_effect(self.loss_fn, plan, self.abstract, config, self.precision)
         loss_fn = self.loss_fn if self.model is None else gpt_loss(self.model, plan, self.precision)
         return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers, loss_fn=loss_fn)
 
@@ -322,9 +325,18 @@ def build_job(
         loss_fn = gpt_loss(model, plan, precision)
     elif plan.qgz:  # a loss of yours runs under GSPMD, where no partial gradient can be quantized
         raise ConfigError("zero.quantized_gradients", "needs jzero's GPT, which gathers its own layers under shard_map")
+    else:
+        plan = _units_in_effect(loss_fn, plan, abstract, config, precision)
     if flops_per_token is None:
         flops_per_token = model_flops_per_token(config.model) if model is not None else 6 * plan.num_params
     return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
+
+
+def _units_in_effect(loss_fn: LossFn, plan: Plan, abstract: Any, config: Config, precision: Precision) -> Plan:
+    """The plan with only the units your loss lets the step gather one at a time (:func:`jzero.step.units_in_effect`),
+    so that ``jzero plan`` and the ledger count those."""
+    batch = jax.ShapeDtypeStruct((config.train.global_batch_size, config.model.seq_len + 1), jnp.int32)
+    return units_in_effect(loss_fn, plan, abstract.params, batch, precision)
 
 
 def own_model(config: Config) -> tuple[InitFn, LossFn]:
