@@ -389,7 +389,11 @@ class Session:
             return 0
 
         out = io.StringIO()
-        saved_env, cwd = {k: os.environ.get(k) for k in command.env}, os.getcwd()
+        # The user's XLA_FLAGS, not the suite's: jzero plan prints the XLA options it reads there.
+        user = {"XLA_FLAGS": self.env.get("XLA_FLAGS")} if self.env is not None else {}
+        saved_env, cwd = {k: os.environ.get(k) for k in [*user, *command.env]}, os.getcwd()
+        for k, v in user.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         os.environ.update({k: self.words(v) for k, v in command.env.items()})
         os.chdir(self.folder)
         try:

@@ -216,6 +216,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if value is None and type(None) in options:
             return None
         inner = [o for o in options if o is not type(None)]
+        if set(inner) == set(_SCALARS):  # any plain scalar, as YAML typed it (compiler.xla_options)
+            return _scalar(value, key)
         if len(inner) > 1:  # e.g. str | list[str]: pick by the value's own shape
             inner = [o for o in inner if _kind(o) == _kind(value)] or inner
         return _coerce(value, inner[0], key)
@@ -250,6 +252,20 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         (item_hint,) = typing.get_args(hint)
         return [_coerce(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
     raise TypeError(f"unsupported config type {hint!r} at {key}")
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar(value: Any, key: str) -> bool | int | float | str:
+    """A value kept as the type YAML gave it: true/false, an int64, a finite float or a string."""
+    if not isinstance(value, _SCALARS):
+        raise ConfigError(key, f"must be true, false, a number or a string, got {show_value(value)}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _integer(value, key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {show_value(value)}")
+    return value
 
 
 def _kind(hint_or_value: Any) -> str:

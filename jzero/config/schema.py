@@ -16,6 +16,7 @@ from jzero.stages import DEFAULT_BLOCK
 __all__ = [
     "CheckpointConfig",
     "ClusterConfig",
+    "CompilerConfig",
     "Config",
     "DataConfig",
     "MeshConfig",
@@ -222,6 +223,14 @@ class PartitioningConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CompilerConfig:
+    """``xla_options``: XLA flag name -> value (true/false, a number or a string), given to every
+    compile of the step over jzero's defaults and ``XLA_FLAGS`` (:mod:`jzero.xla_flags`)."""
+
+    xla_options: dict[str, bool | int | float | str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole run config: one frozen dataclass per YAML section, each key with its default.
 
@@ -241,6 +250,7 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
+    compiler: CompilerConfig = dataclasses.field(default_factory=CompilerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML-shaped mapping: keywords such as ``async`` lose their field's trailing ``_``."""

@@ -20,6 +20,7 @@ from jzero.config.schema import (
     SCHEDULES,
     CheckpointConfig,
     ClusterConfig,
+    CompilerConfig,
     Config,
     DataConfig,
     MeshConfig,
@@ -127,6 +128,7 @@ def validate(config: Config) -> None:
     _check_runtime(config.runtime)
     _check_data(config.data)
     _check_partitioning(config.partitioning, config.mesh.axes)
+    _check_compiler(config.compiler)
 
 
 def _check_mesh(mesh: MeshConfig) -> None:
@@ -329,3 +331,15 @@ def _check_partitioning(partitioning: PartitioningConfig, axes: dict[str, int]) 
         for axis in targets:
             if axis is not None and axis not in axes:
                 raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {show_value(axis)}, which the mesh lacks")
+
+
+_XLA_FLAG = re.compile(r"^xla_[a-z0-9_]+$")
+
+
+def _check_compiler(compiler: CompilerConfig) -> None:
+    """Flag names only: whether XLA knows a flag and its value's type is the compile's to say
+    (:func:`jzero.xla_flags.compile_error`), as this layer has no XLA."""
+    for name in compiler.xla_options:
+        if not _XLA_FLAG.match(name):
+            key = f"compiler.xla_options.{clip(name)}"
+            raise ConfigError(key, "not an XLA flag name (xla_ then lowercase letters, digits and _, as in XLA_FLAGS without --)")

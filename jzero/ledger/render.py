@@ -93,6 +93,7 @@ def format_plan(report: dict[str, Any]) -> str:
         "",
         *_paper_table(report),
         "",
+        *_xla_options_line(report),
         *(f"note: {note}" for note in report["notes"]),
         *_tensor_list("largest tensors (whole)", report.get("largest", [])),
         *_fit_line(report),
@@ -104,6 +105,20 @@ def format_plan(report: dict[str, Any]) -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def _xla_options_line(report: dict[str, Any]) -> list[str]:
+    """The XLA options the step compiled with, each with where it came from (jzero, XLA_FLAGS or the config)."""
+    if "compiler" not in report:  # a report stored before it had them
+        return []
+    options = report["compiler"]["xla_options"]
+    shown = [f"{name}={_flag_value(o['value'])} ({o['from']})" for name, o in options.items()]
+    return [f"XLA options: {', '.join(shown) or 'none'}"]
+
+
+def _flag_value(value: Any) -> str:
+    """A value as XLA_FLAGS writes it: booleans in lowercase."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _tensor_table(report: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jzero import compile_cache
+from jzero import compile_cache, xla_flags
 from jzero.axes import REPLICA, model_ways
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
@@ -63,6 +63,7 @@ __all__ = [
     "gpt_loss",
     "model_flops_per_token",
     "own_model",
+    "xla_options",
 ]
 
 InitFn = Callable[[jax.Array], Any]
@@ -136,12 +137,32 @@ def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
     return model_parallel > 1 if cfg.partition_activations is None else cfg.partition_activations
 
 
-def compiler_options(devices: Sequence[Any], *, units: bool = False) -> dict[str, str | bool | int] | None:
-    """The XLA options of a program on ``devices``: :data:`jzero.ledger.targets.GPU_COMPILER_OPTIONS` on GPUs (real or a
-    target's), then :func:`jzero.gather.unit_options` when the step gathers by units (given last, since the
-    last value of an option wins); else None."""
-    options = {**(targets.GPU_COMPILER_OPTIONS if on_gpus(devices) else {}), **(unit_options(devices) if units else {})}
-    return options or None
+def compiler_options(
+    devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The XLA options a compile on ``devices`` is given: :func:`xla_options` but those ``XLA_FLAGS``
+    sets, which XLA already has; None when there are none."""
+    effect = xla_options(devices, units=units, options=options)
+    given = {name: e["value"] for name, e in effect.items() if e["from"] != xla_flags.ENV}
+    return given or None
+
+
+def xla_options(devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None) -> dict[str, dict]:
+    """The XLA options in effect for a program on ``devices``, each with where it comes from.
+
+    Args:
+      devices: what it compiles for; GPUs (real or a target's) get
+        :data:`jzero.ledger.targets.GPU_COMPILER_OPTIONS`, unless ``XLA_FLAGS`` names the flag.
+      units: the step gathers by units: :func:`jzero.gather.unit_options` too.
+      options: the config's ``compiler.xla_options``, which win over everything.
+
+    Returns:
+      name -> ``{"value": ..., "from": "jzero" | "XLA_FLAGS" | "compiler.xla_options"}``
+      (:func:`jzero.xla_flags.in_effect`).
+    """
+    defaults = targets.GPU_COMPILER_OPTIONS if on_gpus(devices) else {}
+    needs = unit_options(devices) if units else {}
+    return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,11 +215,26 @@ class Job:
         step = self.make_step()
         return step, self.compile(step.lower(self.abstract_state(), batch))
 
+    def xla_options(self) -> dict[str, dict]:
+        """The XLA options the step compiles with, and where each comes from (:func:`xla_options`)."""
+        return xla_options(list(self.mesh.devices.flat), units=bool(self.plan.units), options=self.config.compiler.xla_options)
+
     def compile(self, lowered):
-        """Compile a lowered step for this mesh's devices (:func:`compiler_options`)."""
-        devices = list(self.mesh.devices.flat)
+        """Compile a lowered step for this mesh's devices (:func:`compiler_options`).
+
+        Raises:
+          ConfigError: XLA does not know an option, or cannot read its value, naming it.
+        """
+        devices, mine = list(self.mesh.devices.flat), self.config.compiler.xla_options
+        options = compiler_options(devices, units=bool(self.plan.units), options=mine)
         with compile_cache.for_devices(devices):
-            return lowered.compile(compiler_options=compiler_options(devices, units=bool(self.plan.units)))
+            try:
+                return lowered.compile(compiler_options=options)
+            except jax.errors.JaxRuntimeError as err:
+                refused = xla_flags.compile_error(err, mine)
+                if refused is None:
+                    raise
+                raise refused from None
 
     def init_state(self) -> TrainState:
         """A fresh train state, initialised straight into the plan's shardings."""

@@ -118,6 +118,7 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
         "gradient_quantization": gradient_quantization(plan, ops),
         "attention": job.model.attention if job.model is not None else None,
         "hierarchical": hierarchical(job, hlo),
+        "compiler": {"xla_options": job.xla_options()},
     }
 
 

@@ -1,0 +1,139 @@
+"""``compiler.xla_options``: merged over jzero's defaults and ``XLA_FLAGS`` (defaults < XLA_FLAGS <
+config), shown by ``jzero plan``, taking effect in the compiled program, and a bad flag from either
+place refused in one line with exit status 2."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from jzero.cli.main import main
+from jzero.ledger.targets import GPU_COMPILER_OPTIONS, gpu_compiler_available, target_devices
+from jzero.training.job import compiler_options, xla_options
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
+GATHER = "xla_gpu_all_gather_combine_threshold_bytes"
+BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
+
+
+@pytest.fixture(scope="module")
+def h100x8():
+    if not gpu_compiler_available():
+        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
+    return target_devices("h100x8")
+
+
+def _sets(*extra):
+    return [arg for kv in [*TINY, *extra] for arg in ("--set", kv)]
+
+
+def _one_line_error(capsys, argv, key):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"jzero: error: {key}: "), err
+    return err
+
+
+def test_defaults_then_xla_flags_then_the_config(monkeypatch, h100x8, devices):
+    """A flag XLA_FLAGS sets drops jzero's default (XLA has it already, so it is not given again);
+    the config's value wins over both, and CPU compiles get the config's options too."""
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 --{GATHER}=0 --xla_dump_to=/tmp/d")
+    mine = {"xla_gpu_enable_latency_hiding_scheduler": False}
+    effect = xla_options(h100x8, options=mine)
+    assert effect[GATHER] == {"value": "0", "from": "XLA_FLAGS"}
+    assert effect["xla_dump_to"]["from"] == "XLA_FLAGS" and "xla_force_host_platform_device_count" not in effect
+    assert effect["xla_gpu_enable_latency_hiding_scheduler"] == {"value": False, "from": "compiler.xla_options"}
+    assert effect["xla_gpu_all_reduce_combine_threshold_bytes"]["from"] == "jzero"
+    given = compiler_options(h100x8, options=mine)
+    assert given == {k: v for k, v in {**GPU_COMPILER_OPTIONS, **mine}.items() if k != GATHER}
+    monkeypatch.setenv("XLA_FLAGS", f"--{GATHER}=0")
+    assert compiler_options(h100x8, options={GATHER: 7})[GATHER] == 7
+    assert compiler_options(devices, options=mine) == mine and compiler_options(devices) is None
+
+
+def _gathers(env_flags, *sets):
+    """All-gather ops in the bf16 stage-3 tiny step on h100x8, compiled by ``jzero plan`` in a process
+    started with ``env_flags`` as XLA_FLAGS (XLA reads it once, when the process starts)."""
+    env = {**os.environ, "XLA_FLAGS": env_flags}
+    argv = [sys.executable, "-m", "jzero.cli", "plan", CONFIG, "--target", "h100x8", "--json", *_sets(*BF16, *sets)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    return report["collectives"]["all-gather"]["count"], report["compiler"]["xla_options"][GATHER]
+
+
+def test_each_source_of_a_threshold_takes_effect(capsys, h100x8):
+    """jzero's 256 MiB combines the gathers; XLA_FLAGS' 0 now reaches the program (jzero's default
+    used to override it); the config's 256 MiB wins over XLA_FLAGS' 0."""
+    assert main(["plan", CONFIG, "--target", "h100x8", "--json", *_sets(*BF16)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    combined = report["collectives"]["all-gather"]["count"]
+    assert report["compiler"]["xla_options"][GATHER] == {"value": 256 * 2**20, "from": "jzero"}
+    count, source = _gathers(f"--{GATHER}=0")
+    assert count > 2 * combined and source == {"value": "0", "from": "XLA_FLAGS"}, (count, combined)
+    count, source = _gathers(f"--{GATHER}=0", f"compiler.xla_options.{GATHER}={256 * 2**20}")
+    assert count == combined and source["from"] == "compiler.xla_options"
+
+
+def test_plan_prints_the_options_in_one_line(monkeypatch, capsys):
+    monkeypatch.delenv("XLA_FLAGS")  # the suite's own (this process's XLA read them at its start)
+    assert main(["plan", CONFIG, *_sets("compiler.xla_options.xla_cpu_enable_fast_math=false")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("XLA options:")]
+    assert lines == ["XLA options: xla_cpu_enable_fast_math=false (compiler.xla_options)"]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("xla_no_such_flag=1", "unknown XLA flag"),
+        ("xla_gpu_enable_latency_hiding_scheduler=3", "must be a bool value, got 3"),
+        (f"{GATHER}=abc", "must be an int64 value, got 'abc'"),
+    ],
+)
+def test_a_bad_flag_in_the_config_is_one_line(capsys, h100x8, option, message):
+    name = option.partition("=")[0]
+    for target in ([], ["--target", "h100x8"]):
+        argv = ["plan", CONFIG, *target, *_sets(f"compiler.xla_options.{option}")]
+        assert _one_line_error(capsys, argv, f"compiler.xla_options.{name}").endswith(message)
+
+
+def test_a_bad_flag_in_the_config_stops_train(capsys, tmp_path):
+    argv = ["train", CONFIG, *_sets("train.steps=1", f"run.dir={tmp_path}", "compiler.xla_options.xla_no_such_flag=1")]
+    assert _one_line_error(capsys, [*argv, "--quiet"], "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
+
+
+def test_config_values_xla_cannot_take_are_refused_when_loaded(capsys):
+    plan, key = ["plan", CONFIG], "compiler.xla_options"
+    assert "not an XLA flag name" in _one_line_error(capsys, [*plan, "--set", f"{key}.foo=1"], f"{key}.foo")
+    err = _one_line_error(capsys, [*plan, "--set", "compiler.xla_options.xla_foo=[1]"], "compiler.xla_options.xla_foo")
+    assert "must be true, false, a number or a string" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--xla_no_such_flag=1", "XLA_FLAGS: --xla_no_such_flag=1: unknown XLA flag"),
+        (f"--{GATHER}=abc", f"XLA_FLAGS: --{GATHER}=abc: not a valid value for this XLA flag"),
+        ("--xla_gpu_enable_latency_hiding_scheduler=3", "not a valid value for this XLA flag"),
+    ],
+)
+def test_a_bad_xla_flags_is_one_line(monkeypatch, capsys, tmp_path, flags, message):
+    """Checked before JAX's backends start, where XLA would abort the process (here they have
+    started; the check reads XLA_FLAGS as a new process would)."""
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {flags}")
+    for argv in (["plan", CONFIG], ["plan", CONFIG, "--target", "h100x8"], ["train", CONFIG, "--set", f"run.dir={tmp_path}"]):
+        assert message in _one_line_error(capsys, argv, "XLA_FLAGS")
+
+
+def test_a_bad_xla_flags_in_a_new_process():
+    """What a user sees: XLA would abort with exit status 1 and, behind jzero's quiet start, say nothing."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_no_such_flag=1"}
+    proc = subprocess.run([sys.executable, "-m", "jzero.cli", "plan", CONFIG], env=env, capture_output=True, text=True, cwd=ROOT)
+    line = "jzero: error: XLA_FLAGS: --xla_no_such_flag=1: unknown XLA flag\n"
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", line)
