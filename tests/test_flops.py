@@ -5,7 +5,8 @@ collective's start and done."""
 import jax
 import jax.numpy as jnp
 
-from jzero.ledger.flops import flops_between, program_flops
+from jzero.ledger.flops import flops_between, matmul_flops, program_flops
+from jzero.ledger.hlo import parse_collectives
 
 HANDWRITTEN = """\
 HloModule m
@@ -59,3 +60,85 @@ def test_a_compiled_scan_of_matmuls_counts_every_iteration():
     x, ws = jnp.ones((32, 64)), jnp.ones((5, 64, 64))
     text = jax.jit(f).lower(x, ws).compile().as_text()
     assert program_flops(text) == 5 * 2 * 32 * 64 * 64
+
+
+CUBLAS = """\
+HloModule m
+
+ENTRY %main (a: bf16[64,128], b: bf16[32,128], c: f32[8,16,24], d: f32[8,24,40]) -> bf16[64,32] {
+  %a = bf16[64,128]{1,0} parameter(0)
+  %b = bf16[32,128]{1,0} parameter(1)
+  %c = f32[8,16,24]{2,1,0} parameter(2)
+  %d = f32[8,24,40]{2,1,0} parameter(3)
+  %g = (bf16[64,32]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", \
+backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],\
+"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"epilogue":"DEFAULT"}}
+  %lt = (f32[8,16,40]{2,1,0}, s8[4194304]{0}) custom-call(%c, %d), custom_call_target="__cublas$lt$matmul", \
+backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["2"],\
+"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":["0"],"rhs_batch_dimensions":["0"]}}}
+  %x = f32[64,32]{1,0} custom-call(%a, %b), custom_call_target="__someone$gemm"
+  ROOT %r = bf16[64,32]{1,0} get-tuple-element(%g), index=0
+}
+"""
+
+
+def test_cublas_gemm_custom_calls_count_like_dots():
+    # With Triton GEMMs off XLA lowers every matmul to cuBLAS: these counted 0 (MFU 484% for gpt-7b).
+    counted = matmul_flops(CUBLAS)
+    assert counted.executed == 2 * 64 * 32 * 128 + 2 * (8 * 16 * 40) * 24
+    assert counted.uncounted == ("__someone$gemm",)  # a GEMM-like op jzero skips is named, for the plan to say
+
+
+def _without_trip_count(text: str, bound: str) -> str:
+    """HANDWRITTEN with XLA's known_trip_count gone and the condition comparing the counter to ``bound``."""
+    text = text.replace(', backend_config={"known_trip_count":{"n":"4"}}', "")
+    compare = f"""%cmp (p: s32[], q: s32[]) -> pred[] {{
+  %p = s32[] parameter(0)
+  %q = s32[] parameter(1)
+  %four = s32[] constant(4)
+  ROOT %lt = pred[] compare(%p, {bound}), direction=LT
+}}
+
+"""
+    cond = """  %i = s32[] get-tuple-element(%s), index=0
+  ROOT %c = pred[] fusion(%i, %i), kind=kLoop, calls=%cmp"""
+    assert "known_trip_count" not in text
+    return text.replace("HloModule m\n\n", "HloModule m\n\n" + compare).replace("  ROOT %c = pred[] constant(true)", cond)
+
+
+def test_a_loop_without_known_trip_count_takes_it_from_its_condition():
+    text = _without_trip_count(HANDWRITTEN, "%four")
+    recovered = matmul_flops(text)
+    assert recovered.executed == 4 * (DOT + ATTENTION) and recovered.unknown_loops == ()
+    assert [op.executions for op in parse_collectives(text)] == [4]  # the collectives' bytes count it too
+
+
+def test_a_loop_whose_trip_count_cannot_be_recovered_is_named_not_silently_once():
+    lost = matmul_flops(_without_trip_count(HANDWRITTEN, "%q"))  # a bound that is not a constant
+    assert lost.unknown_loops == ("w",) and lost.executed == DOT + ATTENTION
+
+
+OVERLAPPING = """\
+HloModule m
+
+ENTRY %main (a: bf16[64,128], b: bf16[128,32]) -> bf16[64,32] {
+  %a = bf16[64,128]{1,0} parameter(0)
+  %b = bf16[128,32]{1,0} parameter(1)
+  %ag1 = (bf16[16,32]{1,0}, bf16[128,32]{1,0}) all-gather-start(%b), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %ag2 = (bf16[16,32]{1,0}, bf16[128,32]{1,0}) all-gather-start(%b), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %d1 = bf16[64,32]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ag1d = bf16[128,32]{1,0} all-gather-done(%ag1)
+  %d2 = bf16[64,32]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ag2d = bf16[128,32]{1,0} all-gather-done(%ag2)
+  %ag3 = (bf16[16,32]{1,0}, bf16[128,32]{1,0}) all-gather-start(%b), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %d3 = bf16[64,32]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %ag3d = bf16[128,32]{1,0} all-gather-done(%ag3)
+}
+"""
+
+
+def test_overlapping_collectives_share_one_window_of_compute():
+    counted = matmul_flops(OVERLAPPING)
+    assert counted.between == {"ag1": DOT, "ag2": 2 * DOT, "ag3": DOT}  # each alone would claim d1
+    shared = ("main/ag1", 2 * DOT)  # d1 and d2 once, for ag1 and ag2 together
+    assert counted.windows == {"ag1": shared, "ag2": shared, "ag3": ("main/ag3", DOT)}

@@ -3,7 +3,12 @@ divides by the GPU's peak, remat's recomputation included. XLA's ``cost_analysis
 GPU target compiled deviceless, so jzero counts them itself.
 
 Every ``dot`` counts 2 x its result's elements x its contracted size, wherever it sits (a GEMM
-fusion's body, a loop's body times its trip count, the largest branch of a conditional). cuDNN's
+fusion's body, a loop's body times its trip count, the largest branch of a conditional), and so
+does every cuBLAS GEMM custom call (``__cublas$gemm``, ``__cublas$lt$matmul`` and its fp8 form:
+what XLA emits when Triton GEMMs are off, or for f32), its contracted size read from its backend
+config's ``dot_dimension_numbers``. A loop without XLA's ``known_trip_count`` gets its trip count
+from its condition's compare of the counter against a constant; where that fails it counts once
+and is named in ``unknown_loops``, never silently. cuDNN's
 fused attention counts its matmuls from its operands' shapes (``[B, T, N, H]``): two in the
 forward, five in the backward (the scores are recomputed), half of each when the mask is causal
 (the kernel skips the masked blocks). Elementwise work is not counted: its time is the HBM term's.
@@ -13,15 +18,19 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 from jzero.ledger.gathered import _operands
-from jzero.ledger.hlo import _TRIP_COUNT, _callees, _computations, _Instruction
+from jzero.ledger.hlo import _callees, _computations, _Instruction, _leaves, trip_count
 
-__all__ = ["flops_between", "matmul_flops", "program_flops"]
+__all__ = ["MatmulFlops", "flops_between", "matmul_flops", "program_flops"]
 
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[\d,]*)\}")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
 _BRANCHES = ("branch_computations", "true_computation", "false_computation")
+# A custom call by one of these names that jzero does not count may be a matmul it misses.
+_MATMUL_LIKE = re.compile(r"gemm|matmul|cublas|conv|dot", re.IGNORECASE)
 # cuDNN's attention custom calls and their matmuls of 2 B N T S H FLOPs each.
 _ATTENTION_MATMULS = {"__cudnn$fmhaSoftmax": 2, "__cudnn$fmhaSoftmaxBackward": 5}
 
@@ -52,13 +61,26 @@ def _attention(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]])
     return int(matmuls * 2 * b * n * t * s * h * causal)
 
 
+def _gemm(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    """A cuBLAS GEMM custom call: its result is the first array of its type (a workspace follows)."""
+    _, dims = _leaves(ins.type)[0]
+    lhs = types.get(_operands(ins)[0])
+    match = _GEMM_CONTRACTING.search(ins.line)
+    if lhs is None or match is None:
+        return 0
+    contracted = math.prod(lhs[1][int(d.strip(' "'))] for d in match["dims"].split(",") if d.strip(' "'))
+    return 2 * math.prod(dims) * contracted
+
+
 class _Counter:
-    """FLOPs of one run of each computation, memoised."""
+    """FLOPs of one run of each computation, memoised, with what it could not count."""
 
     def __init__(self, hlo_text: str):
         self.computations, self.entry = _computations(hlo_text)
         self.types = {name: _types(body) for name, body in self.computations.items()}
         self.memo: dict[str, int] = {}
+        self.unknown_loops: list[str] = []
+        self.uncounted: set[str] = set()
 
     def computation(self, name: str) -> int:
         if name not in self.memo:
@@ -70,17 +92,54 @@ class _Counter:
         if ins.op == "dot":
             return _dot(ins, self.types[where])
         if ins.op == "custom-call":
-            return _attention(ins, self.types[where])
+            return self.custom_call(ins, where)
         callees = _callees(ins.line)
         branches = [c for attr, c in callees if attr in _BRANCHES]
-        trip = _TRIP_COUNT.search(ins.line)
         flops = max(map(self.computation, branches), default=0)
         for attr, callee in callees:
             if attr == "body":
-                flops += self.computation(callee) * (int(trip.group(1)) if trip else 1)
+                flops += self.loop(ins, callee)
             elif attr not in (*_BRANCHES, "condition", "to_apply"):  # a reduction's to_apply is per element
                 flops += self.computation(callee)
         return flops
+
+    def custom_call(self, ins: _Instruction, where: str) -> int:
+        target = _TARGET.search(ins.line)
+        name = target["target"] if target else ""
+        if name == "__cublas$gemm" or name.startswith("__cublas$lt$matmul"):  # $f8 too
+            return _gemm(ins, self.types[where])
+        if name in _ATTENTION_MATMULS:
+            return _attention(ins, self.types[where])
+        if _MATMUL_LIKE.search(name):
+            self.uncounted.add(name)
+        return 0
+
+    def loop(self, ins: _Instruction, body: str) -> int:
+        once = self.computation(body)
+        trip = trip_count(ins, self.computations)
+        if trip is None and once and ins.name not in self.unknown_loops:
+            self.unknown_loops.append(ins.name)  # counted once: a floor, and said
+        return once * (1 if trip is None else trip)
+
+
+class MatmulFlops(NamedTuple):
+    """What :func:`matmul_flops` reads from a program.
+
+    Attributes:
+      executed: :func:`program_flops`.
+      between: :func:`flops_between`.
+      windows: for each async collective, ``(window, FLOPs)``: collectives whose start-done spans
+        overlap share one window, the compute from the first start to the last done, once.
+      unknown_loops: loops with matmuls whose trip count neither XLA nor the condition gives
+        (counted once).
+      uncounted: custom-call targets that look like matmuls and that jzero does not count.
+    """
+
+    executed: int
+    between: dict[str, int]
+    windows: dict[str, tuple[str, int]]
+    unknown_loops: tuple[str, ...]
+    uncounted: tuple[str, ...]
 
 
 def program_flops(hlo_text: str) -> int:
@@ -89,34 +148,60 @@ def program_flops(hlo_text: str) -> int:
     Args:
       hlo_text: ``compiled.as_text()`` of an SPMD program.
     """
-    return matmul_flops(hlo_text)[0]
+    return matmul_flops(hlo_text).executed
 
 
 def flops_between(hlo_text: str) -> dict[str, int]:
     """For each async collective (by its ``-start``'s name), the matmul FLOPs scheduled between its
     start and its done: the compute that can hide it. One run of its computation; a collective whose
     done is not in the same computation is left out."""
-    return matmul_flops(hlo_text)[1]
+    return matmul_flops(hlo_text).between
 
 
-def matmul_flops(hlo_text: str) -> tuple[int, dict[str, int]]:
-    """:func:`program_flops` and :func:`flops_between` from one reading of the program."""
+def matmul_flops(hlo_text: str) -> MatmulFlops:
+    """:func:`program_flops`, :func:`flops_between` and the windows of overlapping collectives from
+    one reading of the program (:class:`MatmulFlops`)."""
     counter = _Counter(hlo_text)
-    return (counter.computation(counter.entry) if counter.entry else 0), _between(counter)
+    executed = counter.computation(counter.entry) if counter.entry else 0
+    between, windows = _between(counter)
+    return MatmulFlops(executed, between, windows, tuple(counter.unknown_loops), tuple(sorted(counter.uncounted)))
 
 
-def _between(counter: _Counter) -> dict[str, int]:
-    out = {}
+def _spans(body: list[_Instruction]) -> dict[str, tuple[int, int]]:
+    """Each async collective's (start, done) positions in one computation."""
+    spans = {}
+    for i, ins in enumerate(body):
+        if not ins.op.endswith("-start") or ins.op.startswith("copy"):
+            continue
+        ref = re.compile(r"[(,\s]%?" + re.escape(ins.name) + r"[),\s]")
+        for j in range(i + 1, len(body)):
+            if body[j].op.endswith("-done") and ref.search(body[j].line.split("=", 1)[1]):
+                spans[ins.name] = (i, j)
+                break
+    return spans
+
+
+def _overlapping(spans: dict[str, tuple[int, int]]) -> list[tuple[list[str], int, int]]:
+    """The spans merged where they overlap: ``(collectives, first start, last done)``."""
+    groups: list[tuple[list[str], int, int]] = []
+    for op, (start, done) in sorted(spans.items(), key=lambda kv: kv[1]):
+        if groups and start < groups[-1][2]:
+            ops, first, last = groups.pop()
+            groups.append(([*ops, op], first, max(last, done)))
+        else:
+            groups.append(([op], start, done))
+    return groups
+
+
+def _between(counter: _Counter) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
+    between, windows = {}, {}
     for name, body in counter.computations.items():
-        for i, ins in enumerate(body):
-            if not ins.op.endswith("-start") or ins.op.startswith("copy"):
-                continue
-            ref = re.compile(r"[(,\s]%?" + re.escape(ins.name) + r"[),\s]")
-            total = 0
-            for later in body[i + 1 :]:
-                if later.op.endswith("-done") and ref.search(later.line.split("=", 1)[1]):
-                    out[ins.name] = total
-                    break
-                total += counter.instruction(later, name)
-    return out
-
+        spans = _spans(body)
+        if not spans:
+            continue
+        flops = [counter.instruction(ins, name) for ins in body]
+        between.update({op: sum(flops[start + 1 : done]) for op, (start, done) in spans.items()})
+        # One communication stream runs overlapping collectives in turn, under their compute once.
+        for ops, first, last in _overlapping(spans):
+            windows.update(dict.fromkeys(ops, (f"{name}/{ops[0]}", sum(flops[first + 1 : last]))))
+    return between, windows

@@ -28,6 +28,7 @@ __all__ = [
     "parse_collectives",
     "saved_activations",
     "summarize_collectives",
+    "trip_count",
 ]
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -44,6 +45,9 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _CALLEE_LIST = r"\{?\s*(%?[\w.\-]+(?:\s*,\s*%[\w.\-]+)*)\s*\}?"
 _CALLS = re.compile(r"\b(calls|to_apply|body|condition|branch_computations|true_computation|false_computation)=" + _CALLEE_LIST)
 _TRIP_COUNT = re.compile(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)')
+_INIT_STEP = re.compile(r'known_init_step"?\s*:\s*\{\s*"?init"?\s*:\s*"?(-?\d+)"?\s*,\s*"?step"?\s*:\s*"?(-?\d+)')
+_INT_CONSTANT = re.compile(r"^[su]\d+$")
+_NAME = re.compile(r"%([\w.\-]+)")
 _GROUPS = re.compile(
     r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids=[^{]*?)?\s*\{[^}]*\}"
     r"|\{\{[^ ]*\}\}|\{\}|\[[\d,]*\]<=\[[\d,]*\](?:T\([\d,]*\))?)"
@@ -162,6 +166,51 @@ def _callees(line: str) -> list[tuple[str, str]]:
     return [(m.group(1), c.strip().lstrip("%")) for m in _CALLS.finditer(line) for c in m.group(2).split(",")]
 
 
+def _bound(name: str, computations: dict[str, list[_Instruction]], depth: int = 0) -> tuple[str, int] | None:
+    """``(direction, constant)`` of a loop condition's ``compare(counter, constant)``, looked for in
+    the condition and the fusions it calls."""
+    body = computations.get(name, ())
+    constants = {
+        ins.name: int(ins.line.split("constant(", 1)[1].split(")")[0])
+        for ins in body
+        if ins.op == "constant" and isinstance(ins.type, tuple) and not ins.type[1] and _INT_CONSTANT.match(ins.type[0])
+    }
+    for ins in body:
+        direction = re.search(r"direction=(LT|LE)\b", ins.line) if ins.op == "compare" else None
+        operands = _NAME.findall(ins.line.split("compare(", 1)[1].split(")")[0]) if direction else []
+        if len(operands) == 2 and operands[1] in constants:
+            return direction.group(1), constants[operands[1]]
+    for ins in body:
+        for _, callee in _callees(ins.line) if depth < 2 else ():
+            if (found := _bound(callee, computations, depth + 1)) is not None:
+                return found
+    return None
+
+
+def trip_count(ins: _Instruction, computations: dict[str, list[_Instruction]]) -> int | None:
+    """How many times a ``while`` runs its body: XLA's ``known_trip_count`` where it wrote one.
+
+    Without it, the condition's ``compare(counter, C)`` (``LT`` or ``LE``) gives it, from XLA's
+    ``known_init_step`` or else from 0 by 1, as JAX's scan and fori_loop count. None when neither
+    says: a bound that is not a constant (a traced ``while_loop``).
+
+    Args:
+      ins: the ``while`` instruction.
+      computations: the module's computations (:func:`_computations`).
+    """
+    if known := _TRIP_COUNT.search(ins.line):
+        return int(known.group(1))
+    condition = next((c for attr, c in _callees(ins.line) if attr == "condition"), None)
+    bound = _bound(condition, computations) if condition else None
+    if bound is None:
+        return None
+    init, step = map(int, m.groups()) if (m := _INIT_STEP.search(ins.line)) else (0, 1)
+    if step <= 0:
+        return None
+    end = bound[1] + (bound[0] == "LE")
+    return max(0, -(-(end - init) // step))
+
+
 def parse_collectives(hlo_text: str) -> list[Collective]:
     """Every collective op in compiled HLO text.
 
@@ -208,7 +257,7 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
             )
 
     calls = {name: [(ins, _callees(ins.line)) for ins in instructions] for name, instructions in computations.items()}
-    executions = _executions(calls, found, entry)
+    executions = _executions(calls, found, entry, computations)
     in_loop = _in_loop(calls)
     return [
         dataclasses.replace(op, in_loop=name in in_loop, executions=executions.get(name, 1))
@@ -244,11 +293,13 @@ def _in_loop(calls: dict[str, list]) -> set[str]:
 _BRANCHES = ("branch_computations", "true_computation", "false_computation")
 
 
-def _executions(calls: dict[str, list], found: dict[str, list[Collective]], entry: str | None) -> dict[str, int]:
+def _executions(
+    calls: dict[str, list], found: dict[str, list[Collective]], entry: str | None, computations: dict[str, list[_Instruction]]
+) -> dict[str, int]:
     """How many times each computation runs per call of the entry.
 
-    A while body runs its loop's known trip count times per run of its caller; of a conditional's
-    branches only the one whose collectives move the most bytes counts (once); anything else runs
+    A while body runs its loop's trip count (:func:`trip_count`) times per run of its caller; of a
+    conditional's branches only the one whose collectives move the most bytes counts (once); anything else runs
     once per call. Computations the entry does not reach are left out.
     """
     if entry is None:
@@ -265,10 +316,10 @@ def _executions(calls: dict[str, list], found: dict[str, list[Collective]], entr
                 branches = [c for attr, c in callees if attr in _BRANCHES]
                 if branches:
                     out.append((max(branches, key=weigh), 1))
-                trip = _TRIP_COUNT.search(ins.line)
+                trip = trip_count(ins, computations) if ins.op == "while" else None
                 for attr, callee in callees:
                     if attr not in _BRANCHES:
-                        out.append((callee, int(trip.group(1)) if attr == "body" and trip else 1))
+                        out.append((callee, trip if attr == "body" and trip is not None else 1))
             edges[name] = out
             cost[name] = own + sum(weigh(c) * k for c, k in out)
         return cost[name]

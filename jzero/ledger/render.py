@@ -58,6 +58,8 @@ def _predicted_lines(p: dict[str, Any] | None) -> list[str]:
     """The step-time model's prediction (:func:`jzero.ledger.timing.predict`), where there is one."""
     if not p:
         return []
+    if p.get("error"):
+        return [f"predicted step: not available: {p['error']}"]
     return [
         f"predicted step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s, MFU {100 * p['mfu']:.1f}% "
         f"(model FLOPs per second over the peak; {p['bound']}-bound; a prediction with matmuls at {p['efficiency']:.0%} "
@@ -65,7 +67,21 @@ def _predicted_lines(p: dict[str, Any] | None) -> list[str]:
         f"  compute {1e3 * p['compute_s']:.4g} ms ({p['executed_over_model_flops']:.2f}x the model's FLOPs executed), "
         f"memory {1e3 * p['memory_s']:.3g} ms, communication {1e3 * p['communication_s']:.4g} ms of which exposed "
         f"{1e3 * p['exposed_communication_s']:.4g} ms, host transfers {1e3 * p['host_transfer_s']:.4g} ms",
+        *_exposed_line(p),
     ]
+
+
+def _exposed_line(p: dict[str, Any]) -> list[str]:
+    """The communication exposed per level, and the share of it hidden behind compute."""
+    if not p.get("communication_s"):
+        return []
+    levels = [
+        f"{words} {1e3 * p[f'exposed_{level}_s']:.4g} of {1e3 * p[f'communication_{level}_s']:.4g} ms"
+        for level, words in (("within_host", "within a host"), ("across_hosts", "across hosts"))
+        if p[f"communication_{level}_s"]
+    ]
+    share = p["hidden_communication_share"]
+    return [f"  exposed communication {', '.join(levels)}; {share:.0%} of the collectives' time hidden behind compute"]
 
 
 def format_plan(report: dict[str, Any]) -> str:
@@ -357,7 +373,9 @@ def format_all_stages(reports: dict[str, dict[str, Any]]) -> str:
         lines += [f"FLAG stage {stage}: {flag}" for stage, r in reports.items() for flag in r["scaling"]["flags"]]
     if all(r.get("predicted") for r in reports.values()):
         lines += ["predicted per stage (the step-time model, docs/planner.md):"] + [
-            f"  stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s, "
+            f"  stage {stage}: not available: {p['error']}"
+            if p.get("error")
+            else f"  stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s, "
             f"MFU {100 * p['mfu']:.1f}%"
             for stage, p in ((s, r["predicted"]) for s, r in reports.items())
         ]

@@ -10,11 +10,14 @@ A roofline in the JAX scaling book's manner (jax-ml/scaling-book, "rooflines"), 
 - **communication**: each collective's bytes (the paper's accounting) times (n - 1) / n for its n
   devices, over its level's bandwidth: NVLink within a host, the GPU's NIC across hosts;
 - **host transfers** (offload): the bytes that cross PCIe per step over its bandwidth, not hidden;
-- **overlap**: an async collective the ledger shows with compute scheduled between its start and
-  done is hidden up to that compute's time (:func:`jzero.ledger.flops.flops_between`); the rest of
-  it, and every synchronous collective, adds to the step.
+- **overlap**: async collectives whose start-done spans overlap form one window
+  (:func:`jzero.ledger.flops.matmul_flops`): one communication stream runs them in turn, hidden
+  up to the time of the compute scheduled in the window, which each FLOP hides once. The rest of
+  them, and every synchronous collective, adds to the step.
 
-The step is compute + memory + exposed communication + host transfers. Nothing here runs JAX.
+The step is compute + memory + exposed communication + host transfers. It is never below its
+floor, ``floor_s``: the compute, or the communication of either level, whichever is longest.
+Nothing here runs JAX.
 """
 
 from __future__ import annotations
@@ -49,14 +52,16 @@ class Transfer:
       bytes: what it sends per step in the paper's accounting (all its runs).
       devices: the devices of each of its groups (n).
       cross_host: whether a group spans hosts.
-      hiding_flops: the matmul FLOPs scheduled between its start and done (all its runs); None for a
-        synchronous op or one with no compute between.
+      hiding_flops: the matmul FLOPs scheduled between its start and done (all its runs), or its
+        window's; None for a synchronous op or one with no compute between.
+      window: the window of overlapping collectives it shares ``hiding_flops`` with (None: its own).
     """
 
     bytes: float
     devices: int
     cross_host: bool
     hiding_flops: float | None = None
+    window: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +91,35 @@ def _seconds(transfer: Transfer, hardware: Hardware) -> float:
     return transfer.bytes * (n - 1) / n / bandwidth
 
 
+def _hidden(cost: StepCost, hardware: Hardware, flops_per_s: float) -> list[float]:
+    """Each transfer's hidden seconds: a window's compute hides its transfers' sum, shared in
+    proportion to their times, and all the hidden time together is at most the step's compute."""
+    seconds = [_seconds(t, hardware) for t in cost.transfers]
+    windows: dict[Any, list[int]] = {}
+    for i, t in enumerate(cost.transfers):
+        windows.setdefault(i if t.window is None else t.window, []).append(i)
+    hidden = [0.0] * len(seconds)
+    for members in windows.values():
+        total = sum(seconds[i] for i in members)
+        flops = max((cost.transfers[i].hiding_flops or 0.0) for i in members)
+        covered = min(total, flops / flops_per_s)
+        for i in members:
+            hidden[i] = covered * seconds[i] / total if total else 0.0
+    # Inconsistent figures (windows that claim more compute than the step has) still keep the floor.
+    scale = min(1.0, cost.flops / flops_per_s / sum(hidden)) if sum(hidden) else 1.0
+    return [h * scale for h in hidden]
+
+
+def _levels(cost: StepCost, hardware: Hardware, flops_per_s: float) -> dict[str, list[float]]:
+    """``[communication, exposed]`` seconds within a host and across hosts."""
+    levels = {"within_host": [0.0, 0.0], "across_hosts": [0.0, 0.0]}
+    for transfer, hidden in zip(cost.transfers, _hidden(cost, hardware, flops_per_s), strict=True):
+        level = levels["across_hosts" if transfer.cross_host else "within_host"]
+        level[0] += _seconds(transfer, hardware)
+        level[1] += _seconds(transfer, hardware) - hidden
+    return levels
+
+
 def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) -> dict[str, Any]:
     """The predicted step time of ``cost`` on ``hardware``, with its terms.
 
@@ -97,17 +131,17 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
     Returns:
       ``step_time_s``, ``tokens_per_sec``, ``mfu`` (model FLOPs over the step time at the peak), and
       the terms in seconds: ``compute_s``, ``memory_s``, ``communication_s`` (every collective, if
-      none were hidden), ``exposed_communication_s``, ``host_transfer_s``; ``bound``: the largest term.
+      none were hidden), ``exposed_communication_s``, ``host_transfer_s``; per level,
+      ``communication_within_host_s``, ``communication_across_hosts_s``, ``exposed_within_host_s``,
+      ``exposed_across_hosts_s``; ``hidden_communication_share`` (of ``communication_s``, None
+      without communication); ``floor_s``; ``bound``: the largest term.
     """
     flops_per_s = hardware.peak_flops * efficiency
     compute = cost.flops / flops_per_s
     memory = 2 * cost.state_bytes / hardware.hbm_bytes_per_s
-    total = exposed = 0.0
-    for transfer in cost.transfers:
-        seconds = _seconds(transfer, hardware)
-        hidden = min(seconds, transfer.hiding_flops / flops_per_s) if transfer.hiding_flops else 0.0
-        total += seconds
-        exposed += seconds - hidden
+    levels = _levels(cost, hardware, flops_per_s)
+    total = sum(t for t, _ in levels.values())
+    exposed = sum(e for _, e in levels.values())
     host = cost.host_bytes / hardware.host_bytes_per_s
     step = compute + memory + exposed + host
     terms = {"compute": compute, "memory": memory, "communication": exposed, "host_transfer": host}
@@ -119,6 +153,10 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
         "memory_s": memory,
         "communication_s": total,
         "exposed_communication_s": exposed,
+        **{f"communication_{name}_s": t for name, (t, _) in levels.items()},
+        **{f"exposed_{name}_s": e for name, (_, e) in levels.items()},
+        "hidden_communication_share": 1 - exposed / total if total else None,
+        "floor_s": max(compute, *(t for t, _ in levels.values())),
         "host_transfer_s": host,
         "efficiency": efficiency,
         "bound": max(terms, key=terms.get),

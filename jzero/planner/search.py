@@ -51,7 +51,7 @@ class Row:
 
     @property
     def tokens_per_sec(self) -> float:
-        return self.report["predicted"]["tokens_per_sec"] if self.report else 0.0
+        return (self.report["predicted"]["tokens_per_sec"] or 0.0) if self.report else 0.0  # None: no prediction
 
 
 @dataclasses.dataclass
@@ -70,8 +70,8 @@ class Search:
 
     @property
     def certified(self) -> list[Row]:
-        """The compiled rows that fit, fastest first."""
-        return sorted((r for r in self.rows if r.fits), key=lambda r: -r.tokens_per_sec)
+        """The compiled rows that fit and have a prediction, fastest first."""
+        return sorted((r for r in self.rows if r.fits and r.tokens_per_sec), key=lambda r: -r.tokens_per_sec)
 
     @property
     def winner(self) -> Row | None:
