@@ -14,7 +14,6 @@ import re
 from jzero.ledger.gathered import _operands
 from jzero.ledger.hlo import (
     _OP_NAME,
-    _TRIP_COUNT,
     COLLECTIVES,
     _array_bytes,
     _callees,
@@ -22,6 +21,7 @@ from jzero.ledger.hlo import (
     _Instruction,
     _per_example,
     _written_elements,
+    trip_count,
 )
 
 __all__ = ["SavedKind", "saved_by_kind"]
@@ -54,7 +54,7 @@ def saved_by_kind(hlo_text: str, batch_rows: int) -> list[SavedKind]:
         body = _forward_body(ins, computations)
         if body is None:
             continue
-        trip = int(_TRIP_COUNT.search(ins.line).group(1))
+        trip = trip_count(ins, computations)
         rows += _stacks(computations, body, trip, batch_rows)
     return rows
 
@@ -65,7 +65,7 @@ def _forward_body(ins: _Instruction, computations: dict) -> str | None:
     if ins.op != "while" or not name or "jvp(" not in name.group(1) or "transpose(" in name.group(1):
         return None
     body = dict(_callees(ins.line)).get("body")
-    return body if body in computations and _TRIP_COUNT.search(ins.line) else None
+    return body if body in computations and trip_count(ins, computations) else None
 
 
 def _stacks(computations: dict, body_name: str, trip: int, batch_rows: int) -> list[SavedKind]:
