@@ -89,7 +89,7 @@ def test_cublas_gemm_custom_calls_count_like_dots():
     assert counted.uncounted == ("__someone$gemm",)  # a GEMM-like op jzero skips is named, for the plan to say
 
 
-def _without_trip_count(text: str, bound: str) -> str:
+def _without_trip_count(text: str, bound: str, first: int = 0) -> str:
     """HANDWRITTEN with XLA's known_trip_count gone and the condition comparing the counter to ``bound``."""
     text = text.replace(', backend_config={"known_trip_count":{"n":"4"}}', "")
     compare = f"""%cmp (p: s32[], q: s32[]) -> pred[] {{
@@ -102,7 +102,15 @@ def _without_trip_count(text: str, bound: str) -> str:
 """
     cond = """  %i = s32[] get-tuple-element(%s), index=0
   ROOT %c = pred[] fusion(%i, %i), kind=kLoop, calls=%cmp"""
+    # The loop starts its counter from a constant, as XLA's pipelined loops do (copied in).
+    start = f"""  %zero = s32[] constant({first})
+  %first = s32[] copy(%zero)
+  %xa = bf16[64,128]{{1,0}} get-tuple-element(%x), index=1
+  %xb = bf16[128,32]{{1,0}} get-tuple-element(%x), index=2
+  %init = (s32[], bf16[64,128]{{1,0}}, bf16[128,32]{{1,0}}) tuple(%first, %xa, %xb)
+  ROOT %w = (s32[], bf16[64,128]{{1,0}}, bf16[128,32]{{1,0}}) while(%init),"""
     assert "known_trip_count" not in text
+    text = text.replace("  ROOT %w = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}) while(%x),", start)
     return text.replace("HloModule m\n\n", "HloModule m\n\n" + compare).replace("  ROOT %c = pred[] constant(true)", cond)
 
 
@@ -111,6 +119,13 @@ def test_a_loop_without_known_trip_count_takes_it_from_its_condition():
     recovered = matmul_flops(text)
     assert recovered.executed == 4 * (DOT + ATTENTION) and recovered.unknown_loops == ()
     assert [op.executions for op in parse_collectives(text)] == [4]  # the collectives' bytes count it too
+
+
+def test_a_pipelined_loop_counts_from_its_counters_first_value():
+    # XLA's collective pipeliner peeled a microbatch loop of 3: its counter ran from 1 while below 2.
+    text = _without_trip_count(HANDWRITTEN, "%four", first=3)
+    assert matmul_flops(text).executed == DOT + ATTENTION
+    assert [op.executions for op in parse_collectives(text)] == [1]
 
 
 def test_a_loop_whose_trip_count_cannot_be_recovered_is_named_not_silently_once():

@@ -54,8 +54,11 @@ def test_none_on_gpus_saves_the_formula_and_runs_attention_once(mesh, h100x8):
     a, text = _activations(*sets, devices=h100x8)
     assert a["device"] == a["formula"] and a["over_formula"] == []
     assert _roles(a) == set(SAVED_BY_POLICY["none"])  # cuDNN's output and statistics are attention's
-    # The forward's attention kernel is kept, not run again in the backward.
-    assert text.count('custom_call_target="__cudnn$fmhaSoftmax"') == 1
+    # The forward's attention kernel is kept, not run again in the backward: as many forward kernels
+    # in the program as backward ones (XLA's pipeliner peels a layer out of each loop: 2 and 2 here;
+    # dots_saveable, which recomputes attention, has 4 and 2).
+    fwd, bwd = (text.count(f'custom_call_target="__cudnn$fmhaSoftmax{k}"') for k in ("", "Backward"))
+    assert fwd == bwd > 0
 
 
 def test_the_formula_in_figures():

@@ -21,7 +21,7 @@ from jzero.ledger.hlo import (
     _Instruction,
     _per_example,
     _written_elements,
-    trip_count,
+    forward_loop,
 )
 
 __all__ = ["SavedKind", "saved_by_kind"]
@@ -51,21 +51,10 @@ def saved_by_kind(hlo_text: str, batch_rows: int) -> list[SavedKind]:
     computations, _ = _computations(hlo_text)
     rows = []
     for ins in (ins for body in computations.values() for ins in body):
-        body = _forward_body(ins, computations)
-        if body is None:
-            continue
-        trip = trip_count(ins, computations)
-        rows += _stacks(computations, body, trip, batch_rows)
+        found = forward_loop(ins, computations)
+        if found is not None:
+            rows += _stacks(computations, *found, batch_rows)
     return rows
-
-
-def _forward_body(ins: _Instruction, computations: dict) -> str | None:
-    """The body of a forward (``jvp``, not ``transpose``) layer loop with a known trip count."""
-    name = _OP_NAME.search(ins.line)
-    if ins.op != "while" or not name or "jvp(" not in name.group(1) or "transpose(" in name.group(1):
-        return None
-    body = dict(_callees(ins.line)).get("body")
-    return body if body in computations and trip_count(ins, computations) else None
 
 
 def _stacks(computations: dict, body_name: str, trip: int, batch_rows: int) -> list[SavedKind]:
@@ -80,13 +69,13 @@ def _stacks(computations: dict, body_name: str, trip: int, batch_rows: int) -> l
         if ins is None or not isinstance(ins.type, tuple):
             continue
         dtype, dims = ins.type
-        if len(dims) < 2 or dims[0] != trip or not _per_example(dims, batch_rows):
+        if len(dims) < 2 or dims[0] < trip or not _per_example(dims, batch_rows):
             continue
         out.append({
             "kind": origin.kind(ins),
             "dtype": dtype,
             "shape": list(dims[1:]),
-            "layers": trip,
+            "layers": dims[0],
             "bytes_per_layer": _array_bytes(dtype, dims[1:]),
         })  # fmt: skip
     return out
