@@ -1,10 +1,10 @@
 """What jzero's XLA options for GPUs change in a compiled program, measured on a GPU target.
 
 Lowers one train step, then compiles it for the target with XLA's defaults, with jzero's
-``GPU_COMPILER_OPTIONS``, with the latency-hiding scheduler off, and with the combining thresholds at
-0; for each it prints the compiled temporaries, the bytes sent per step and, per collective kind,
-the ops in the program text, how many are async and how many of those have compute scheduled under
-them. Needs the ``gpu-target`` extra; runs on a CPU host.
+``GPU_COMPILER_OPTIONS``, and with each of them changed in turn; for each it prints the compiled
+temporaries, per collective kind the ops in the program text, how many are async and how many of
+those have compute scheduled under them, and the communication the step-time model finds exposed
+(``jzero plan``'s). Needs the ``gpu-target`` extra; runs on a CPU host.
 
     python benchmarks/gpu_options.py configs/gpt-7b.yaml --target h100x64
 """
@@ -36,19 +36,25 @@ def main(argv: list[str] | None = None) -> None:
     from jzero.config.loading import load_config
     from jzero.ledger import hlo as ledger
     from jzero.training.job import build_job
+    from jzero.training.report import plan_report
 
     target = parse_target(args.target)
     s = build_job(load_config(args.config, args.set), target_devices(target))
     batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32, sharding=s.plan.batch)
     lowered = s.make_step().lower(s.abstract_state(), batch)
     thresholds = {k: 0 for k in GPU_COMPILER_OPTIONS if k.endswith("threshold_bytes")}
+    pipelined = {k: False for k in GPU_COMPILER_OPTIONS if "pipelined" in k}
     variants = {
         "XLA's defaults": {},
         "jzero's options": dict(GPU_COMPILER_OPTIONS),
         "jzero's, scheduler off": {**GPU_COMPILER_OPTIONS, "xla_gpu_enable_latency_hiding_scheduler": False},
+        "jzero's, not pipelined": {**GPU_COMPILER_OPTIONS, **pipelined},
+        "jzero's, 256 MiB": {**GPU_COMPILER_OPTIONS, **{k: 256 * 2**20 for k in thresholds}},
         "jzero's, thresholds 0": {**GPU_COMPILER_OPTIONS, **thresholds},
+        "jzero's + double buffer": {**GPU_COMPILER_OPTIONS, "xla_gpu_enable_while_loop_double_buffering": True},
+        "jzero's, priority off": {**GPU_COMPILER_OPTIONS, "xla_gpu_enable_highest_priority_async_stream": False},
     }
-    print(f"{args.config} stage {s.plan.stage} on {target.name}; per kind: ops (async, overlapped)")
+    print(f"{args.config} stage {s.plan.stage} on {target.name}; per kind: ops (async, overlapped); exposed communication")
     texts = {}
     for name, options in variants.items():
         compiled = lowered.compile(compiler_options=options or None)
@@ -57,10 +63,12 @@ def main(argv: list[str] | None = None) -> None:
         summary = sorted(ledger.summarize_collectives(ops).items())
         kinds = ", ".join(f"{k} {v['count']} ({v['async']}, {v['overlapped']})" for k, v in summary)
         temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
-        sent = sum(ledger.communication_bytes(ops).values()) / 2**30
-        print(f"  {name:<24} temporaries {temp:.3f} GiB, sent {sent:.3f} GiB; {kinds}", flush=True)
-    same = texts["jzero's options"] == texts["jzero's, scheduler off"]
-    print(f"  the program with the scheduler off is {'byte-identical to' if same else 'different from'} jzero's")
+        p = plan_report(s, compiled)["predicted"]
+        exposed = f"{1e3 * p['exposed_communication_s']:.1f} of {1e3 * p['communication_s']:.1f} ms"
+        print(f"  {name:<24} temporaries {temp:.3f} GiB; {kinds}; exposed {exposed}", flush=True)
+    for name in ("jzero's, scheduler off", "jzero's, priority off"):
+        same = texts["jzero's options"] == texts[name]
+        print(f"  the program with {name.split(', ')[1]} is {'byte-identical to' if same else 'different from'} jzero's")
 
 
 if __name__ == "__main__":

@@ -111,16 +111,27 @@ def peak_flops(device_kind: str) -> float | None:
 
 
 # XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What they
-# change is measured by benchmarks/gpu_options.py (the README quotes it for the 7B on h100x64).
+# change is measured by benchmarks/gpu_options.py (docs/gpu-targets.md quotes it for the 7B).
 # - The latency-hiding scheduler puts compute between each async collective's start and done. XLA
 #   0.10.2 already did (the 7B program was byte-identical with it off); set so that a change of
 #   XLA's default cannot serialize the gathers and reduce-scatters.
-# - Combining thresholds: XLA merges collectives up to this many bytes into one op, for fewer and
-#   larger NCCL calls: the 7B's all-gathers went from 19 ops to 9, with the same temporaries.
+# - Pipelined collectives: XLA's collective pipeliner moves the next layer's all-gather (and this
+#   layer's gradient reduce-scatter, and all-reduce) across the layer loop's iterations, so each
+#   runs under another layer's compute: FSDP2's prefetch of one layer, done by the compiler.
+# - Combining thresholds: XLA merges collectives up to this many bytes into one op. 1 GiB holds a
+#   7B layer's gathered bf16 parameters (0.38 GiB) in one op, which the pipeliner then prefetches
+#   whole; at 256 MiB a layer took two ops and one of them waited (7B stage 3 on h100x8: 44.3 ms of
+#   77.7 exposed with the old options, 5.5 ms with these).
+# - The highest-priority stream for collectives: NCCL kernels are not starved by compute kernels
+#   at run time (NVIDIA's JAX-Toolbox advice); nothing changes in the compiled program.
 GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
-    "xla_gpu_all_gather_combine_threshold_bytes": 256 * 2**20,
-    "xla_gpu_reduce_scatter_combine_threshold_bytes": 256 * 2**20,
+    "xla_gpu_enable_pipelined_all_gather": True,
+    "xla_gpu_enable_pipelined_reduce_scatter": True,
+    "xla_gpu_enable_pipelined_all_reduce": True,
+    "xla_gpu_enable_highest_priority_async_stream": True,
+    "xla_gpu_all_gather_combine_threshold_bytes": 2**30,
+    "xla_gpu_reduce_scatter_combine_threshold_bytes": 2**30,
     "xla_gpu_all_reduce_combine_threshold_bytes": 256 * 2**20,
 }
 
