@@ -30,7 +30,7 @@ __all__ = ["EFFICIENCY", "Hardware", "StepCost", "Transfer", "predict"]
 
 # The share of the dense bf16 peak jzero's matmuls reach: one value for every target, chosen from
 # the calibration table of published runs (docs/planner.md, benchmarks/calibration.py).
-EFFICIENCY = 0.52
+EFFICIENCY = 0.45
 
 
 @dataclasses.dataclass(frozen=True)
