@@ -14,6 +14,7 @@ from typing import Any
 # sharding, collectives and memory analysis) is what the tests check, and it is unaffected.
 FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
+os.environ["JZERO_SUITE_XLA_FLAGS"] = FLAGS  # the suite's, not a user's: what jzero plan prints leaves them out
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # JAX's persistent compilation cache (on by default, jzero.compile_cache) in a folder of this test
 # process's own, which its subprocesses share, rather than the user's ~/.cache.

@@ -338,6 +338,13 @@ def _sed_range(lines: list[str], a: str, b: str) -> list[str]:
     return lines[first : at(b, first + (a != b)) + 1]
 
 
+def _without_the_suites_flags() -> str | None:
+    """This process's XLA_FLAGS less those the test suite adds (tests/conftest.py); None if nothing is left."""
+    suite = set(os.environ.get("JZERO_SUITE_XLA_FLAGS", "").split())
+    left = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in suite]
+    return " ".join(left) or None
+
+
 class Session:
     """A folder that commands run in. ``/tmp/`` in their words is ``folder/tmp/``, and relative paths
     are from ``folder``, which links the repository's configs/, examples/ and benchmarks/.
@@ -390,7 +397,7 @@ class Session:
 
         out = io.StringIO()
         # The user's XLA_FLAGS, not the suite's: jzero plan prints the XLA options it reads there.
-        user = {"XLA_FLAGS": self.env.get("XLA_FLAGS")} if self.env is not None else {}
+        user = {"XLA_FLAGS": self.env.get("XLA_FLAGS") if self.env is not None else _without_the_suites_flags()}
         saved_env, cwd = {k: os.environ.get(k) for k in [*user, *command.env]}, os.getcwd()
         for k, v in user.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
