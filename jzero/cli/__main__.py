@@ -2,8 +2,8 @@
 
 import sys
 
-from jzero.cli.main import main
+from jzero.cli.program import run
 
 __all__ = []
 
-sys.exit(main())
+sys.exit(run())

@@ -3,7 +3,8 @@
 
 Bad input (config, flag, mesh, data path) prints one line naming the key and exits with status 2;
 a run or a write that failed for another reason (:class:`~jzero.errors.RunError`), one line and 1.
-Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: this module
+Ctrl-C prints ``jzero: interrupted`` and exits with status 130, from the first moment: the program's
+entry (:mod:`jzero.cli.program`) sets the handler before this module imports, and this module
 and the rest of :mod:`jzero.cli` (:mod:`~jzero.cli.parser`, :mod:`~jzero.cli.commands`,
 :mod:`~jzero.cli.interrupts`) import only the standard library, :mod:`jzero.config.loading` and
 :mod:`jzero.distributed.process` (no JAX); the commands import JAX and Orbax (seconds) inside
