@@ -69,15 +69,15 @@ def _gathers(env_flags, *sets):
 
 
 def test_each_source_of_a_threshold_takes_effect(capsys, h100x8):
-    """jzero's 256 MiB combines the gathers; XLA_FLAGS' 0 now reaches the program (jzero's default
-    used to override it); the config's 256 MiB wins over XLA_FLAGS' 0."""
+    """jzero's threshold combines the gathers; XLA_FLAGS' 0 now reaches the program (jzero's default
+    used to override it); the config's value wins over XLA_FLAGS' 0."""
     assert main(["plan", CONFIG, "--target", "h100x8", "--json", *_sets(*BF16)]) == 0
     report = json.loads(capsys.readouterr().out)
     combined = report["collectives"]["all-gather"]["count"]
-    assert report["compiler"]["xla_options"][GATHER] == {"value": 256 * 2**20, "from": "jzero"}
+    assert report["compiler"]["xla_options"][GATHER] == {"value": GPU_COMPILER_OPTIONS[GATHER], "from": "jzero"}
     count, source = _gathers(f"--{GATHER}=0")
     assert count > 2 * combined and source == {"value": "0", "from": "XLA_FLAGS"}, (count, combined)
-    count, source = _gathers(f"--{GATHER}=0", f"compiler.xla_options.{GATHER}={256 * 2**20}")
+    count, source = _gathers(f"--{GATHER}=0", f"compiler.xla_options.{GATHER}={GPU_COMPILER_OPTIONS[GATHER]}")
     assert count == combined and source["from"] == "compiler.xla_options"
 
 
