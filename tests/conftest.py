@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from jzero.config.loading import Config, load_config  # noqa: E402
+from jzero.ledger.targets import gpu_compiler_available, target_devices  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -61,6 +62,14 @@ def devices():
 
 STEPS = 20
 LR = "optimizer.learning_rate=1e-3"
+
+
+@pytest.fixture(scope="session")
+def h100x8():
+    """Eight H100s to compile for, deviceless (the gpu-target extra; tests/test_targets.py)."""
+    if not gpu_compiler_available():
+        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
+    return target_devices("h100x8")
 
 
 @pytest.fixture(scope="session")

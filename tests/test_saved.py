@@ -5,7 +5,6 @@ import pytest
 from conftest import tiny_config
 
 from jzero.ledger.render import _saved_kind_lines
-from jzero.ledger.targets import gpu_compiler_available, target_devices
 from jzero.models.sizes import SAVED_BY_POLICY, gpt_saved_per_layer
 from jzero.remat_policies import REMAT_POLICIES
 from jzero.training.job import build_job
@@ -39,13 +38,6 @@ def test_none_keeps_what_a_layer_needs_not_every_intermediate():
     assert set(a["formula_by_kind"]) == set(SAVED_BY_POLICY["none"])
     mlp = [row for row in a["by_kind"] if row["role"] == "mlp_in"]
     assert len(mlp) == 1  # the MLP's hidden activations once: GELU is recomputed from them
-
-
-@pytest.fixture(scope="module")
-def h100x8():
-    if not gpu_compiler_available():
-        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
-    return target_devices("h100x8")
 
 
 @pytest.mark.parametrize("mesh", ["mesh.axes.data=8", "mesh.axes.model=2"], ids=["dp8", "dp4-mp2"])

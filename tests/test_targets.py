@@ -13,17 +13,10 @@ from jzero.cli.main import main
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger import hlo as ledger
-from jzero.ledger.targets import GPU_COMPILER_OPTIONS, Target, gpu_compiler_available, parse_target, target_devices
+from jzero.ledger.targets import GPU_COMPILER_OPTIONS, Target, parse_target, target_devices
 from jzero.training.job import build_job
 
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
-
-
-@pytest.fixture(scope="module")
-def h100x8():
-    if not gpu_compiler_available():
-        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
-    return target_devices("h100x8")
 
 
 def _compiled(config, devices):

@@ -275,14 +275,18 @@ def test_units_take_effect_inside_an_nn_jit_model(devices):
     assert sent <= unwrapped
 
 
-def test_an_nn_jit_model_with_units_equals_one_device_optax(devices):
-    s = _own(_nn_jit_llama())
+def _five_steps_equal_one_device_optax(s):
+    """``s`` trained 5 steps on random batches equals the one-device optax reference, within its floor."""
     batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(5)]
     ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], 5)
     state, step = s.init_state(), s.make_step()
     for k in range(5):
         state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
     ref.check(params=jax.device_get(state.params))
+
+
+def test_an_nn_jit_model_with_units_equals_one_device_optax(devices):
+    _five_steps_equal_one_device_optax(_own(_nn_jit_llama()))
 
 
 BLOCKS = 6
@@ -365,10 +369,4 @@ def test_a_step_from_make_plan_warns_of_the_merged_units_once(devices):
 
 
 def test_a_custom_vjp_keeps_its_rule_under_units(devices):
-    s = _own(_fused_parts())
-    batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(5)]
-    ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], 5)
-    state, step = s.init_state(), s.make_step()
-    for k in range(5):
-        state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
-    ref.check(params=jax.device_get(state.params))
+    _five_steps_equal_one_device_optax(_own(_fused_parts()))

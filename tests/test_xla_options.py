@@ -12,20 +12,13 @@ import pytest
 from conftest import TINY
 
 from jzero.cli.main import main
-from jzero.ledger.targets import GPU_COMPILER_OPTIONS, gpu_compiler_available, target_devices
+from jzero.ledger.targets import GPU_COMPILER_OPTIONS
 from jzero.training.job import compiler_options, xla_options
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
 GATHER = "xla_gpu_all_gather_combine_threshold_bytes"
 BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
-
-
-@pytest.fixture(scope="module")
-def h100x8():
-    if not gpu_compiler_available():
-        pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
-    return target_devices("h100x8")
 
 
 def _sets(*extra):
