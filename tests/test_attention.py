@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 from test_bad_input import one_line_error, sets
-from test_targets import BF16, h100x8  # noqa: F401 (a fixture)
+from test_targets import BF16
 
 from jzero.ledger.targets import flash_attention_available
 from jzero.models.gpt import attend, causal_attention, rotary

@@ -9,7 +9,7 @@ import jax
 import pytest
 from conftest import TINY, tiny_config
 from test_bad_input import one_line_error, sets
-from test_targets import BF16, h100x8  # noqa: F401 (a fixture)
+from test_targets import BF16
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config

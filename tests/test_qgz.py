@@ -8,7 +8,7 @@ from conftest import tiny_config
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_bad_input import one_line_error, sets
-from test_targets import BF16, h100x8  # noqa: F401 (a fixture)
+from test_targets import BF16
 from test_zeropp import HPZ, QWZ, two_hosts  # noqa: F401 (a fixture)
 
 from jzero.collectives import quantized_reduce_scatter

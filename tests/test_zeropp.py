@@ -9,7 +9,7 @@ from conftest import LR, reference_with_floor, tiny_config, train_sharded
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_bad_input import one_line_error, sets
-from test_targets import BF16, _compiled, h100x8  # noqa: F401 (a fixture)
+from test_targets import BF16, _compiled
 
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.gather import UnitSpec, gather
