@@ -1,10 +1,11 @@
 """What jzero's XLA options for GPUs change in a compiled program, measured on a GPU target.
 
-Lowers one train step, then compiles it for the target with XLA's defaults, with jzero's
-``GPU_COMPILER_OPTIONS``, and with each of them changed in turn; for each it prints the compiled
-temporaries, per collective kind the ops in the program text, how many are async and how many of
-those have compute scheduled under them, and the communication the step-time model finds exposed
-(``jzero plan``'s). Needs the ``gpu-target`` extra; runs on a CPU host.
+Lowers one train step, then compiles it for the target with XLA's defaults, with jzero's options
+for it (``gpu_compiler_options``: thresholds at 1.25 layers), and with each of them changed in turn;
+for each it prints the compiled temporaries, the bytes gathered at once, per collective kind the
+ops in the program text, how many are async and how many of those have compute scheduled under
+them, and the communication the step-time model finds exposed (``jzero plan``'s). Needs the
+``gpu-target`` extra; runs on a CPU host.
 
     python benchmarks/gpu_options.py configs/gpt-7b.yaml --target h100x64
 """
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from jzero.distributed.process import import_jax, start_backends
-    from jzero.ledger.targets import GPU_COMPILER_OPTIONS, parse_target, target_devices
+    from jzero.ledger.targets import gpu_compiler_options, parse_target, target_devices
 
     import_jax(target=True)
     start_backends()
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     import jax.numpy as jnp
 
     from jzero.config.loading import load_config
+    from jzero.ledger import gathered
     from jzero.ledger import hlo as ledger
     from jzero.training.job import build_job
     from jzero.training.report import plan_report
@@ -42,17 +44,19 @@ def main(argv: list[str] | None = None) -> None:
     s = build_job(load_config(args.config, args.set), target_devices(target))
     batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32, sharding=s.plan.batch)
     lowered = s.make_step().lower(s.abstract_state(), batch)
-    thresholds = {k: 0 for k in GPU_COMPILER_OPTIONS if k.endswith("threshold_bytes")}
-    pipelined = {k: False for k in GPU_COMPILER_OPTIONS if "pipelined" in k}
+    mine = gpu_compiler_options(s.plan.layer_bytes(s.precision.compute_dtype))
+    thresholds = {k: 0 for k in mine if k.endswith("threshold_bytes")}
+    pipelined = {k: False for k in mine if "pipelined" in k}
     variants = {
         "XLA's defaults": {},
-        "jzero's options": dict(GPU_COMPILER_OPTIONS),
-        "jzero's, scheduler off": {**GPU_COMPILER_OPTIONS, "xla_gpu_enable_latency_hiding_scheduler": False},
-        "jzero's, not pipelined": {**GPU_COMPILER_OPTIONS, **pipelined},
-        "jzero's, 256 MiB": {**GPU_COMPILER_OPTIONS, **{k: 256 * 2**20 for k in thresholds}},
-        "jzero's, thresholds 0": {**GPU_COMPILER_OPTIONS, **thresholds},
-        "jzero's + double buffer": {**GPU_COMPILER_OPTIONS, "xla_gpu_enable_while_loop_double_buffering": True},
-        "jzero's, priority off": {**GPU_COMPILER_OPTIONS, "xla_gpu_enable_highest_priority_async_stream": False},
+        "jzero's options": mine,
+        "jzero's, scheduler off": {**mine, "xla_gpu_enable_latency_hiding_scheduler": False},
+        "jzero's, not pipelined": {**mine, **pipelined},
+        "jzero's, 256 MiB": {**mine, **{k: 256 * 2**20 for k in thresholds}},
+        "jzero's, 1 GiB": {**mine, **{k: 2**30 for k in thresholds if "all_reduce" not in k}},
+        "jzero's, thresholds 0": {**mine, **thresholds},
+        "jzero's + double buffer": {**mine, "xla_gpu_enable_while_loop_double_buffering": True},
+        "jzero's, priority off": {**mine, "xla_gpu_enable_highest_priority_async_stream": False},
     }
     print(f"{args.config} stage {s.plan.stage} on {target.name}; per kind: ops (async, overlapped); exposed communication")
     texts = {}
@@ -65,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
         temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
         p = plan_report(s, compiled)["predicted"]
         exposed = f"{1e3 * p['exposed_communication_s']:.1f} of {1e3 * p['communication_s']:.1f} ms"
-        print(f"  {name:<24} temporaries {temp:.3f} GiB; {kinds}; exposed {exposed}", flush=True)
+        held = gathered.gathered_at_once(compiled, s.plan, s.precision)["layers"]
+        memory = f"temporaries {temp:.3f} GiB; gathered at once {held:.2f} layers"
+        print(f"  {name:<24} {memory}; {kinds}; exposed {exposed}", flush=True)
     for name in ("jzero's, scheduler off", "jzero's, priority off"):
         same = texts["jzero's options"] == texts[name]
         print(f"  the program with {name.split(', ')[1]} is {'byte-identical to' if same else 'different from'} jzero's")

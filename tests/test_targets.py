@@ -205,23 +205,22 @@ def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
         assert f"stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s" in text
 
 
-def test_every_gpu_compile_gets_the_options(monkeypatch, h100x8, devices):
-    """``Job.compile`` passes GPU_COMPILER_OPTIONS for GPU devices and nothing for the CPU: with the
-    combining thresholds at 0, the same step compiles to many more (uncombined) all-gathers."""
-    import jzero.ledger.targets
+def test_every_gpu_compile_gets_the_options(h100x8, devices):
+    """``Job.compile`` passes jzero's options for GPU devices and nothing for the CPU: with the
+    combining thresholds at 0 (the config's), the same step compiles to many more (uncombined)
+    all-gathers."""
     from jzero.training.job import compiler_options
 
     assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
-    s = build_job(tiny_config("zero.stage=3", *BF16), h100x8)
 
-    def gathers():
+    def gathers(*sets):
+        s = build_job(tiny_config("zero.stage=3", *BF16, *sets), h100x8)
         ops = ledger.parse_collectives(s.compile_step()[1].as_text())
         return sum(op.kind == "all-gather" for op in ops)
 
     combined = gathers()
-    no_combining = {k: (0 if k.endswith("threshold_bytes") else v) for k, v in GPU_COMPILER_OPTIONS.items()}
-    monkeypatch.setattr(jzero.ledger.targets, "GPU_COMPILER_OPTIONS", no_combining)
-    assert gathers() > 2 * combined, combined
+    no_combining = [f"compiler.xla_options.{k}=0" for k in GPU_COMPILER_OPTIONS if k.endswith("threshold_bytes")]
+    assert gathers(*no_combining) > 2 * combined, combined
 
 
 def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8):

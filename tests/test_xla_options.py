@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from conftest import TINY, tiny_config
 
 from jzero.cli.main import main
 from jzero.ledger.targets import GPU_COMPILER_OPTIONS
@@ -66,11 +66,11 @@ def test_each_source_of_a_threshold_takes_effect(capsys, h100x8):
     used to override it); the config's value wins over XLA_FLAGS' 0."""
     assert main(["plan", CONFIG, "--target", "h100x8", "--json", *_sets(*BF16)]) == 0
     report = json.loads(capsys.readouterr().out)
-    combined = report["collectives"]["all-gather"]["count"]
-    assert report["compiler"]["xla_options"][GATHER] == {"value": GPU_COMPILER_OPTIONS[GATHER], "from": "jzero"}
+    combined, mine = report["collectives"]["all-gather"]["count"], report["compiler"]["xla_options"][GATHER]
+    assert mine["from"] == "jzero"
     count, source = _gathers(f"--{GATHER}=0")
     assert count > 2 * combined and source == {"value": "0", "from": "XLA_FLAGS"}, (count, combined)
-    count, source = _gathers(f"--{GATHER}=0", f"compiler.xla_options.{GATHER}={GPU_COMPILER_OPTIONS[GATHER]}")
+    count, source = _gathers(f"--{GATHER}=0", f"compiler.xla_options.{GATHER}={mine['value']}")
     assert count == combined and source["from"] == "compiler.xla_options"
 
 
@@ -96,9 +96,17 @@ def test_a_bad_flag_in_the_config_is_one_line(capsys, h100x8, option, message):
         assert _one_line_error(capsys, argv, f"compiler.xla_options.{name}").endswith(message)
 
 
-def test_a_bad_flag_in_the_config_stops_train(capsys, tmp_path):
-    argv = ["train", CONFIG, *_sets("train.steps=1", f"run.dir={tmp_path}", "compiler.xla_options.xla_no_such_flag=1")]
+def test_a_bad_flag_in_the_config_stops_train_before_it_writes(capsys, tmp_path):
+    run = tmp_path / "run"
+    argv = ["train", CONFIG, *_sets("train.steps=1", f"run.dir={run}", "compiler.xla_options.xla_no_such_flag=1")]
     assert _one_line_error(capsys, [*argv, "--quiet"], "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
+    assert not run.exists()  # neither the folder, its config.yaml nor its checkpoints folder
+
+
+def test_a_bad_flag_in_the_config_stops_the_search(capsys, h100x8):
+    """One line and exit 2 before the first candidate, not a refusal in every candidate's row."""
+    argv = ["plan", CONFIG, "--target", "h100x8", "--search", *_sets("compiler.xla_options.xla_no_such_flag=1")]
+    assert _one_line_error(capsys, argv, "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
 
 
 def test_config_values_xla_cannot_take_are_refused_when_loaded(capsys):
@@ -130,3 +138,23 @@ def test_a_bad_xla_flags_in_a_new_process():
     proc = subprocess.run([sys.executable, "-m", "jzero.cli", "plan", CONFIG], env=env, capture_output=True, text=True, cwd=ROOT)
     line = "jzero: error: XLA_FLAGS: --xla_no_such_flag=1: unknown XLA flag\n"
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", line)
+
+
+def test_a_gpu_step_combines_one_layer_per_gather_never_two(h100x8):
+    """jzero's GPU thresholds follow the layer: each all-gather and reduce-scatter of a scanned
+    stage-3 step holds under two layers' bytes. At a fixed 1 GiB, XLA merged the forward's first
+    layer with the backward's first into one gather, held through the whole forward."""
+    from jzero.ledger import hlo
+    from jzero.training.job import build_job
+
+    def largest(*sets):
+        s = build_job(tiny_config("zero.stage=3", "model.n_layers=4", *BF16, *sets), h100x8)
+        layer = s.plan.layer_bytes(s.precision.compute_dtype)
+        ops = hlo.parse_collectives(s.compile_step()[1].as_text())
+        return max(op.bytes for op in ops if op.kind in ("all-gather", "reduce-scatter")) / layer, layer
+
+    ratio, layer = largest()
+    assert 1 <= ratio < 2, ratio
+    assert layer <= xla_options(h100x8, layer_bytes=layer)[GATHER]["value"] < 2 * layer
+    fixed = [f"compiler.xla_options.{k}={2**30}" for k in (GATHER, "xla_gpu_reduce_scatter_combine_threshold_bytes")]
+    assert largest(*fixed)[0] >= 2

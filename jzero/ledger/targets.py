@@ -29,6 +29,7 @@ from jzero.platforms import cuda_plugins, gpu_compiler_available, importable, ja
 __all__ = [
     "GPU_COMPILER_OPTIONS",
     "GPUS",
+    "LAYERS_PER_COMBINED_OP",
     "Gpu",
     "Target",
     "check_target_fits_mesh",
@@ -37,6 +38,7 @@ __all__ = [
     "device_peak_flops",
     "flash_attention_available",
     "gpu_compiler_available",
+    "gpu_compiler_options",
     "gpu_of",
     "jax_plugin_modules",
     "parse_target",
@@ -118,10 +120,10 @@ def peak_flops(device_kind: str) -> float | None:
 # - Pipelined collectives: XLA's collective pipeliner moves the next layer's all-gather (and this
 #   layer's gradient reduce-scatter, and all-reduce) across the layer loop's iterations, so each
 #   runs under another layer's compute: FSDP2's prefetch of one layer, done by the compiler.
-# - Combining thresholds: XLA merges collectives up to this many bytes into one op. 1 GiB holds a
-#   7B layer's gathered bf16 parameters (0.38 GiB) in one op, which the pipeliner then prefetches
-#   whole; at 256 MiB a layer took two ops and one of them waited (7B stage 3 on h100x8: 44.3 ms of
-#   77.7 exposed with the old options, 5.5 ms with these).
+# - Combining thresholds: XLA merges collectives up to this many bytes into one op. A layer's
+#   gathers must be one op, which the pipeliner then prefetches whole; at 256 MiB a 7B layer took
+#   several ops and some waited (7B stage 3 on h100x8: 44.3 ms of 77.7 exposed with the old options).
+#   1 GiB is for a step without layers; gpu_compiler_options sizes them from the layer.
 # - The highest-priority stream for collectives: NCCL kernels are not starved by compute kernels
 #   at run time (NVIDIA's JAX-Toolbox advice); nothing changes in the compiled program.
 GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
@@ -134,6 +136,31 @@ GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
     "xla_gpu_reduce_scatter_combine_threshold_bytes": 2**30,
     "xla_gpu_all_reduce_combine_threshold_bytes": 256 * 2**20,
 }
+
+# A step with layers combines one layer's gathers (and gradient reduce-scatters) into one op, never
+# two layers': at 1 GiB XLA merged the forward's first layer with the backward's first (layer 31)
+# into one gather at the step's start, held through the forward, and the embedding with the head
+# (7B stage 3 on h100x8: 4.30 layers' worth gathered at once, 5.4 ms exposed; at 1.25 layers 2.65
+# and 3.6 ms; benchmarks/gpu_options.py).
+LAYERS_PER_COMBINED_OP = 1.25
+_LAYER_COMBINED = ("xla_gpu_all_gather_combine_threshold_bytes", "xla_gpu_reduce_scatter_combine_threshold_bytes")
+
+
+def gpu_compiler_options(layer_bytes: int = 0) -> dict[str, str | bool | int]:
+    """jzero's XLA options for a GPU step whose layer gathers ``layer_bytes`` per device.
+
+    Args:
+      layer_bytes: one layer's gathered parameters per device in the compute dtype
+        (:meth:`jzero.plan.Plan.layer_bytes`); 0 for a step without layers.
+
+    Returns:
+      :data:`GPU_COMPILER_OPTIONS`, with the all-gather and reduce-scatter combining thresholds at
+      :data:`LAYERS_PER_COMBINED_OP` layers' bytes when there are layers.
+    """
+    if not layer_bytes:
+        return dict(GPU_COMPILER_OPTIONS)
+    threshold = math.ceil(layer_bytes * LAYERS_PER_COMBINED_OP)
+    return {**GPU_COMPILER_OPTIONS, **dict.fromkeys(_LAYER_COMBINED, threshold)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,6 +122,7 @@ def search(
         raise ConfigError("--search", "searches the configurations of jzero's GPT; plan a model of your own without --search")
     devices = target_devices(target)
     base = build_job(config, devices)
+    base.check_xla_options()  # one line and exit 2, not a refusal in every candidate's row
     figures = figures_of(base.plan, base.config, base.flops_per_token, np.dtype(base.precision.compute_dtype).itemsize)
     hardware = GPUS[target.gpu].hardware()
     batches = batches or [base.config.train.global_batch_size]

@@ -138,29 +138,33 @@ def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
 
 
 def compiler_options(
-    devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None
+    devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None, layer_bytes: int = 0
 ) -> dict[str, Any] | None:
     """The XLA options a compile on ``devices`` is given: :func:`xla_options` but those ``XLA_FLAGS``
     sets, which XLA already has; None when there are none."""
-    effect = xla_options(devices, units=units, options=options)
+    effect = xla_options(devices, units=units, options=options, layer_bytes=layer_bytes)
     given = {name: e["value"] for name, e in effect.items() if e["from"] != xla_flags.ENV}
     return given or None
 
 
-def xla_options(devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None) -> dict[str, dict]:
+def xla_options(
+    devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None, layer_bytes: int = 0
+) -> dict[str, dict]:
     """The XLA options in effect for a program on ``devices``, each with where it comes from.
 
     Args:
       devices: what it compiles for; GPUs (real or a target's) get
-        :data:`jzero.ledger.targets.GPU_COMPILER_OPTIONS`, unless ``XLA_FLAGS`` names the flag.
+        :func:`jzero.ledger.targets.gpu_compiler_options`, unless ``XLA_FLAGS`` names the flag.
       units: the step gathers by units: :func:`jzero.gather.unit_options` too.
       options: the config's ``compiler.xla_options``, which win over everything.
+      layer_bytes: one layer's gathered bytes per device (:meth:`jzero.plan.Plan.layer_bytes`),
+        which sizes the GPU combining thresholds.
 
     Returns:
       name -> ``{"value": ..., "from": "jzero" | "XLA_FLAGS" | "compiler.xla_options"}``
       (:func:`jzero.xla_flags.in_effect`).
     """
-    defaults = targets.GPU_COMPILER_OPTIONS if on_gpus(devices) else {}
+    defaults = targets.gpu_compiler_options(layer_bytes) if on_gpus(devices) else {}
     needs = unit_options(devices) if units else {}
     return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
 
@@ -217,7 +221,22 @@ class Job:
 
     def xla_options(self) -> dict[str, dict]:
         """The XLA options the step compiles with, and where each comes from (:func:`xla_options`)."""
-        return xla_options(list(self.mesh.devices.flat), units=bool(self.plan.units), options=self.config.compiler.xla_options)
+        return xla_options(list(self.mesh.devices.flat), **self._option_inputs())
+
+    def _option_inputs(self) -> dict[str, Any]:
+        """What chooses the step's XLA options besides its devices."""
+        layer = self.plan.layer_bytes(self.precision.compute_dtype)
+        return {"units": bool(self.plan.units), "options": self.config.compiler.xla_options, "layer_bytes": layer}
+
+    def check_xla_options(self) -> None:
+        """Refuse an XLA option the step's compile would refuse, before anything is compiled or
+        written: a one-op program compiles with the step's options (XLA reads them all whatever
+        the program).
+
+        Raises:
+          ConfigError: as :meth:`compile`, naming the option.
+        """
+        self.compile(jax.jit(jnp.negative).lower(jnp.float32(0)))
 
     def compile(self, lowered):
         """Compile a lowered step for this mesh's devices (:func:`compiler_options`).
@@ -226,7 +245,7 @@ class Job:
           ConfigError: XLA does not know an option, or cannot read its value, naming it.
         """
         devices, mine = list(self.mesh.devices.flat), self.config.compiler.xla_options
-        options = compiler_options(devices, units=bool(self.plan.units), options=mine)
+        options = compiler_options(devices, **self._option_inputs())
         with compile_cache.for_devices(devices):
             try:
                 return lowered.compile(compiler_options=options)

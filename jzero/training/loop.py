@@ -539,6 +539,7 @@ def train(
     goodput = Goodput()
     with goodput.timed("startup"):  # everything that can refuse the run does so before anything is written
         job = job if job is not None else build_job(config)
+        job.check_xla_options()
         data = train_data(config) if data is None else data
         eval_data = load_eval_data(config) if eval_data is None else eval_data
         lock = lock_run_dir(config.run.dir)  # held until the last save is committed, on every exit path
