@@ -120,18 +120,19 @@ def test_plan_json_predicts_the_step_on_gpu_targets_and_counts_remat(h100x8):  #
     assert plan_report(build_job(tiny_config(*BF16)))["predicted"] is None  # the CPU: no hardware figures
 
 
-def test_the_gpu_check_dry_runs_on_a_cpu():
-    """benchmarks/gpu_step.py --dry-run: the real run's code path (a prediction from a compile for one
-    H100, timed steps, the measured-over-predicted ratio), on a tiny model and the CPU."""
+def test_the_gpu_check_dry_runs_on_a_cpu(tmp_path):
+    """benchmarks/gpu_step.py --dry-run: the real run's code path (a prediction from a compile for two
+    H100s at stage 3, timed and traced steps, the measured-over-predicted ratio, the trace's overlap
+    beside the predicted), on a tiny model and the CPU, whose trace has no NCCL kernels."""
     import subprocess
     import sys
 
     from test_bad_input import jzero_env
 
+    argv = ["--dry-run", "--steps", "2", "--warmup", "1", "--gpus", "2", "--stage", "3", "--trace", str(tmp_path)]
     done = subprocess.run(
-        [sys.executable, "benchmarks/gpu_step.py", "--dry-run", "--steps", "2", "--warmup", "1"],
-        capture_output=True, text=True, env=jzero_env(), timeout=600,
-    )  # fmt: skip
+        [sys.executable, "benchmarks/gpu_step.py", *argv], capture_output=True, text=True, env=jzero_env(), timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout)
     assert found["dry_run"] and found["predicted_for"] == "NVIDIA H100 80GB HBM3" and found["device_kind"] == "cpu"
@@ -139,7 +140,10 @@ def test_the_gpu_check_dry_runs_on_a_cpu():
     assert found["predicted"]["step_time_s"] > 0
     ratio = found["measured"]["tokens_per_sec"] / found["predicted"]["tokens_per_sec"]
     assert found["measured_over_predicted_tokens_per_sec"] == pytest.approx(ratio, rel=1e-12)  # one quotient
-    assert found["shape"]["d_model"] == 64
+    assert found["shape"]["d_model"] == 64 and (found["gpus"], found["stage"]) == (2, 3)
+    overlap = found["overlap"]
+    assert overlap["trace"].startswith(str(tmp_path)) and overlap["measured"] is None
+    assert overlap["predicted"]["communication_s"] >= overlap["predicted"]["exposed_communication_s"] > 0
 
 
 def test_search_batches_are_the_configs_a_given_size_or_free():
