@@ -52,6 +52,7 @@ from jzero.trees import path_str
 __all__ = [
     "CPU_UNIT_OPTIONS",
     "GPU_UNIT_OPTIONS",
+    "UNIT_REMAT",
     "Region",
     "SAVE_SECONDARY",
     "SECONDARY",
@@ -262,7 +263,8 @@ def gathering(module: Any, gather_tree: Callable[[str, Any], Any] | None, prefix
 # again). Two others were measured (benchmarks/units.py): saving everything but the gathered
 # parameters kept what layout ops made of them (a reshaped scale, a transposed kernel), which held
 # the gathered buffers into the backward; saving every matmul output kept attention's scores too.
-_SAVED = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+UNIT_REMAT = "dots_with_no_batch_dims_saveable"
+_SAVED = getattr(jax.checkpoint_policies, UNIT_REMAT)
 # hpZ: every checkpoint around a gather keeps the secondary copy too.
 SAVE_SECONDARY = jax.checkpoint_policies.save_only_these_names(SECONDARY)
 

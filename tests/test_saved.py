@@ -82,3 +82,31 @@ def test_the_plan_flags_a_kind_over_its_formula():
     assert "saved 1.500 of it" in lines[0]
     flagged = [line for line in lines if "over the formula" in line]
     assert len(flagged) == 1 and "mlp_in" in flagged[0] and "f32[1, 4]" in flagged[0]
+
+
+def test_an_unrolled_model_with_units_saves_each_projection_once_per_layer(devices):
+    """A Llama-style model of yours, unscanned, gathered by units: its units' checkpoints keep every
+    projection's output (matmuls without batch dimensions) once per layer, and no attention scores;
+    the ledger names each kind within its unit, and the bytes add up to the saved total."""
+    from test_units import _llama
+
+    from jzero.gather import UNIT_REMAT
+
+    s = _llama("zero.stage=3")
+    _, compiled = s.compile_step()
+    a = plan_report(s, compiled)["activations"]
+    assert (a["saved_by"], a["remat"]) == ("gathering units", UNIT_REMAT)
+    rows, seq = 16 // 8, 16  # the batch rows per device, the positions
+    widths = {"q_proj": 32, "k_proj": 16, "v_proj": 16, "o_proj": 32, "gate_proj": 128, "up_proj": 128}  # d, 2 KV heads of 8, MLP
+    for name, width in widths.items():
+        (row,) = [r for r in a["by_kind"] if r["kind"].startswith(name + "/")]
+        assert (row["layers"], row["bytes_per_layer"], row["in_units"]) == (3, rows * seq * width * 4, True), row
+    assert a["device"] == sum(r["bytes_per_layer"] * r["layers"] for r in a["by_kind"])
+    scores = [r for r in a["by_kind"] if r["shape"] == [rows, 4, seq, seq]]  # [rows, heads, positions, positions]
+    assert not scores, "attention's scores are redone, not kept"
+    assert "in each of 3 units" in "\n".join(_saved_kind_lines(a))
+
+
+def test_a_loop_is_read_as_before_when_units_are_off(devices):
+    a, _ = _activations(devices=devices)
+    assert a["saved_by"] == "layer loops" and all("in_units" not in r for r in a["by_kind"])

@@ -265,7 +265,7 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
         where = f", {human_bytes(a['host'])} in host memory" + (" (as the policy asks)" if a["host_from"] == "policy" else "")
         split = ", split over model" if a["partitioned"] else ""
         lines.append(
-            f"saved for the backward by the layer loops: {human_bytes(a['device'])} per device"
+            f"saved for the backward by the {a['saved_by']}: {human_bytes(a['device'])} per device"
             + (where if a["host"] else "")
             + f" (remat {a['remat']}{split})"
         )
@@ -278,7 +278,8 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
 def _saved_kind_lines(a: dict[str, Any]) -> list[str]:
     """One layer's saved stacks by kind, beside the GPT's formula for the remat policy; rows over it flagged."""
     if "formula" not in a:
-        return [f"  {r['kind']:<26} {r['dtype']}{r['shape']}: {human_bytes(r['bytes_per_layer'])}" for r in a["by_kind"]]
+        rows = a["by_kind"]
+        return [f"  {r['kind']:<26} {r['dtype']}{r['shape']}: {human_bytes(r['bytes_per_layer'])}{_where(r)}" for r in rows]
     saved = a["device"] + a["host"]
     lines = [
         f"  per layer, by kind, against the formula for remat {a['remat']} ({human_bytes(a['formula'])} in all, "
@@ -295,6 +296,16 @@ def _saved_kind_lines(a: dict[str, Any]) -> list[str]:
         flag = "  <- over the formula" if role in a["over_formula"] else ""
         lines.append(f"    {role:<10} {what:<40} {human_bytes(got):>11}  formula {human_bytes(want):>11}{flag}")
     return lines
+
+
+def _where(row: dict[str, Any]) -> str:
+    """Where a saved kind of an unrolled model is saved: in how many gathering units."""
+    if "in_units" not in row:
+        return ""
+    n = row["layers"]
+    if not row["in_units"]:
+        return " (outside the units)" if n == 1 else f" (outside the units, {n} of them)"
+    return f" in each of {n} units" if n > 1 else " in 1 unit"
 
 
 def _gathered_lines(report: dict[str, Any]) -> list[str]:

@@ -9,7 +9,9 @@ matmul (its op name ends ``query/dot_general``), cuDNN's attention kernel, or th
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 
 from jzero.ledger.gathered import _operands
 from jzero.ledger.hlo import (
@@ -24,7 +26,7 @@ from jzero.ledger.hlo import (
     forward_loop,
 )
 
-__all__ = ["SavedKind", "saved_by_kind"]
+__all__ = ["SavedKind", "saved_by_kind", "saved_by_unit", "saved_unrolled"]
 
 SavedKind = dict  # {"kind", "dtype", "shape", "layers", "bytes_per_layer"}: one residual stack
 
@@ -55,6 +57,99 @@ def saved_by_kind(hlo_text: str, batch_rows: int) -> list[SavedKind]:
         if found is not None:
             rows += _stacks(computations, *found, batch_rows)
     return rows
+
+
+def saved_unrolled(hlo_text: str, batch_rows: int) -> list[dict]:
+    """What an unrolled step's forward hands its backward (a model without a layer loop, such as one
+    gathered by units): each value of the entry computation that a forward op made and a backward op
+    reads, holding the batch's examples (a parameter the backward reads is left out).
+
+    Args:
+      hlo_text: ``compiled.as_text()`` of an SPMD program.
+      batch_rows: the batch rows each device computes at once: a saved value's first dimension.
+
+    Returns:
+      One entry per value: ``path`` (the op that made it, within the model: ``layers_2/q_proj/dot_general``),
+      ``dtype``, ``shape`` (per device) and ``bytes``.
+    """
+    computations, entry = _computations(hlo_text)
+    by_name = {i.name: i for i in computations.get(entry, [])}
+    found: dict[tuple, dict] = {}
+    for ins in by_name.values():
+        if _phase(_named_source(ins, by_name)) != "backward":
+            continue
+        for value in filter(None, map(by_name.get, _operands(ins))):
+            source = _named_source(value, by_name)
+            if _phase(source) != "forward" or not isinstance(value.type, tuple):
+                continue
+            dtype, dims = value.type
+            if _per_example((1, *dims), batch_rows):
+                entry_ = {"path": _path(source), "dtype": dtype, "shape": list(dims), "bytes": _array_bytes(dtype, dims)}
+                found[(source.name, dtype, dims)] = entry_
+    return list(found.values())
+
+
+def saved_by_unit(values: list[dict], units: Mapping[str, int]) -> list[SavedKind]:
+    """:func:`saved_unrolled`'s values by kind within their gathering unit, as :func:`saved_by_kind`
+    gives a loop's: a unit's scope is its parameters' common path (``layers_2``), a value's kind its
+    path within the scope (``q_proj/dot_general``), ``layers`` the units that save that kind, and
+    ``in_units`` False for what no unit made (the loss's own values).
+
+    Args:
+      values: :func:`saved_unrolled`'s.
+      units: the plan's parameter path -> unit (:attr:`jzero.plan.Plan.units`).
+    """
+    scopes = _unit_scopes(units)
+    out: dict[tuple, SavedKind] = {}
+    for v in values:
+        scope = max((s for s in scopes if v["path"].startswith(s + "/")), key=len, default="")
+        kind = v["path"][len(scope) + 1 :] if scope else v["path"]
+        row = out.setdefault(
+            (kind, v["dtype"], tuple(v["shape"]), bool(scope)),
+            {"kind": kind, "dtype": v["dtype"], "shape": v["shape"], "layers": 0, "bytes_per_layer": v["bytes"]},
+        )
+        row["layers"] += 1
+        row["in_units"] = bool(scope)
+    return list(out.values())
+
+
+def _unit_scopes(units: Mapping[str, int]) -> set[str]:
+    """Each unit's parameters' common path: ``layers_2`` for ``layers_2/q_proj/kernel``, ...; a unit
+    of one tensor, its module's (``lm_head`` for ``lm_head/kernel``)."""
+    modules: dict[int, list[list[str]]] = {}
+    for path, unit in units.items():
+        modules.setdefault(unit, []).append(path.split("/")[:-1])
+    return {"/".join(common) for parts in modules.values() if (common := os.path.commonprefix(parts))}
+
+
+_ALIASES = {"bitcast", "copy", "get-tuple-element", "reshape"}
+
+
+def _named_source(ins: _Instruction, by_name: dict) -> _Instruction:
+    """The instruction itself, or the one it aliases when it carries no op name of its own."""
+    for _ in range(16):
+        if _OP_NAME.search(ins.line) or ins.op not in _ALIASES:
+            return ins
+        operands = _operands(ins)
+        if not operands or operands[0] not in by_name:
+            return ins
+        ins = by_name[operands[0]]
+    return ins
+
+
+def _phase(ins: _Instruction) -> str:
+    """``forward``, ``backward`` (JAX's transpose of the forward) or ``other``, by its op name."""
+    name = _OP_NAME.search(ins.line)
+    if not name:
+        return "other"
+    return "backward" if "transpose(" in name.group(1) else "forward" if "jvp(" in name.group(1) else "other"
+
+
+def _path(ins: _Instruction) -> str:
+    """``jit(step)/jvp(Llama)/layers_2/q_proj/dot_general`` -> ``layers_2/q_proj/dot_general``."""
+    name = _OP_NAME.search(ins.line)
+    parts = [p for p in name.group(1).split("/") if not _CALL_WRAPPERS.match(p)] if name else []
+    return "/".join(parts) or ins.op
 
 
 def _stacks(computations: dict, body_name: str, trip: int, batch_rows: int) -> list[SavedKind]:

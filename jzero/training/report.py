@@ -17,12 +17,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
+from jzero.gather import UNIT_REMAT
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.element_types import gradient_reductions, parameter_gathers
 from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
-from jzero.ledger.saved import saved_by_kind
+from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
 from jzero.mesh import make_mesh, mesh_shape
 from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
 from jzero.offload import DEVICE, HOST
@@ -309,14 +310,26 @@ def saved_activations(job: Job, hlo_text: str) -> dict[str, Any]:
     cfg = job.config
     rows = cfg.train.global_batch_size // batch_ways(mesh_shape(job.mesh)) // cfg.train.microbatches
     saved = ledger.saved_activations(hlo_text, rows)
+    partitioned = partitions_activations(cfg.model, model_ways(job.mesh.shape))
+    if not saved["device"] and not saved["host"] and job.plan.units:
+        return _saved_by_units(job, hlo_text, rows, partitioned)
     source = "compiled"
     if not saved["host"] and saved["device"] and (share := _host_residual_share(job)):
         saved["host"] = round(saved["device"] * share)
         saved["device"] -= saved["host"]
         source = "policy"
-    remat, partitioned = policy_name(cfg.model.remat), partitions_activations(cfg.model, model_ways(job.mesh.shape))
+    remat = policy_name(cfg.model.remat)
     out = {"device": saved["device"], "host": saved["host"], "remat": remat, "partitioned": partitioned, "host_from": source}
-    return {**out, **_saved_against_formula(job, hlo_text, rows, partitioned)}
+    return {**out, "saved_by": "layer loops", **_saved_against_formula(job, hlo_text, rows, partitioned)}
+
+
+def _saved_by_units(job: Job, hlo_text: str, rows: int, partitioned: bool) -> dict[str, Any]:
+    """An unrolled model's saved values (:func:`jzero.ledger.saved.saved_unrolled`), by kind within
+    its gathering units; the policy is the units' own checkpoints'."""
+    values = saved_unrolled(hlo_text, rows)
+    device = sum(v["bytes"] for v in values)
+    out = {"device": device, "host": 0, "remat": UNIT_REMAT, "partitioned": partitioned, "host_from": "compiled"}
+    return {**out, "saved_by": "gathering units", "by_kind": saved_by_unit(values, job.plan.units)}
 
 
 def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool) -> dict[str, Any]:
