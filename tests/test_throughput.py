@@ -3,6 +3,8 @@ the device's peak is known, goodput, and a profile of the steps asked for."""
 
 import gzip
 import json
+import statistics
+import time
 
 import flax.linen as nn
 import jax
@@ -10,6 +12,7 @@ import pytest
 from test_checkpoint import run_config
 
 from jzero.ledger.targets import GPUS, peak_flops
+from jzero.training.hooks import Hook
 from jzero.training.job import build_job
 from jzero.training.loop import train
 from jzero.training.profile import STEP_NAME
@@ -72,3 +75,27 @@ def test_peak_flops_only_where_known():
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12 and peak_flops("NVIDIA H200") == 989e12
     for unknown in ("cpu", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "Tesla V100-SXM2-16GB"):
         assert peak_flops(unknown) is None
+
+
+class _WallClock(Hook):
+    """The wall time at each logged row, taken outside jzero's own clock."""
+
+    def __init__(self):
+        self.rows: list[tuple[float, float]] = []
+
+    def log(self, record):
+        self.rows.append((time.perf_counter(), record["tokens_per_sec"]))
+
+
+def test_tokens_per_sec_against_the_wall_clock(devices, tmp_path):
+    """Each logged rate times the wall time since the row before, read by a hook, is one step's
+    tokens as the config gives them (global batch x positions): a count 8x too high or too low
+    would put the median ratio near 8 or 1/8. No checkpoint until the last step: a save between two
+    rows lengthens the wall time the rate leaves out."""
+    config = run_config(tmp_path, "train.steps=12", "run.log_every=1", "checkpoint.every=12")
+    clock = _WallClock()
+    train(config, progress=False, hooks=[clock])
+    tokens = config.train.global_batch_size * config.model.seq_len
+    pairs = zip(clock.rows[:-1], clock.rows[1:], strict=True)
+    ratios = [rate * (t - before) / tokens for (before, _), (t, rate) in pairs]
+    assert len(ratios) == 11 and 0.5 < statistics.median(ratios) < 2, ratios

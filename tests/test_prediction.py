@@ -1,0 +1,49 @@
+"""The step from a compiled program to its predicted step time (jzero/training/prediction.py), on a
+handwritten program whose every term is worked out here by hand: a synchronous all-gather of a
+weight over 8 GPUs, then one matmul with it."""
+
+import pytest
+from conftest import tiny_config
+
+from jzero.ledger.hlo import parse_collectives
+from jzero.ledger.targets import device_hardware
+from jzero.ledger.timing import EFFICIENCY
+from jzero.training.job import build_job
+from jzero.training.prediction import predicted
+
+M, K, N = 4096, 1024, 1024
+PROGRAM = f"""\
+HloModule m
+
+ENTRY %main (w: bf16[{K // 8},{N}], x: bf16[{M},{K}]) -> bf16[{M},{N}] {{
+  %w = bf16[{K // 8},{N}]{{1,0}} parameter(0)
+  %x = bf16[{M},{K}]{{1,0}} parameter(1)
+  %ag = bf16[{K},{N}]{{1,0}} all-gather(%w), channel_id=1, replica_groups=[1,8]<=[8], dimensions={{0}}, use_global_device_ids=true
+  ROOT %y = bf16[{M},{N}]{{1,0}} dot(%x, %ag), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+"""
+STATE = 3 * 2**20  # model-state bytes per device the update reads and writes
+
+
+def test_a_handwritten_programs_predicted_step_worked_by_hand(h100x8):
+    job = build_job(tiny_config("zero.stage=3", "precision.compute_dtype=bfloat16"), h100x8)
+    flops = 2 * M * N * K  # the one matmul
+    report = {
+        "model_flops": {"per_device_per_step": flops},
+        "per_device_bytes": {"total": STATE},
+        "compiled_host": {"argument": 0, "output": 0},
+        "activations": {"host": 0},
+    }
+    p = predicted(job, report, PROGRAM, parse_collectives(PROGRAM))
+    hw = device_hardware(h100x8[0])
+    compute = flops / (hw.peak_flops * EFFICIENCY)
+    gather = K * N * 2 * 7 / 8 / hw.within_host_bytes_per_s  # the whole bf16 weight, 7 of 8 shards received, NVLink
+    memory = 2 * STATE / hw.hbm_bytes_per_s  # read and written once
+    assert p["compute_s"] == pytest.approx(compute, rel=1e-12)
+    assert p["communication_s"] == pytest.approx(gather, rel=1e-12)
+    assert p["exposed_communication_s"] == pytest.approx(gather, rel=1e-12)  # synchronous: nothing under it
+    assert p["memory_s"] == pytest.approx(memory, rel=1e-12)
+    assert p["step_time_s"] == pytest.approx(compute + gather + memory, rel=1e-12)
+    tokens = job.config.train.global_batch_size * job.config.model.seq_len
+    assert p["tokens_per_sec"] == pytest.approx(tokens / (compute + gather + memory), rel=1e-12)
+    assert p["executed_over_model_flops"] == 1.0 and p["error"] is None
