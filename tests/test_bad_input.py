@@ -129,13 +129,23 @@ def test_an_unreadable_config_is_one_line(tmp_path, capsys, monkeypatch):
     one_line_error(capsys, ["plan", str(path)], f"config: cannot read {path}: Permission denied")
 
 
+# Root reads any file through these capabilities; without them it is refused as a normal user is.
+NO_DAC = "-dac_override,-dac_read_search"
+
+
 def test_a_config_without_read_permission_is_one_line(tmp_path, capsys):
+    """A real chmod 0 and the real open's EACCES: as root, the command runs without the capabilities
+    that let root read any file (util-linux's setpriv), so this runs in CI, which is root."""
     path = tmp_path / "c.yaml"
     path.write_text("seed: 1\n")
     path.chmod(0)
-    if os.access(path, os.R_OK):
-        pytest.skip("this user (root) reads any file; the test above covers it")
-    one_line_error(capsys, ["plan", str(path)], f"config: cannot read {path}: Permission denied")
+    message = f"config: cannot read {path}: Permission denied"
+    if not os.access(path, os.R_OK):  # a normal user
+        one_line_error(capsys, ["plan", str(path)], message)
+        return
+    argv = ["setpriv", f"--bounding-set={NO_DAC}", f"--inh-caps={NO_DAC}", sys.executable, "-m", "jzero.cli", "plan", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=jzero_env())
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"jzero: error: {message}\n")
 
 
 def test_a_fifo_as_the_config_does_not_block(tmp_path, capsys):
