@@ -50,6 +50,7 @@ from jzero.errors import (
     RotatedAway,
     error_line,
 )
+from jzero.stages import stage_rule
 from jzero.state import TrainState
 from jzero.trees import tree_paths
 
@@ -626,6 +627,7 @@ def _on_data(tree: Any) -> bool:
 def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str | None:
     """How the resuming run's layout differs from the checkpoint's, or None."""
     now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
-    same = {"stage": (stage, STAGE_1_OR_2) if stage in (1, 2) else (stage,)}
+    rule = stage_rule(stage)
+    same = {"stage": (stage, STAGE_1_OR_2) if rule.optimizer and not rule.params else (stage,)}  # one layout
     diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) not in same.get(k, (v,))]
     return ", ".join(diffs) if diffs else None

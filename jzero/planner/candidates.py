@@ -108,7 +108,7 @@ def candidates(figures: Figures, target: Target, batches: list[int]) -> Iterator
     does not split) are left out here or refused by config validation afterwards."""
     models = [m for m in (1, 2, 4, 8) if target.gpus_per_host % m == 0 and figures.n_heads % m == 0]
     for stage, remat, mb, batch, m in itertools.product(STAGES, REMAT_POLICIES, MICROBATCHES, batches, models):
-        for replica in {1, target.hosts} if stage == 3 else {1}:
+        for replica in {1, target.hosts} if stage_rule(stage).params else {1}:  # hpZ: a second copy of partitioned parameters
             data = target.count // (m * replica)
             if batch % (data * replica * mb):
                 continue
@@ -129,7 +129,7 @@ def _offloads(stage: int) -> list[tuple[bool, bool]]:
 
 
 def _zeropp(base: Candidate, replica: int, model: int) -> Iterator[Candidate]:
-    if base.stage != 3:
+    if not stage_rule(base.stage).params:  # ZeRO++'s knobs act on partitioned parameters
         yield base
         return
     hpz = "hpz" if replica > 1 else "none"
@@ -156,7 +156,7 @@ def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]
     working = unit * _SAVED["none"](f.mlp_ratio) / m  # one layer's values, all held while its backward runs
     activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + working
     logits = 2 * tokens * f.vocab * 4 / m
-    gathered = 2 * layer_elems * f.compute_itemsize / m if c.stage == 3 else 0
+    gathered = 2 * layer_elems * f.compute_itemsize / m if stage_rule(c.stage).params else 0
     return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)
 
 
@@ -170,14 +170,16 @@ def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str
     recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
     psi_grad = f.grad_bytes / m
     psi_compute = f.num_params * f.compute_itemsize / m
-    transfers = [Transfer(2 * psi_grad, group, spans)] if c.stage == 0 else []
-    if c.stage in (1, 2):
-        transfers += [Transfer(psi_grad, group, spans), Transfer(f.param_bytes / m, group, spans)]
-    if c.stage == 3:
+    rule = stage_rule(c.stage)
+    if not rule.optimizer:  # nothing partitioned: the gradients all-reduced
+        transfers = [Transfer(2 * psi_grad, group, spans)]
+    elif not rule.params:  # gradients reduce-scattered, the updated parameters all-gathered
+        transfers = [Transfer(psi_grad, group, spans), Transfer(f.param_bytes / m, group, spans)]
+    else:  # parameters gathered in the forward and the backward, gradients reduce-scattered
         gather = psi_compute * (0.5 if c.quantized_weights != "none" else 1.0) * c.microbatches
         reduce = psi_grad * (0.25 if c.quantized_gradients != "none" else 1.0) * c.microbatches
         hpz = c.hierarchical != "none"
-        transfers += [Transfer(gather, group, spans), Transfer(gather, data if hpz else group, spans and not hpz)]
+        transfers = [Transfer(gather, group, spans), Transfer(gather, data if hpz else group, spans and not hpz)]
         transfers += [Transfer(reduce, group, spans)]
     if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
         transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m, False))

@@ -483,7 +483,7 @@ def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any
         "within_host_bytes": levels["within_host"],
         "cross_host_bytes": levels["cross_host"],
         "cross_host_ratio": levels["cross_host"] / paper if paper else None,
-        "zeropp_cross_host_bytes": paper * ZEROPP_CROSS_HOST_SHARE if plan.stage == 3 else None,
+        "zeropp_cross_host_bytes": paper * ZEROPP_CROSS_HOST_SHARE if plan.rule.params else None,
     }
 
 
