@@ -42,6 +42,13 @@ def one_line_error(capsys, argv: list[str], fragment: str) -> str:
     return lines[0]
 
 
+def keyed_error(capsys, argv: list[str], key: str) -> str:
+    """:func:`one_line_error` whose line names ``key`` first: ``jzero: error: KEY: ...``."""
+    line = one_line_error(capsys, argv, f"{key}: ")
+    assert line.startswith(f"jzero: error: {key}: "), line
+    return line
+
+
 def one_line_failure(capsys, argv: list[str], line: str) -> None:
     """Run ``jzero argv`` in-process: exit 1 (the machine refused a write), ``line`` alone on stderr."""
     assert main(argv) == 1

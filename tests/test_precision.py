@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import LR, reference_run, reference_with_floor, tiny_config, train_sharded
+from test_targets import BF16
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
@@ -21,7 +22,6 @@ from jzero.training.data import text_batches
 from jzero.training.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
-BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

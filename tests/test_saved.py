@@ -10,7 +10,7 @@ from jzero.remat_policies import REMAT_POLICIES
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
 
-BF16 = ("precision.compute_dtype=bfloat16",)
+COMPUTE_BF16 = ("precision.compute_dtype=bfloat16",)
 
 
 def _activations(*sets, devices=None):
@@ -42,7 +42,7 @@ def test_none_keeps_what_a_layer_needs_not_every_intermediate():
 
 @pytest.mark.parametrize("mesh", ["mesh.axes.data=8", "mesh.axes.model=2"], ids=["dp8", "dp4-mp2"])
 def test_none_on_gpus_saves_the_formula_and_runs_attention_once(mesh, h100x8):
-    sets = ("model.remat=none", *BF16, mesh) + (("mesh.axes.data=4",) if "model" in mesh else ())
+    sets = ("model.remat=none", *COMPUTE_BF16, mesh) + (("mesh.axes.data=4",) if "model" in mesh else ())
     a, text = _activations(*sets, devices=h100x8)
     assert a["device"] == a["formula"] and a["over_formula"] == []
     assert _roles(a) == set(SAVED_BY_POLICY["none"])  # cuDNN's output and statistics are attention's

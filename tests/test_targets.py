@@ -8,6 +8,7 @@ import json
 
 import pytest
 from conftest import TINY, tiny_config
+from test_bad_input import keyed_error
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config
@@ -133,20 +134,12 @@ def test_plan_cli_for_a_target(capsys, h100x8):
     assert "model FLOPs per step" in text and "at the dense bf16 peak (989 TFLOP/s) no less than" in text
 
 
-def _one_line_error(capsys, argv, key):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith(f"jzero: error: {key}: "), err
-    return err
-
-
 def test_bad_targets_are_one_line(capsys, h100x8):
     plan = ["plan", "configs/gpt-tiny.yaml"]
-    assert "unknown GPU target 'b999x8'" in _one_line_error(capsys, [*plan, "--target", "b999x8"], "--target")
-    err = _one_line_error(capsys, [*plan, "--target", "h100x16"], "--target")
+    assert "unknown GPU target 'b999x8'" in keyed_error(capsys, [*plan, "--target", "b999x8"], "--target")
+    err = keyed_error(capsys, [*plan, "--target", "h100x16"], "--target")
     assert "h100x16 has 16 GPUs but mesh.axes data=8 x model=1 uses 8" in err
-    assert "only with --target" in _one_line_error(capsys, [*plan, "--hosts", "2"], "--hosts")
+    assert "only with --target" in keyed_error(capsys, [*plan, "--hosts", "2"], "--hosts")
     # Without the plugin: test_fresh_install.py, in a process whose import path hides it.
 
 

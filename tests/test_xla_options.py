@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY, tiny_config
+from test_bad_input import keyed_error
+from test_targets import BF16
 
 from jzero.cli.main import main
 from jzero.ledger.targets import GPU_COMPILER_OPTIONS
@@ -18,19 +20,10 @@ from jzero.training.job import compiler_options, xla_options
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
 GATHER = "xla_gpu_all_gather_combine_threshold_bytes"
-BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
 
 
 def _sets(*extra):
     return [arg for kv in [*TINY, *extra] for arg in ("--set", kv)]
-
-
-def _one_line_error(capsys, argv, key):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith(f"jzero: error: {key}: "), err
-    return err
 
 
 def test_defaults_then_xla_flags_then_the_config(monkeypatch, h100x8, devices):
@@ -93,26 +86,26 @@ def test_a_bad_flag_in_the_config_is_one_line(capsys, h100x8, option, message):
     name = option.partition("=")[0]
     for target in ([], ["--target", "h100x8"]):
         argv = ["plan", CONFIG, *target, *_sets(f"compiler.xla_options.{option}")]
-        assert _one_line_error(capsys, argv, f"compiler.xla_options.{name}").endswith(message)
+        assert keyed_error(capsys, argv, f"compiler.xla_options.{name}").endswith(message)
 
 
 def test_a_bad_flag_in_the_config_stops_train_before_it_writes(capsys, tmp_path):
     run = tmp_path / "run"
     argv = ["train", CONFIG, *_sets("train.steps=1", f"run.dir={run}", "compiler.xla_options.xla_no_such_flag=1")]
-    assert _one_line_error(capsys, [*argv, "--quiet"], "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
+    assert keyed_error(capsys, [*argv, "--quiet"], "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
     assert not run.exists()  # neither the folder, its config.yaml nor its checkpoints folder
 
 
 def test_a_bad_flag_in_the_config_stops_the_search(capsys, h100x8):
     """One line and exit 2 before the first candidate, not a refusal in every candidate's row."""
     argv = ["plan", CONFIG, "--target", "h100x8", "--search", *_sets("compiler.xla_options.xla_no_such_flag=1")]
-    assert _one_line_error(capsys, argv, "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
+    assert keyed_error(capsys, argv, "compiler.xla_options.xla_no_such_flag").endswith("unknown XLA flag")
 
 
 def test_config_values_xla_cannot_take_are_refused_when_loaded(capsys):
     plan, key = ["plan", CONFIG], "compiler.xla_options"
-    assert "not an XLA flag name" in _one_line_error(capsys, [*plan, "--set", f"{key}.foo=1"], f"{key}.foo")
-    err = _one_line_error(capsys, [*plan, "--set", "compiler.xla_options.xla_foo=[1]"], "compiler.xla_options.xla_foo")
+    assert "not an XLA flag name" in keyed_error(capsys, [*plan, "--set", f"{key}.foo=1"], f"{key}.foo")
+    err = keyed_error(capsys, [*plan, "--set", "compiler.xla_options.xla_foo=[1]"], "compiler.xla_options.xla_foo")
     assert "must be true, false, a number or a string" in err
 
 
@@ -129,7 +122,7 @@ def test_a_bad_xla_flags_is_one_line(monkeypatch, capsys, tmp_path, flags, messa
     started; the check reads XLA_FLAGS as a new process would)."""
     monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {flags}")
     for argv in (["plan", CONFIG], ["plan", CONFIG, "--target", "h100x8"], ["train", CONFIG, "--set", f"run.dir={tmp_path}"]):
-        assert message in _one_line_error(capsys, argv, "XLA_FLAGS")
+        assert message in keyed_error(capsys, argv, "XLA_FLAGS")
 
 
 def test_a_bad_xla_flags_in_a_new_process():

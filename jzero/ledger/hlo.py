@@ -90,12 +90,6 @@ def _array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
     return int(math.prod(dims) * _DTYPE_BYTES.get(dtype, 0))
 
 
-def _shape_bytes(text: str) -> int:
-    """Bytes of every array in an HLO type, tuples included."""
-    node, _ = _parse_type(text)
-    return sum(_array_bytes(*leaf) for leaf in _leaves(node))
-
-
 @dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective op of a compiled program, as one device sees it."""
