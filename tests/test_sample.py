@@ -147,6 +147,7 @@ BAD = {
     "seed past 32 bits": (["--seed", str(2**32)], "--seed: must be from 0 to 4294967295"),
     "negative seed": (["--seed", "-1"], "--seed: must be from 0 to 4294967295"),
     "BPE run without its tokenizer": ([], "tokenizer.json: is missing: the run trained on the BPE token folder data.tokens="),
+    "an XLA option XLA does not know": ([], "compiler.xla_options.xla_no_such_flag: unknown XLA flag"),
 }
 
 
@@ -158,6 +159,9 @@ def test_bad_input_is_one_line_and_exit_2(devices, untrained, capsys, case):
         (run / "checkpoints").rmdir()
     elif case == "not a run folder":
         (run / "config.yaml").unlink()
+    elif case == "an XLA option XLA does not know":  # config.yaml edited, or written by another JAX
+        bad = load_config(None, [*TINY, "model.seq_len=32", f"run.dir={run}", "compiler.xla_options.xla_no_such_flag=1"])
+        (run / "config.yaml").write_text(dump_config(bad))
     elif case == "BPE run without its tokenizer":  # never decoded as bytes
         bpe = load_config(None, [*TINY, "model.seq_len=32", f"run.dir={run}", "data.tokens=/data/tok", "model.vocab_size=512"])
         (run / "config.yaml").write_text(dump_config(bpe))

@@ -15,7 +15,7 @@ step at a position that returns the next logits and the cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -140,6 +140,7 @@ def generate(
     top_k: int | None = None,
     eos_id: int | None = None,
     on_token: OnToken | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Continue ``prompt`` with jzero's GPT by up to ``max_tokens`` tokens: :func:`decode_loop` with
     :func:`prefill` and :func:`decode_step`.
@@ -155,6 +156,7 @@ def generate(
       top_k: sample from the ``top_k`` most likely tokens only.
       eos_id: the end-of-document token, where a row stops.
       on_token: called on the host with each step's tokens, as they are made.
+      compiler_options: XLA options for the loop's compile (the run's, as training had them).
 
     Returns:
       ``(tokens, count)``, as :func:`decode_loop`.
@@ -176,6 +178,7 @@ def generate(
         top_k=top_k,
         eos_id=eos_id,
         on_token=on_token,
+        compiler_options=compiler_options,
     )
 
 
@@ -191,6 +194,7 @@ def decode_loop(
     top_k: int | None = None,
     eos_id: int | None = None,
     on_token: OnToken | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, int]:
     """One prefill, then every new token inside one compiled ``while_loop``: any model with a cache.
 
@@ -208,6 +212,7 @@ def decode_loop(
       eos_id: once a row makes it, that row makes only ``eos_id``; the loop ends when every row has.
       on_token: called on the host with each step's tokens [batch] and the step's index, in order,
         while the loop runs (an ordered ``io_callback``): what streams the text.
+      compiler_options: XLA options for the loop's compile (``Lowered.compile``'s).
 
     Returns:
       ``(tokens, count)``: the ``[batch, max_tokens]`` tokens made, of which the first ``count``
@@ -240,5 +245,6 @@ def decode_loop(
         count, _, _, _, out = jax.lax.while_loop(more, body, start)
         return out, count
 
-    out, count = jax.jit(loop)(params, jnp.asarray(prompt, jnp.int32), key)
+    args = (params, jnp.asarray(prompt, jnp.int32), key)
+    out, count = jax.jit(loop).lower(*args).compile(compiler_options=compiler_options)(*args)
     return np.asarray(out), int(count)

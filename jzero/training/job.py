@@ -59,6 +59,8 @@ __all__ = [
     "build_job",
     "build_model",
     "build_precision",
+    "check_options",
+    "compile_lowered",
     "compiler_options",
     "gpt_loss",
     "model_flops_per_token",
@@ -169,6 +171,39 @@ def xla_options(
     return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
 
 
+def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> Any:
+    """``lowered`` compiled for ``devices`` with ``options`` (:func:`compiler_options`'s), through
+    the persistent cache where it serves them (:func:`jzero.compile_cache.for_devices`).
+
+    Args:
+      lowered: a ``jax.jit(...).lower(...)``.
+      devices: what it compiles for.
+      options: the compile's XLA options.
+      mine: the config's ``compiler.xla_options``, which an error names as such.
+
+    Raises:
+      ConfigError: XLA does not know an option, or cannot read its value, naming it.
+    """
+    with compile_cache.for_devices(devices):
+        try:
+            return lowered.compile(compiler_options=options)
+        except jax.errors.JaxRuntimeError as err:
+            refused = xla_flags.compile_error(err, mine)
+            if refused is None:
+                raise
+            raise refused from None
+
+
+def check_options(devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> None:
+    """Refuse an XLA option before anything is compiled or written: a one-op program compiles with
+    ``options`` (XLA reads them all whatever the program).
+
+    Raises:
+      ConfigError: as :func:`compile_lowered`, naming the option.
+    """
+    compile_lowered(jax.jit(jnp.negative).lower(jnp.float32(0)), devices, options, mine)
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
     """The job a config describes, built: mesh, model, optimizer, plan and the compiled step (compiled
@@ -236,7 +271,8 @@ class Job:
         Raises:
           ConfigError: as :meth:`compile`, naming the option.
         """
-        self.compile(jax.jit(jnp.negative).lower(jnp.float32(0)))
+        devices = list(self.mesh.devices.flat)
+        check_options(devices, compiler_options(devices, **self._option_inputs()), self.config.compiler.xla_options)
 
     def compile(self, lowered):
         """Compile a lowered step for this mesh's devices (:func:`compiler_options`).
@@ -244,16 +280,10 @@ class Job:
         Raises:
           ConfigError: XLA does not know an option, or cannot read its value, naming it.
         """
-        devices, mine = list(self.mesh.devices.flat), self.config.compiler.xla_options
+        devices = list(self.mesh.devices.flat)
         options = compiler_options(devices, **self._option_inputs())
-        with compile_cache.for_devices(devices):
-            try:
-                return lowered.compile(compiler_options=options)
-            except jax.errors.JaxRuntimeError as err:
-                refused = xla_flags.compile_error(err, mine)
-                if refused is None:
-                    raise
-                raise refused from None
+        return compile_lowered(lowered, devices, options, self.config.compiler.xla_options)
+
 
     def init_state(self) -> TrainState:
         """A fresh train state, initialised straight into the plan's shardings."""

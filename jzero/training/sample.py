@@ -55,7 +55,7 @@ from jzero.models.decode import generate
 from jzero.models.gpt import GPT
 from jzero.models.names import AUTO_ATTENTION
 from jzero.models.names import GPT as GPT_NAME
-from jzero.training.job import build_model, build_precision
+from jzero.training.job import build_model, build_precision, check_options, compiler_options
 from jzero.trees import tree_paths
 
 __all__ = ["run_config", "sample", "sample_command"]
@@ -126,6 +126,8 @@ class _Request:
     ids: list[int]
     max_tokens: int
     note: str | None  # why max_tokens was cut, told once the checkpoint has been read
+    options: dict[str, Any] | None  # the XLA options the run trained with, for this device
+    mine: dict[str, Any]  # the run's compiler.xla_options
 
 
 def sample(
@@ -185,6 +187,7 @@ def sample(
         top_k=top_k,
         eos_id=req.tokenizer.eos_id,
         on_token=stream,
+        compiler_options=req.options,
     )
     text = stream.finish([int(t) for t in tokens[0, :count] if t != req.tokenizer.eos_id])
     if stream.failed is not None:
@@ -218,7 +221,10 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
                 f"fit model.seq_len {m.seq_len}, the positions the model was trained on")  # fmt: skip
     # Decoding has its own attention over the cache: the trained attention's choice does not apply.
     model = build_model(dataclasses.replace(m, attention=AUTO_ATTENTION), build_precision(config.precision))
-    return _Request(model, tokenizer, ids, min(max_tokens, room), note)
+    device, mine = jax.local_devices()[:1], config.compiler.xla_options
+    options = compiler_options(device, options=mine)
+    check_options(device, options, mine)  # a bad one is refused before any checkpoint is read
+    return _Request(model, tokenizer, ids, min(max_tokens, room), note, options, mine)
 
 
 def _tokenizer(run_dir: str | Path, config: Config) -> Tokenizer:
