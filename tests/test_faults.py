@@ -392,3 +392,21 @@ def test_two_ctrl_cs_abort_quietly_and_keep_the_last_commit(devices, tmp_path):
     for step in checkpoints.steps():
         assert int(checkpoints.restore(step, s.abstract_state()).state.step) == step
     checkpoints.close()
+
+
+# A command whose work is done gets Ctrl-C while Python shuts down (an atexit callback sends it).
+LATE_CTRL_C = """
+import atexit, os, signal, sys
+sys.argv = ["jzero", "--version"]
+from jzero.cli.program import run
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))
+sys.exit(run())
+"""
+
+
+def test_ctrl_c_after_the_command_is_done_changes_nothing():
+    """Its exit status and output stand: no 'interrupted', no death by the signal (Python restores
+    SIGINT's default action while it shuts down; a finished export died so, status -2)."""
+    done = subprocess.run([sys.executable, "-c", LATE_CTRL_C], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert (done.returncode, done.stderr) == (0, ""), (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("jzero ")
