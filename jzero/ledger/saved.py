@@ -104,12 +104,9 @@ def saved_by_unit(values: list[dict], units: Mapping[str, int]) -> list[SavedKin
     for v in values:
         scope = max((s for s in scopes if v["path"].startswith(s + "/")), key=len, default="")
         kind = v["path"][len(scope) + 1 :] if scope else v["path"]
-        row = out.setdefault(
-            (kind, v["dtype"], tuple(v["shape"]), bool(scope)),
-            {"kind": kind, "dtype": v["dtype"], "shape": v["shape"], "layers": 0, "bytes_per_layer": v["bytes"]},
-        )
+        first = {"kind": kind, "dtype": v["dtype"], "shape": v["shape"], "layers": 0, "bytes_per_layer": v["bytes"]}
+        row = out.setdefault((kind, v["dtype"], tuple(v["shape"]), bool(scope)), {**first, "in_units": bool(scope)})
         row["layers"] += 1
-        row["in_units"] = bool(scope)
     return list(out.values())
 
 

@@ -263,6 +263,11 @@ class Job:
         layer = self.plan.layer_bytes(self.precision.compute_dtype)
         return {"units": bool(self.plan.units), "options": self.config.compiler.xla_options, "layer_bytes": layer}
 
+    def _compile_inputs(self) -> tuple[list, dict[str, Any] | None, Mapping[str, Any]]:
+        """The devices, the options given to XLA, and the config's own (:func:`compile_lowered`)."""
+        devices = list(self.mesh.devices.flat)
+        return devices, compiler_options(devices, **self._option_inputs()), self.config.compiler.xla_options
+
     def check_xla_options(self) -> None:
         """Refuse an XLA option the step's compile would refuse, before anything is compiled or
         written: a one-op program compiles with the step's options (XLA reads them all whatever
@@ -271,8 +276,7 @@ class Job:
         Raises:
           ConfigError: as :meth:`compile`, naming the option.
         """
-        devices = list(self.mesh.devices.flat)
-        check_options(devices, compiler_options(devices, **self._option_inputs()), self.config.compiler.xla_options)
+        check_options(*self._compile_inputs())
 
     def compile(self, lowered):
         """Compile a lowered step for this mesh's devices (:func:`compiler_options`).
@@ -280,9 +284,7 @@ class Job:
         Raises:
           ConfigError: XLA does not know an option, or cannot read its value, naming it.
         """
-        devices = list(self.mesh.devices.flat)
-        options = compiler_options(devices, **self._option_inputs())
-        return compile_lowered(lowered, devices, options, self.config.compiler.xla_options)
+        return compile_lowered(lowered, *self._compile_inputs())
 
 
     def init_state(self) -> TrainState:

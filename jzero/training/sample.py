@@ -127,7 +127,6 @@ class _Request:
     max_tokens: int
     note: str | None  # why max_tokens was cut, told once the checkpoint has been read
     options: dict[str, Any] | None  # the XLA options the run trained with, for this device
-    mine: dict[str, Any]  # the run's compiler.xla_options
 
 
 def sample(
@@ -224,7 +223,7 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
     device, mine = jax.local_devices()[:1], config.compiler.xla_options
     options = compiler_options(device, options=mine)
     check_options(device, options, mine)  # a bad one is refused before any checkpoint is read
-    return _Request(model, tokenizer, ids, min(max_tokens, room), note, options, mine)
+    return _Request(model, tokenizer, ids, min(max_tokens, room), note, options)
 
 
 def _tokenizer(run_dir: str | Path, config: Config) -> Tokenizer:
