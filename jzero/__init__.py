@@ -33,6 +33,7 @@ _API = {
     "make_mesh": "jzero.mesh",
     "STAGES": "jzero.stages",
     "StageRule": "jzero.stages",
+    "ZeroOptions": "jzero.stages",
     "paper_bytes_per_device": "jzero.stages",
     "Plan": "jzero.plan",
     "default_rules": "jzero.plan",

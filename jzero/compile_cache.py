@@ -4,19 +4,34 @@ A second run of the same step loads the compiled program from disk instead of co
 (``runtime.compilation_cache``: ``auto``, ``off`` or a folder). JAX keys each entry by the program,
 the compiler options and the devices, so a changed config compiles afresh. A cache folder that
 ``JAX_COMPILATION_CACHE_DIR`` or ``jax.config`` already names is left as it is.
+
+A GPU target's programs compiled on a CPU host cannot be read back from that cache; their kernels
+can: XLA's kernel cache file (``xla_gpu_kernel_cache_file``), one per GPU kind in the same folder,
+skips the PTX assembly of every kernel compiled before (:func:`for_devices`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
-__all__ = ["AUTO", "MAX_BYTES", "OFF", "cache_folder", "cache_hits", "enable_compilation_cache", "for_devices"]
+__all__ = [
+    "AUTO",
+    "MAX_BYTES",
+    "OFF",
+    "cache_folder",
+    "cache_hits",
+    "enable_compilation_cache",
+    "for_devices",
+    "kernel_cache_file",
+]
 
 AUTO, OFF = "auto", "off"
 MAX_BYTES = 4 * 2**30  # the least recently used entries go beyond this
@@ -68,21 +83,64 @@ def _count_hit(event: str, **_: object) -> None:
     _hits += event == _HIT
 
 
+def kernel_cache_file(devices: Sequence[jax.Device]) -> Path | None:
+    """XLA's kernel cache for a GPU target's compile-only ``devices``: ``xla-gpu-kernels-<kind>.pb``
+    in the persistent cache's folder, one file per GPU kind (its kernels are that GPU's binaries);
+    None when the cache is off or the devices are not a GPU target's on a CPU host."""
+    folder = jax.config.jax_compilation_cache_dir
+    if not _compile_only(devices) or not jax.config.jax_enable_compilation_cache or not folder:
+        return None
+    kind = re.sub(r"[^A-Za-z0-9]+", "-", devices[0].device_kind).strip("-").lower()
+    return Path(folder) / f"xla-gpu-kernels-{kind}.pb"
+
+
+def _compile_only(devices: Sequence[jax.Device]) -> bool:
+    return devices[0].platform in ("gpu", "cuda") and jax.default_backend() == "cpu"
+
+
 @contextlib.contextmanager
-def for_devices(devices: Sequence[jax.Device]) -> Iterator[None]:
+def for_devices(devices: Sequence[jax.Device]) -> Iterator[dict[str, str | bool]]:
     """Compile for ``devices`` with the persistent cache, unless they are a GPU target's compile-only
     devices on a CPU host: JAX writes their programs to the cache but cannot read them back without
     a GPU (measured: "PjRtCompiler must be constructed with a Client to call
-    DeserializeLoadedExecutable", a warning, then a fresh compile)."""
-    compile_only = devices[0].platform in ("gpu", "cuda") and jax.default_backend() == "cpu"
-    if not compile_only or not jax.config.jax_enable_compilation_cache:
-        yield
+    DeserializeLoadedExecutable", a warning, then a fresh compile).
+
+    Yields:
+      The XLA options to compile with besides the program's own: for a GPU target, the kernel cache
+      (:func:`kernel_cache_file`, which needs LLVM's module split), held under a lock for the
+      compile, since XLA rewrites the file whole and another process could read it half written.
+    """
+    kernels = kernel_cache_file(devices)
+    if not _compile_only(devices) or not jax.config.jax_enable_compilation_cache:
+        yield {}
         return
     # JAX decides once per process whether to use the cache; resetting makes it decide again.
     jax.config.update("jax_enable_compilation_cache", False)
     reset_cache()
     try:
-        yield
+        with _locked(kernels):
+            yield _kernel_options(kernels)
     finally:
         jax.config.update("jax_enable_compilation_cache", True)
         reset_cache()
+
+
+def _kernel_options(kernels: Path | None) -> dict[str, str | bool]:
+    if kernels is None:
+        return {}
+    return {"xla_gpu_kernel_cache_file": str(kernels), "xla_gpu_enable_llvm_module_compilation_parallelism": True}
+
+
+@contextlib.contextmanager
+def _locked(kernels: Path | None) -> Iterator[None]:
+    """An exclusive lock on ``<kernels>.lock`` for as long as the block runs (nothing without a file)."""
+    if kernels is None:
+        yield
+        return
+    kernels.parent.mkdir(parents=True, exist_ok=True)
+    with open(kernels.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -34,21 +34,11 @@ from jzero.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
 from jzero.errors import PlanError
 from jzero.offload import on_host
 from jzero.precision import MasterState
-from jzero.quantize import NONE, Layout, layout
-from jzero.stages import (
-    DEFAULT_BLOCK,
-    HIERARCHICAL,
-    StageRule,
-    check_hierarchical,
-    check_offload,
-    check_quantization,
-    check_quantized_gradients,
-    per_device_parts,
-    stage_rule,
-)
+from jzero.quantize import Layout, layout
+from jzero.stages import StageRule, ZeroOptions, per_device_parts
 from jzero.state import TrainState
 from jzero.trees import path_str
-from jzero.units import AUTO, unit_names
+from jzero.units import unit_names
 
 __all__ = [
     "Plan",
@@ -109,66 +99,13 @@ class TensorPlan:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-@dataclasses.dataclass
-class Plan:
-    """The shardings of one stage on one mesh, and what they cost per device."""
-
-    mesh: Mesh
-    stage: int
-    rules: tuple[tuple[str, str | None], ...]
-    params: Any  # NamedSharding tree: parameters at rest
-    grads: Any  # gradients after reduction
-    optimizer: Any  # parameters and gradients where the optimizer updates them: as its state is sharded
-    opt_state: Any
-    batch: NamedSharding
-    state: TrainState  # shardings of the whole train state (for jit in/out_shardings)
-    tensors: list[TensorPlan]
-    opt_leaves: list[tuple[str, tuple[int, ...], np.dtype, P]]
-    offload_optimizer: bool = False  # the optimizer state (and master copy) rests in pinned host memory
-    offload_params: bool = False  # the parameters rest in pinned host memory
-    # Stage 3's gathering units (:mod:`jzero.units`): parameter path -> unit, for those the step
-    # gathers unit by unit; empty when XLA places the gathers.
-    units: dict[str, int] = dataclasses.field(default_factory=dict)
-    unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.units.unit_names`)
-    prefetch: int = 1  # how many units ahead a gather may start
-    # One line per group of units the loss could not split (jzero.gather.split_units): left to XLA.
-    merged_units: tuple[str, ...] = ()
-    persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole
-    quantized_weights: str = NONE  # qwZ: the width parameter gathers send (none: the compute dtype)
-    quantization_block: int = DEFAULT_BLOCK  # qwZ: elements per scale
-    hierarchical: str = HIERARCHICAL[0]  # hpZ: the primary partition spans replica too
-    quantized_gradients: str = NONE  # qgZ: the width gradient all-to-alls send (none: no qgZ)
-
-    @property
-    def hpz(self) -> bool:
-        return self.hierarchical != HIERARCHICAL[0]
-
-    @property
-    def qgz(self) -> bool:
-        """The loss runs under ``jax.shard_map`` (:func:`jzero.step.manual_loss`), its gradient
-        reduced by quantized all-to-alls."""
-        return self.quantized_gradients != NONE
-
-    @property
-    def batch_axes(self) -> tuple[str, ...]:
-        """The mesh axes the batch is split over, major first."""
-        axes = self.batch.spec[0]
-        return axes if isinstance(axes, tuple) else (axes,)
+class _Gathers:
+    """What a plan's step gathers: each parameter's all-gather, qwZ's and qgZ's blocks, hpZ's
+    secondary partition, stage 3's units and a layer's bytes (a part of :class:`Plan`)."""
 
     def secondary_spec(self, spec: P) -> P:
         """hpZ: a resting spec without ``replica``, the secondary partition within a host."""
         return P(*(_without(e, REPLICA) for e in spec))
-
-    def secondary_bytes(self, dtype: Any = None) -> int:
-        """hpZ: per device, the secondary copy of every gathered parameter, in ``dtype`` (default
-        their own): the paper's parameter bytes over the devices of a host (``data``) and N_m."""
-        if not self.hpz:
-            return 0
-        return sum(
-            shard_bytes(t.shape, dtype or t.dtype, self.secondary_spec(t.param_spec), self.mesh)
-            for t in self.tensors
-            if t.param_spec != t.replicated_spec
-        )
 
     def parameter_gather(self, t: TensorPlan) -> tuple[tuple[int, ...], P, P] | None:
         """``(shape, from, to)`` of the all-gather that makes a parameter whole for the forward: at
@@ -185,7 +122,7 @@ class Plan:
     def weight_layouts(self) -> dict[str, Layout | str]:
         """qwZ: each gathered parameter's blocks (:func:`jzero.quantize.layout`), or why it is
         gathered at full precision; empty when weights are not quantized."""
-        if self.quantized_weights == NONE:
+        if not self.zero.qwz:
             return {}
         out: dict[str, Layout | str] = {}
         for t in self.tensors:
@@ -198,7 +135,7 @@ class Plan:
             elif (t.logical or (None,))[0] == LAYERS and len(t.shape) < 3:
                 out[t.path] = "1-D"  # a stack of 1-D layers, gathered whole at stages 1-2
             else:
-                out[t.path] = layout(shape, source, self.mesh, self.quantization_block)
+                out[t.path] = layout(shape, source, self.mesh, self.zero.quantization_block)
         return out
 
     def gradient_blocks(self) -> dict[str, int]:
@@ -214,15 +151,8 @@ class Plan:
             if gathered is not None:
                 shape, source, _ = gathered
                 local = shard_bytes(shape, np.int8, source, self.mesh)
-                out[t.path] = max(2, min(self.quantization_block, 1 << (local.bit_length() - 1)))
+                out[t.path] = max(2, min(self.zero.quantization_block, 1 << (local.bit_length() - 1)))
         return out
-
-    @property
-    def persistent(self) -> list[TensorPlan]:
-        """Stage 3: parameters left whole at rest for their size (``zero.persist_below_bytes``)."""
-        if not self.rule.params:
-            return []
-        return [t for t in self.tensors if t.data_dim is not None and t.param_spec == t.replicated_spec]
 
     @property
     def unit_tensors(self) -> dict[str, list[str]]:
@@ -257,9 +187,110 @@ class Plan:
         layers = stacked[0].shape[stacked[0].logical.index(LAYERS)]
         return sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, self.mesh) for t in stacked) // layers
 
+
+class _Bytes:
+    """What each device holds of the model states, where, and the paper's figure for it (a part of
+    :class:`Plan`)."""
+
+    def secondary_bytes(self, dtype: Any = None) -> int:
+        """hpZ: per device, the secondary copy of every gathered parameter, in ``dtype`` (default
+        their own): the paper's parameter bytes over the devices of a host (``data``) and N_m."""
+        if not self.hpz:
+            return 0
+        return sum(
+            shard_bytes(t.shape, dtype or t.dtype, self.secondary_spec(t.param_spec), self.mesh)
+            for t in self.tensors
+            if t.param_spec != t.replicated_spec
+        )
+
+    def state_bytes(self) -> dict[str, int]:
+        """Model-state bytes of each device's shards, wherever they rest (the largest shard of each tensor)."""
+        params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
+        grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors)
+        opt = sum(shard_bytes(s, d, spec, self.mesh) for _, s, d, spec in self.opt_leaves)
+        return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
+
+    def per_device_bytes(self) -> dict[str, int]:
+        """Model-state bytes per device in device memory, from the specs; an offloaded group counts 0."""
+        return self._split(on_host=False)
+
+    def host_bytes(self) -> dict[str, int]:
+        """Model-state bytes per device that rest in pinned host memory (an offloaded group's shards)."""
+        return self._split(on_host=True)
+
+    def _split(self, on_host: bool) -> dict[str, int]:
+        offloaded = {"params": self.zero.offload_params, "grads": False, "optimizer": self.zero.offload_optimizer}
+        parts = {k: (v if offloaded[k] == on_host else 0) for k, v in self.state_bytes().items() if k != "total"}
+        return {**parts, "total": sum(parts.values())}
+
+    def ideal_per_device_bytes(self) -> dict[str, int]:
+        """The paper's formula: each state's full bytes, over N_d when the stage partitions it, over N_m.
+
+        For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded.
+        """
+        full_params = sum(t.nbytes for t in self.tensors)
+        full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
+        n_m = model_ways(self.mesh.shape)
+        parts = per_device_parts(full_params, full_params, full_opt, self.zero.stage, self.partition_size, n_m)
+        out = {k: int(round(parts[k])) for k in ("params", "grads", "optimizer")}
+        out["total"] = sum(out.values())
+        return out
+
+
+@dataclasses.dataclass
+class Plan(_Gathers, _Bytes):
+    """The shardings of one stage on one mesh, and what they cost per device."""
+
+    mesh: Mesh
+    zero: ZeroOptions  # the stage and every ZeRO option, as planned (each readable on the plan too)
+    rules: tuple[tuple[str, str | None], ...]
+    params: Any  # NamedSharding tree: parameters at rest
+    grads: Any  # gradients after reduction
+    optimizer: Any  # parameters and gradients where the optimizer updates them: as its state is sharded
+    opt_state: Any
+    batch: NamedSharding
+    state: TrainState  # shardings of the whole train state (for jit in/out_shardings)
+    tensors: list[TensorPlan]
+    opt_leaves: list[tuple[str, tuple[int, ...], np.dtype, P]]
+    # Stage 3's gathering units (:mod:`jzero.units`): parameter path -> unit, for those the step
+    # gathers unit by unit; empty when XLA places the gathers.
+    units: dict[str, int] = dataclasses.field(default_factory=dict)
+    unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.units.unit_names`)
+    # One line per group of units the loss could not split (jzero.gather.split_units): left to XLA.
+    merged_units: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        """Each option of :attr:`zero` read on the plan: ``plan.stage``, ``plan.offload_params``."""
+        if name in _ZERO_FIELDS and "zero" in self.__dict__:
+            return getattr(self.__dict__["zero"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def hpz(self) -> bool:
+        return self.zero.hpz
+
+    @property
+    def qgz(self) -> bool:
+        """The loss runs under ``jax.shard_map`` (:func:`jzero.step.manual_loss`), its gradient
+        reduced by quantized all-to-alls."""
+        return self.zero.qgz
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes the batch is split over, major first."""
+        axes = self.batch.spec[0]
+        return axes if isinstance(axes, tuple) else (axes,)
+
+    @property
+    def persistent(self) -> list[TensorPlan]:
+        """Stage 3: parameters left whole at rest for their size (``zero.persist_below_bytes``)."""
+        if not self.rule.params:
+            return []
+        return [t for t in self.tensors if t.data_dim is not None and t.param_spec == t.replicated_spec]
+
     @property
     def rule(self) -> StageRule:
-        return stage_rule(self.stage)
+        return self.zero.rule
 
     @property
     def data_size(self) -> int:
@@ -287,37 +318,8 @@ class Plan:
     def num_params(self) -> int:
         return sum(math.prod(t.shape) for t in self.tensors)
 
-    def state_bytes(self) -> dict[str, int]:
-        """Model-state bytes of each device's shards, wherever they rest (the largest shard of each tensor)."""
-        params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
-        grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors)
-        opt = sum(shard_bytes(s, d, spec, self.mesh) for _, s, d, spec in self.opt_leaves)
-        return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
 
-    def per_device_bytes(self) -> dict[str, int]:
-        """Model-state bytes per device in device memory, from the specs; an offloaded group counts 0."""
-        return self._split(on_host=False)
-
-    def host_bytes(self) -> dict[str, int]:
-        """Model-state bytes per device that rest in pinned host memory (an offloaded group's shards)."""
-        return self._split(on_host=True)
-
-    def _split(self, on_host: bool) -> dict[str, int]:
-        offloaded = {"params": self.offload_params, "grads": False, "optimizer": self.offload_optimizer}
-        parts = {k: (v if offloaded[k] == on_host else 0) for k, v in self.state_bytes().items() if k != "total"}
-        return {**parts, "total": sum(parts.values())}
-
-    def ideal_per_device_bytes(self) -> dict[str, int]:
-        """The paper's formula: each state's full bytes, over N_d when the stage partitions it, over N_m.
-
-        For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded.
-        """
-        full_params = sum(t.nbytes for t in self.tensors)
-        full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
-        parts = per_device_parts(full_params, full_params, full_opt, self.stage, self.partition_size, model_ways(self.mesh.shape))
-        out = {k: int(round(parts[k])) for k in ("params", "grads", "optimizer")}
-        out["total"] = sum(out.values())
-        return out
+_ZERO_FIELDS = frozenset(f.name for f in dataclasses.fields(ZeroOptions))
 
 
 def _without(entry: Any, axis: str) -> Any:
@@ -487,20 +489,6 @@ def data_partition(
     return P(*entries), data_dim
 
 
-def _check_args(
-    stage: int, mesh: Mesh, offload_optimizer: bool, offload_params: bool, prefetch: int, persist_below_bytes: int
-) -> StageRule:
-    """Refuse a bad stage, offload, count or mesh (in that order); returns the stage's rule."""
-    rule = stage_rule(stage)
-    check_offload(stage, optimizer=offload_optimizer, params=offload_params)
-    for key, value in (("zero.prefetch", prefetch), ("zero.persist_below_bytes", persist_below_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise PlanError(key, f"must be a whole number >= 0, got {value!r}")
-    if DATA not in mesh.shape:
-        raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
-    return rule
-
-
 def _normal_rules(rules: Sequence[Sequence[Any]] | None, mesh: Mesh) -> tuple[tuple[str, Any], ...]:
     """The rule table as ``(name, axis)`` tuples, a list of axes made a tuple (default: :func:`default_rules`)."""
     if rules is None:
@@ -601,19 +589,10 @@ def _plan_shardings(
 def make_plan(
     abstract_state: TrainState,
     mesh: Mesh,
-    stage: int,
+    stage: int | ZeroOptions,
     rules: Sequence[Sequence[Any]] | None = None,
     path_rules: Sequence[Sequence[Any]] = (),
-    *,
-    offload_optimizer: bool = False,
-    offload_params: bool = False,
-    gather_units: str | Sequence[str] = AUTO,
-    prefetch: int = 1,
-    persist_below_bytes: int = 0,
-    quantized_weights: str = NONE,
-    quantization_block: int = DEFAULT_BLOCK,
-    hierarchical: str = HIERARCHICAL[0],
-    quantized_gradients: str = NONE,
+    **options: Any,
 ) -> Plan:
     """The shardings of a ZeRO stage on a mesh.
 
@@ -621,56 +600,52 @@ def make_plan(
       abstract_state: from :func:`jzero.step.abstract_state`; its params may keep Flax
         ``Partitioned`` boxes (or be an NNX ``State``), whose logical names ``rules`` map to mesh axes.
       mesh: a mesh with a ``data`` axis.
-      stage: the ZeRO stage, 0 to 3 (:data:`jzero.stages.STAGES`).
+      stage: the ZeRO stage, 0 to 3 (:data:`jzero.stages.STAGES`), or the whole
+        :class:`~jzero.stages.ZeroOptions` (a config's ``zero:``).
       rules: ordered ``[logical_name, mesh_axis_or_null]`` pairs (default: :func:`default_rules`).
       path_rules: ``[regex, [mesh_axis_or_null per dim]]`` pairs that place parameters by path (first
         match wins, before logical names; ``re.search`` on the ``/``-joined path): the way to put an
         unannotated model's tensors on ``model``. Each must place at least one parameter.
+      **options: fields of :class:`~jzero.stages.ZeroOptions` (``offload_optimizer=True``,
+        ``quantized_gradients="int8"``, ...), over ``stage``'s.
 
     Returns:
       The :class:`Plan`: shardings for parameters, gradients, the update, the optimizer state, the
       batch and the whole train state, and each tensor's specs and bytes.
 
     Raises:
-      PlanError: an unknown stage, a mesh without ``data``, a rule that does not fit a tensor, a
-        path rule that places none (:func:`check_path_rules`), an offload the stage does not
-        partition for, or a qwZ or hpZ setting the stage, precision or mesh cannot have
-        (:func:`jzero.stages.check_quantization`, :func:`jzero.stages.check_hierarchical`).
+      PlanError: a mesh without ``data``, an option the stage, precision or mesh cannot have
+        (:meth:`jzero.stages.ZeroOptions.check`), a rule that does not fit a tensor, or a path rule
+        that places none (:func:`check_path_rules`).
+      TypeError: an option that is not a field of :class:`~jzero.stages.ZeroOptions`.
     """
-    rule = _check_args(stage, mesh, offload_optimizer, offload_params, prefetch, persist_below_bytes)
-    master_copy = isinstance(abstract_state.opt_state, MasterState)
-    check_quantization(stage, quantized_weights, quantization_block, master_copy=master_copy)
-    check_hierarchical(stage, hierarchical, int(mesh.shape.get(REPLICA, 1)))
+    base = stage if isinstance(stage, ZeroOptions) else ZeroOptions(stage=stage)
+    zero = dataclasses.replace(base, **options)
+    if DATA not in mesh.shape:
+        raise PlanError("mesh", f"must have a {DATA!r} axis, has {', '.join(mesh.axis_names)}")
     axes = {a: int(n) for a, n in mesh.shape.items()}
-    check_quantized_gradients(stage, quantized_gradients, hierarchical, axes, offload_params=offload_params)
-    order = hierarchy(mesh, hierarchical != HIERARCHICAL[0], quantized_gradients != NONE)
+    zero.check(axes, master_copy=isinstance(abstract_state.opt_state, MasterState))
+    order = hierarchy(mesh, zero.hpz, zero.qgz)
     rules = _normal_rules(rules, mesh)
 
     leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_state.params))[0]
     check_path_rules(path_rules, [path_str(path) for path, _ in leaves])
-    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, persist_below_bytes, order)
-    shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, offload_optimizer, offload_params)
+    rule = zero.rule
+    tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, zero.persist_below_bytes, order)
+    shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, zero.offload_optimizer, zero.offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
-    units, unit_names = _units(tensors, gather_units) if rule.params else ({}, ())
-    if units and quantized_gradients != NONE:
+    units, unit_names = _units(tensors, zero.gather_units) if rule.params else ({}, ())
+    if units and zero.qgz:
         needs = "it needs a model that gathers itself, as jzero's GPT"
         raise PlanError("zero.quantized_gradients", f"not yet with gathering units (zero.gather_units): {needs}")
     return Plan(
         mesh=mesh,
-        stage=stage,
+        zero=zero,
         rules=rules,
         batch=NamedSharding(mesh, P(batch_axes)),
         tensors=tensors,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
         units=units,
         unit_names=unit_names,
-        prefetch=prefetch,
-        persist_below_bytes=persist_below_bytes,
-        quantized_weights=quantized_weights,
-        quantization_block=quantization_block,
-        hierarchical=hierarchical,
-        quantized_gradients=quantized_gradients,
         **shardings,
     )
 

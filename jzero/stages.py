@@ -1,4 +1,5 @@
-"""The ZeRO stages, in one place: what each partitions, its label, and the paper's formulas.
+"""The ZeRO stages, in one place: what each partitions, its label, the options a stage may have
+(:class:`ZeroOptions`, the one record of them) and the paper's formulas.
 
 Rajbhandari et al., SC'20: stage 1 partitions the optimizer state (P_os), stage 2 the gradients too
 (P_os+g), stage 3 the parameters too (P_os+g+p); stage 0 is plain data parallelism. Every other
@@ -8,8 +9,10 @@ module reads a stage through :func:`stage_rule`, never by comparing its number.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 
+from jzero import units
 from jzero.axes import MODEL, REPLICA
 from jzero.errors import JzeroError, PlanError
 
@@ -21,6 +24,7 @@ __all__ = [
     "QUANTIZED_WEIGHTS",
     "STAGES",
     "StageRule",
+    "ZeroOptions",
     "check_hierarchical",
     "check_offload",
     "check_quantization",
@@ -257,3 +261,124 @@ def paper_communication_bytes(num_params: float, stage: int, grad_bytes: float, 
     """The paper's data-parallel volume per device per step: 2Ψ (stages 0-2) or 3Ψ (stage 3), in
     bytes of ``grad_bytes`` per element, over N_m."""
     return stage_rule(stage).communication_units * float(num_params) * grad_bytes / n_m
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroOptions:
+    """``zero:``: the ZeRO stage and every ZeRO and ZeRO++ option, with its default; the one record
+    of them that the config, :func:`jzero.plan.make_plan`, the plan, the planner's candidates and the
+    report all carry. A new option is a field here and its rule in :meth:`check`.
+
+    Attributes:
+      stage: the ZeRO stage (:data:`STAGES`).
+      offload_optimizer: ZeRO-Offload: the optimizer state (and fp32 master copy) rests in pinned
+        host memory, partitioned as the stage says, and streams to the device for the update.
+      offload_params: ZeRO-Infinity's parameter offload (stage 3): parameters rest in pinned host
+        memory and each layer's shard comes to the device inside the layer loop.
+      gather_units: stage 3's gathering units (:mod:`jzero.units`): ``auto``, ``none`` or a list of
+        regexes over parameter path prefixes.
+      prefetch: units ahead a gather may start (0: once the previous unit is done).
+      persist_below_bytes: stage 3: parameters smaller than this rest whole, never gathered.
+      quantized_weights: ZeRO++'s qwZ (:data:`QUANTIZED_WEIGHTS`): parameter gathers send int8
+        blocks with a float32 scale each (:mod:`jzero.quantize`).
+      quantization_block: qwZ's (and qgZ's) elements per scale, a power of two.
+      hierarchical: ZeRO++'s hpZ (:data:`HIERARCHICAL`): everything partitioned over replica x data,
+        plus a secondary copy of each gathered layer's shards over data (within a host) that the
+        backward gathers again from.
+      quantized_gradients: ZeRO++'s qgZ (:data:`QUANTIZED_GRADIENTS`): the gradient reduce-scatter
+        becomes an all-to-all of int8 or int4 blocks (two hops under hpZ), summed in float32
+        between the hops.
+    """
+
+    stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    gather_units: str | list[str] = units.AUTO
+    prefetch: int = 1
+    persist_below_bytes: int = 0
+    quantized_weights: str = QUANTIZED_WEIGHTS[0]
+    quantization_block: int = DEFAULT_BLOCK
+    hierarchical: str = HIERARCHICAL[0]
+    quantized_gradients: str = QUANTIZED_GRADIENTS[0]
+
+    @property
+    def rule(self) -> StageRule:
+        """The stage's rule (:func:`stage_rule`)."""
+        return stage_rule(self.stage)
+
+    @property
+    def qwz(self) -> bool:
+        """Parameter gathers send quantized blocks."""
+        return self.quantized_weights != QUANTIZED_WEIGHTS[0]
+
+    @property
+    def hpz(self) -> bool:
+        """A secondary copy of the parameter shards within each host."""
+        return self.hierarchical != HIERARCHICAL[0]
+
+    @property
+    def qgz(self) -> bool:
+        """Gradients are reduced by quantized all-to-alls."""
+        return self.quantized_gradients != QUANTIZED_GRADIENTS[0]
+
+    def check(self, axes: Mapping[str, int], *, master_copy: bool, error: type[JzeroError] = PlanError) -> None:
+        """Refuse a value no run can have, or one the stage, mesh or precision cannot.
+
+        Args:
+          axes: the mesh's axis sizes.
+          master_copy: the optimizer keeps an fp32 master copy (16-bit parameters).
+          error: the error to raise (:class:`~jzero.errors.ConfigError` for a config).
+
+        Raises:
+          PlanError (or ``error``): the first bad option, naming its ``zero.`` key.
+        """
+        stage_rule(self.stage, error)
+        check_hierarchical(self.stage, self.hierarchical, int(axes.get(REPLICA, 1)), error=error)
+        check_quantization(self.stage, self.quantized_weights, self.quantization_block, master_copy=master_copy, error=error)
+        qgz = (self.stage, self.quantized_gradients, self.hierarchical, axes)
+        check_quantized_gradients(*qgz, offload_params=self.offload_params, error=error)
+        check_offload(self.stage, optimizer=self.offload_optimizer, params=self.offload_params, error=error)
+        units.check(self.gather_units, error)
+        for key in ("prefetch", "persist_below_bytes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise error(f"zero.{key}", f"must be a whole number >= 0, got {value!r}")
+
+    def for_stage(self, stage: int, axes: Mapping[str, int], *, master_copy: bool) -> ZeroOptions:
+        """These options at another stage or mesh, less what that stage or mesh cannot have (another
+        stage of the same run, in a comparison): an offload of a part the stage does not partition,
+        qwZ where the stage gathers no parameters or would quantize what it updates, hpZ without
+        stage 3 and a ``replica`` axis, qgZ without stage 3."""
+        rule = stage_rule(stage)
+        quantizes = rule.params or (rule.optimizer and master_copy)
+        return dataclasses.replace(
+            self,
+            stage=stage,
+            offload_optimizer=self.offload_optimizer and rule.can_offload("optimizer"),
+            offload_params=self.offload_params and rule.can_offload("params"),
+            quantized_weights=self.quantized_weights if quantizes else QUANTIZED_WEIGHTS[0],
+            hierarchical=self.hierarchical if rule.params and REPLICA in axes else HIERARCHICAL[0],
+            quantized_gradients=self.quantized_gradients if rule.params else QUANTIZED_GRADIENTS[0],
+        )
+
+    def words(self) -> list[str]:
+        """Every option as a ``--set`` override: ``["zero.stage=3", "zero.offload_optimizer=false", ...]``."""
+        return [f"zero.{f.name}={_word(getattr(self, f.name))}" for f in dataclasses.fields(self)]
+
+    def knobs(self) -> list[str]:
+        """The options that are on, in a few words each: ``["offload optimizer", "qwZ int8", "hpZ"]``."""
+        words = [
+            "offload optimizer" * self.offload_optimizer,
+            "offload params" * self.offload_params,
+            f"qwZ {self.quantized_weights}" * self.qwz,
+            "hpZ" * self.hpz,
+            f"qgZ {self.quantized_gradients}" * self.qgz,
+        ]
+        return [w for w in words if w]
+
+
+def _word(value: object) -> str:
+    """A value as YAML reads it back from a ``--set``: ``true``, ``3``, ``none``, ``["h/\\\\d+"]``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(list(value)) if isinstance(value, list | tuple) else str(value)

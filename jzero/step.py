@@ -228,7 +228,7 @@ def _one_grad(
 ) -> tuple[jax.Array, Any]:
     """One slice's mean loss and gradient, cast to ``grad_reduce_dtype`` and constrained to the gradient spec."""
     (_, loss), grads = jax.value_and_grad(_scaled(compute_loss, scale), has_aux=True)(params, mb)
-    if plan.offload_params:  # a host-resting leaf's gradient comes back to host memory
+    if plan.zero.offload_params:  # a host-resting leaf's gradient comes back to host memory
         grads = to_device(grads)
     return loss, _constrain(cast(grads, precision.grad_reduce_dtype), plan.grads)
 
@@ -314,7 +314,7 @@ def _fetched_in_loop(plan: Plan, fetched_by_model: bool) -> Any:
 
 def _params_for_forward(plan: Plan, in_loop: Any, params: Any) -> Any:
     """With offloaded parameters, move to the device those the model does not fetch itself."""
-    if not plan.offload_params:
+    if not plan.zero.offload_params:
         return params
     return jax.tree.map(lambda p, model_fetches: p if model_fetches else to_device(p), params, in_loop)
 
@@ -331,9 +331,9 @@ def _guarded_update(
     grads = _constrain(grads, plan.optimizer)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
-    params = _constrain(to_device(state.params) if plan.offload_params else state.params, plan.optimizer)
+    params = _constrain(to_device(state.params) if plan.zero.offload_params else state.params, plan.optimizer)
     # Offloaded optimizer state streams in for the update and back out after it.
-    opt_state = to_device(state.opt_state) if plan.offload_optimizer else state.opt_state
+    opt_state = to_device(state.opt_state) if plan.zero.offload_optimizer else state.opt_state
     # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
     # donated buffers straight back instead of holding a second copy of the state.)
     new_params, opt_state = jax.lax.cond(
@@ -342,8 +342,8 @@ def _guarded_update(
         lambda: (params, opt_state),
     )
     new_params = _gather_updated(plan, new_params)
-    new_params = to_host(new_params) if plan.offload_params else new_params
-    opt_state = to_host(opt_state) if plan.offload_optimizer else opt_state
+    new_params = to_host(new_params) if plan.zero.offload_params else new_params
+    opt_state = to_host(opt_state) if plan.zero.offload_optimizer else opt_state
     return new_params, opt_state, grad_norm, finite
 
 
@@ -417,12 +417,12 @@ def make_train_step(
         gradient and one all-reduce follows the last slice. Either way the result is the whole
         batch's gradient.
       donate: donate the input state's buffers to the output.
-      fetched_by_model: with ``plan.offload_params``, the model moves its scanned layers' parameters
+      fetched_by_model: with ``plan.zero.offload_params``, the model moves its scanned layers' parameters
         (those with a ``layers`` dimension) to the device inside its loop (:func:`jzero.offload.fetching`);
         the step moves the others before the forward. Otherwise the step moves them all.
 
-    With ``plan.offload_optimizer`` the optimizer state streams from pinned host memory to the device
-    for the update and back. With ``plan.offload_params`` the update's parameter shards do the same.
+    With ``plan.zero.offload_optimizer`` the optimizer state streams from pinned host memory to the device
+    for the update and back. With ``plan.zero.offload_params`` the update's parameter shards do the same.
 
     Returns:
       The jitted step. Its metrics: ``loss``, ``grad_norm`` (the global L2 norm of the unscaled,
@@ -495,7 +495,7 @@ def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossF
         for t in plan.tensors
         if t.path in plan.units
     }
-    return with_units(loss_fn, plan.units, specs, compute_dtype=precision.compute_dtype, prefetch=plan.prefetch)
+    return with_units(loss_fn, plan.units, specs, compute_dtype=precision.compute_dtype, prefetch=plan.zero.prefetch)
 
 
 def units_in_effect(loss_fn: LossFn, plan: Plan, params: Any, batch: Any, precision: Precision = FP32) -> Plan:
@@ -543,7 +543,7 @@ def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layo
     spec = UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)
     if not plan.qgz:
         return spec
-    return dataclasses.replace(spec, manual=plan.batch_axes, grad_width=plan.quantized_gradients, grad_block=grad_block)
+    return dataclasses.replace(spec, manual=plan.batch_axes, grad_width=plan.zero.quantized_gradients, grad_block=grad_block)
 
 
 def manual_loss(loss_fn: LossFn, plan: Plan) -> LossFn:

@@ -57,3 +57,39 @@ def test_the_cache_setting():
     assert load_config(None, ["runtime.compilation_cache=off"]).runtime.compilation_cache == "off"  # YAML's false
     with pytest.raises(ConfigError, match=r"^runtime.compilation_cache: must be auto, off or a folder, got True$"):
         load_config(None, ["runtime.compilation_cache=true"])
+
+
+@pytest.fixture
+def cache_in(tmp_path):
+    """JAX's cache folder setting pointed at ``tmp_path`` for the test (what jzero reads of it)."""
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    yield tmp_path
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_a_gpu_targets_kernels_are_cached_per_gpu_kind_and_a_cpu_compile_has_none(cache_in, h100x8):
+    """A deviceless GPU compile writes XLA's kernel cache (the PTX assembly it can skip next time) in
+    the persistent cache's folder, one file per GPU kind, and leaves its lock; the CPU's programs
+    are read back whole, so a CPU compile writes none."""
+    import jax
+
+    from jzero.compile_cache import kernel_cache_file
+    from jzero.ledger.targets import target_devices
+    from jzero.training.job import build_job
+
+    tmp_path = cache_in
+    config = load_config(None, [*TINY, "zero.stage=3", "precision.param_dtype=bfloat16"])
+    build_job(config, jax.devices()).compile_step()
+    assert not list(tmp_path.glob("xla-gpu-kernels-*"))
+    assert kernel_cache_file(jax.devices()) is None
+    for devices in (h100x8, target_devices("a100x8")):
+        build_job(config, devices).compile_step()
+    h100, a100 = kernel_cache_file(h100x8), kernel_cache_file(target_devices("a100x8"))
+    assert h100.parent == a100.parent == tmp_path and h100 != a100
+    assert h100.stat().st_size > 0 and a100.stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.glob("xla-gpu-kernels-*")) == sorted(
+        [h100.name, a100.name, h100.with_suffix(".lock").name, a100.with_suffix(".lock").name]
+    )

@@ -52,21 +52,26 @@ def _figures():
 def test_the_candidates_cover_every_knob_and_the_estimate_orders_them():
     figures = _figures()
     found = list(candidates(figures, parse_target("h100x16"), [128]))
-    assert {c.stage for c in found} == {0, 1, 2, 3}
+    zeros = [c.zero for c in found]
+    assert {z.stage for z in zeros} == {0, 1, 2, 3}
     assert {c.remat for c in found} == set(REMAT_POLICIES)
     assert {c.microbatches for c in found} == {1, 2, 4, 8}
     assert {dict(c.axes).get("model") for c in found} == {1, 2}  # the tiny model's 2 heads split 2 ways at most
     assert {dict(c.axes).get("replica", 1) for c in found} == {1, 2}  # hpZ's replica over the 2 hosts
-    assert {(c.offload_optimizer, c.offload_params) for c in found} == {(False, False), (True, False), (True, True)}
-    assert {c.quantized_weights for c in found} == {"none", "int8"} and {c.quantized_gradients for c in found} == {"none", "int8"}
-    assert all(c.stage == 3 for c in found if c.offload_params or c.quantized_weights != "none")
-    base = next(c for c in found if c.stage == 0 and c.remat == "none" and c.microbatches == 1 and dict(c.axes)["model"] == 1)
+    assert {(z.offload_optimizer, z.offload_params) for z in zeros} == {(False, False), (True, False), (True, True)}
+    assert {z.quantized_weights for z in zeros} == {"none", "int8"} and {z.quantized_gradients for z in zeros} == {"none", "int8"}
+    assert all(z.stage == 3 for z in zeros if z.offload_params or z.qwz)
+    base = next(c for c in found if c.zero.stage == 0 and c.remat == "none" and c.microbatches == 1 and dict(c.axes)["model"] < 2)
     target = parse_target("h100x16")
     by = {c: estimate(c, figures, target)[0] for c in found}
+
+    def with_zero(c, **options):
+        return dataclasses.replace(c, zero=dataclasses.replace(c.zero, **options))
+
     assert by[dataclasses.replace(base, remat="full")] < by[base]
-    assert by[dataclasses.replace(base, stage=1)] < by[base]  # the optimizer state partitioned
-    stage1 = dataclasses.replace(base, stage=1)
-    assert by[dataclasses.replace(stage1, offload_optimizer=True)] < by[stage1]
+    stage1 = with_zero(base, stage=1)
+    assert by[stage1] < by[base]  # the optimizer state partitioned
+    assert by[with_zero(stage1, offload_optimizer=True)] < by[stage1]
 
 
 def test_every_candidate_is_a_config_or_refused_by_validation():

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from jzero.axes import DATA, MODEL
 from jzero.models.names import AUTO_ATTENTION
-from jzero.stages import DEFAULT_BLOCK
+from jzero.stages import ZeroOptions
 
 __all__ = [
     "CheckpointConfig",
@@ -68,31 +68,8 @@ class RunConfig:
     profile: ProfileConfig | None = None  # none: no trace
 
 
-@dataclasses.dataclass(frozen=True)
-class ZeroConfig:
-    """``zero:``: the ZeRO stage (:data:`jzero.stages.STAGES`), offload, and stage 3's gathering units."""
-
-    stage: int = 0
-    # ZeRO-Offload: the optimizer state (and fp32 master copy) rests in pinned host memory, partitioned
-    # as the stage says, and streams to the device for the update.
-    offload_optimizer: bool = False
-    # ZeRO-Infinity's parameter offload (stage 3): parameters rest in pinned host memory and each
-    # layer's shard comes to the device inside the layer loop.
-    offload_params: bool = False
-    # Stage 3's gathering units (jzero.units): auto, none or a list of regexes over parameter path
-    # prefixes. auto: the repeated blocks of an unscanned model; none for a scanned layer stack.
-    gather_units: str | list[str] = "auto"
-    prefetch: int = 1  # units ahead a gather may start (0: once the previous unit is done)
-    persist_below_bytes: int = 0  # stage 3: parameters smaller than this rest whole, never gathered
-    # ZeRO++'s qwZ: parameter gathers send int8 blocks with a float32 scale each (jzero.quantize).
-    quantized_weights: str = "none"
-    quantization_block: int = DEFAULT_BLOCK  # qwZ's elements per scale, a power of two
-    # ZeRO++'s hpZ: everything partitioned over replica x data, plus a secondary copy of each gathered
-    # layer's shards over data (within a host) that the backward gathers again from.
-    hierarchical: str = "none"
-    # ZeRO++'s qgZ: the gradient reduce-scatter becomes an all-to-all of int8 or int4 blocks (two
-    # hops under hpZ, within the host then across), summed in float32 between the hops.
-    quantized_gradients: str = "none"
+# ``zero:`` is the one record of the ZeRO options, in the layer below (the plan takes it as it is).
+ZeroConfig = ZeroOptions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import re
 
-from jzero import units
 from jzero.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 from jzero.config.schema import (
     DISTRIBUTED_MODES,
@@ -39,13 +38,6 @@ from jzero.models.names import ATTENTION, AUTO_ATTENTION, MODELS, OWN
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.remat_policies import REMAT_POLICIES
-from jzero.stages import (
-    check_hierarchical,
-    check_offload,
-    check_quantization,
-    check_quantized_gradients,
-    stage_rule,
-)
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 
@@ -153,14 +145,7 @@ def _check_mesh(mesh: MeshConfig) -> None:
 
 
 def _check_zero(zero: ZeroConfig, precision: PrecisionConfig, axes: dict[str, int]) -> None:
-    stage_rule(zero.stage, error=ConfigError)
-    check_hierarchical(zero.stage, zero.hierarchical, axes.get(REPLICA, 1), error=ConfigError)
-    master_copy = precision.param_dtype != precision.master_dtype
-    check_quantization(zero.stage, zero.quantized_weights, zero.quantization_block, master_copy=master_copy, error=ConfigError)
-    qgz = (zero.stage, zero.quantized_gradients, zero.hierarchical, axes)
-    check_quantized_gradients(*qgz, offload_params=zero.offload_params, error=ConfigError)
-    check_offload(zero.stage, optimizer=zero.offload_optimizer, params=zero.offload_params, error=ConfigError)
-    units.check(zero.gather_units, ConfigError)
+    zero.check(axes, master_copy=precision.param_dtype != precision.master_dtype, error=ConfigError)
     _in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)
     _in_range(zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
 

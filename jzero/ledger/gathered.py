@@ -173,5 +173,5 @@ def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> 
         "layers": peak / layer if layer else None,
         "units": len(set(plan.units.values())),
         "merged": list(plan.merged_units),
-        "prefetch": plan.prefetch,
+        "prefetch": plan.zero.prefetch,
     }

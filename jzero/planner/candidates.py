@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from collections.abc import Iterator
 
 from jzero.axes import DATA, MODEL, REPLICA
@@ -21,7 +22,7 @@ from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.plan import Plan
 from jzero.remat_policies import REMAT_POLICIES
-from jzero.stages import STAGES, per_device_parts, stage_rule
+from jzero.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
 
 __all__ = ["Candidate", "Figures", "candidates", "estimate", "figures_of"]
 
@@ -37,16 +38,11 @@ _SAVED = {"none": lambda r: 8 + 2 * r, "full": lambda r: 1, "dots_saveable": lam
 class Candidate:
     """One configuration: what differs from the user's config, as ``--set`` words (:meth:`sets`)."""
 
-    stage: int
+    zero: ZeroOptions
     remat: str
     microbatches: int
     global_batch_size: int
     axes: tuple[tuple[str, int], ...]
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    quantized_weights: str = "none"
-    hierarchical: str = "none"
-    quantized_gradients: str = "none"
     dcn: tuple[tuple[str, int], ...] = ()
 
     def sets(self) -> list[str]:
@@ -54,33 +50,29 @@ class Candidate:
         axes = ", ".join(f"{name}: {size}" for name, size in self.axes)
         dcn = ", ".join(f"{name}: {ways}" for name, ways in self.dcn)
         return [
-            f"zero.stage={self.stage}", f"model.remat={self.remat}", f"train.microbatches={self.microbatches}",
+            *self.zero.words(), f"model.remat={self.remat}", f"train.microbatches={self.microbatches}",
             f"train.global_batch_size={self.global_batch_size}", f"mesh.axes={{{axes}}}", f"mesh.dcn={{{dcn}}}",
-            f"zero.offload_optimizer={str(self.offload_optimizer).lower()}",
-            f"zero.offload_params={str(self.offload_params).lower()}", f"zero.quantized_weights={self.quantized_weights}",
-            f"zero.hierarchical={self.hierarchical}", f"zero.quantized_gradients={self.quantized_gradients}",
         ]  # fmt: skip
 
     @property
     def label(self) -> str:
         """``stage 3, data=64, remat full, batch 64 x 1`` and the knobs that are on."""
         axes = " x ".join(f"{n}={s}" for n, s in self.axes if s > 1) or "data=1"
-        knobs = [
-            "offload optimizer" * self.offload_optimizer,
-            "offload params" * self.offload_params,
-            f"qwZ {self.quantized_weights}" * (self.quantized_weights != "none"),
-            "hpZ" * (self.hierarchical != "none"),
-            f"qgZ {self.quantized_gradients}" * (self.quantized_gradients != "none"),
-        ]
         mb = f" in {self.microbatches}" if self.microbatches > 1 else ""
-        head = [f"stage {self.stage}", axes, f"remat {self.remat}", f"batch {self.global_batch_size}{mb}"]
-        return ", ".join([*head, *filter(None, knobs)])
+        head = [f"stage {self.zero.stage}", axes, f"remat {self.remat}", f"batch {self.global_batch_size}{mb}"]
+        return ", ".join([*head, *self.zero.knobs()])
 
     @property
-    def ways(self) -> tuple[int, int, int]:
+    def axis_sizes(self) -> tuple[int, int, int]:
         """The ``model``, ``replica`` and ``data`` axis sizes (1 where absent)."""
         axes = dict(self.axes)
         return axes.get(MODEL, 1), axes.get(REPLICA, 1), axes[DATA]
+
+    @property
+    def ways(self) -> tuple[int, int, int]:
+        """Deprecated: :attr:`axis_sizes`."""
+        warnings.warn("Candidate.ways is deprecated: use Candidate.axis_sizes", DeprecationWarning, stacklevel=2)
+        return self.axis_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +93,13 @@ class Figures:
     flops_per_token: float
 
 
-def candidates(figures: Figures, target: Target, batches: list[int]) -> Iterator[Candidate]:
+def candidates(figures: Figures, target: Target, batches: list[int], zero: ZeroOptions | None = None) -> Iterator[Candidate]:
     """Every candidate for ``target``: stages 0-3 x remat policies x microbatches x offload x meshes
-    (``model`` within a host, ``replica`` over the hosts for hpZ) x ZeRO++ knobs x ``batches``.
+    (``model`` within a host, ``replica`` over the hosts for hpZ) x ZeRO++ knobs x ``batches``, each
+    with the rest of ``zero`` (the user's; default: :class:`~jzero.stages.ZeroOptions`'s).
     Combinations a config cannot have (offload below its stage, qgZ with a model axis, a batch that
     does not split) are left out here or refused by config validation afterwards."""
+    base = zero or ZeroOptions()
     models = [m for m in (1, 2, 4, 8) if target.gpus_per_host % m == 0 and figures.n_heads % m == 0]
     for stage, remat, mb, batch, m in itertools.product(STAGES, REMAT_POLICIES, MICROBATCHES, batches, models):
         for replica in {1, target.hosts} if stage_rule(stage).params else {1}:  # hpZ: a second copy of partitioned parameters
@@ -113,8 +107,10 @@ def candidates(figures: Figures, target: Target, batches: list[int]) -> Iterator
             if batch % (data * replica * mb):
                 continue
             axes, dcn = _mesh(replica, data, m, target.hosts)
-            for offload in _offloads(stage):
-                yield from _zeropp(Candidate(stage, remat, mb, batch, axes, *offload, dcn=dcn), replica, m)
+            for optimizer, params in _offloads(stage):
+                z = dataclasses.replace(base, stage=stage, offload_optimizer=optimizer, offload_params=params)
+                for knobs in _zeropp(z, replica, m):
+                    yield Candidate(knobs, remat, mb, batch, axes, dcn=dcn)
 
 
 def _mesh(replica: int, data: int, model: int, hosts: int) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
@@ -128,14 +124,17 @@ def _offloads(stage: int) -> list[tuple[bool, bool]]:
     return [(False, False)] + [(True, False)] * rule.can_offload("optimizer") + [(True, True)] * rule.can_offload("params")
 
 
-def _zeropp(base: Candidate, replica: int, model: int) -> Iterator[Candidate]:
-    if not stage_rule(base.stage).params:  # ZeRO++'s knobs act on partitioned parameters
-        yield base
+def _zeropp(zero: ZeroOptions, replica: int, model: int) -> Iterator[ZeroOptions]:
+    """ZeRO++'s settings the search tries: qwZ and qgZ on or off, hpZ exactly when there is a ``replica``
+    axis; none below stage 3, whose knobs act on partitioned parameters."""
+    off = dataclasses.replace(zero, quantized_weights="none", hierarchical="none", quantized_gradients="none")
+    if not zero.rule.params:
+        yield off
         return
     hpz = "hpz" if replica > 1 else "none"
     for qwz in ("none", "int8"):
-        for qgz in ("none", "int8") if model == 1 and not base.offload_params else ("none",):
-            yield dataclasses.replace(base, quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz)
+        for qgz in ("none", "int8") if model == 1 and not zero.offload_params else ("none",):
+            yield dataclasses.replace(off, quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz)
 
 
 def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]:
@@ -147,21 +146,21 @@ def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]
       activations, one layer's working set, the logits and two gathered layers; and a
       :class:`~jzero.ledger.timing.StepCost` with the paper's volumes, none of them hidden.
     """
-    m, replica, data = c.ways
-    parts = per_device_parts(f.param_bytes, f.grad_bytes, f.optimizer_bytes, c.stage, data * replica, m)
-    states = parts["total"] - parts["optimizer"] * c.offload_optimizer - parts["params"] * c.offload_params
+    m, replica, data = c.axis_sizes
+    parts = per_device_parts(f.param_bytes, f.grad_bytes, f.optimizer_bytes, c.zero.stage, data * replica, m)
+    states = parts["total"] - parts["optimizer"] * c.zero.offload_optimizer - parts["params"] * c.zero.offload_params
     tokens = c.global_batch_size // (data * replica * c.microbatches) * f.seq_len
     layer_elems = (4 + 2 * f.mlp_ratio) * f.d_model**2
     unit = tokens * f.d_model * f.compute_itemsize
     working = unit * _SAVED["none"](f.mlp_ratio) / m  # one layer's values, all held while its backward runs
     activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + working
     logits = 2 * tokens * f.vocab * 4 / m
-    gathered = 2 * layer_elems * f.compute_itemsize / m if stage_rule(c.stage).params else 0
+    gathered = 2 * layer_elems * f.compute_itemsize / m if c.zero.rule.params else 0
     return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)
 
 
 def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
-    m, replica, data = c.ways
+    m, replica, data = c.axis_sizes
     group = data * replica
     spans = group * m > target.gpus_per_host
     matmul = f.n_layers * (4 + 2 * f.mlp_ratio) * f.d_model**2
@@ -170,20 +169,20 @@ def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str
     recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
     psi_grad = f.grad_bytes / m
     psi_compute = f.num_params * f.compute_itemsize / m
-    rule = stage_rule(c.stage)
+    rule = c.zero.rule
     if not rule.optimizer:  # nothing partitioned: the gradients all-reduced
         transfers = [Transfer(2 * psi_grad, group, spans)]
     elif not rule.params:  # gradients reduce-scattered, the updated parameters all-gathered
         transfers = [Transfer(psi_grad, group, spans), Transfer(f.param_bytes / m, group, spans)]
     else:  # parameters gathered in the forward and the backward, gradients reduce-scattered
-        gather = psi_compute * (0.5 if c.quantized_weights != "none" else 1.0) * c.microbatches
-        reduce = psi_grad * (0.25 if c.quantized_gradients != "none" else 1.0) * c.microbatches
-        hpz = c.hierarchical != "none"
+        gather = psi_compute * (0.5 if c.zero.qwz else 1.0) * c.microbatches
+        reduce = psi_grad * (0.25 if c.zero.qgz else 1.0) * c.microbatches
+        hpz = c.zero.hpz
         transfers = [Transfer(gather, group, spans), Transfer(gather, data if hpz else group, spans and not hpz)]
         transfers += [Transfer(reduce, group, spans)]
     if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
         transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m, False))
-    host = 2 * parts["optimizer"] * c.offload_optimizer + 2 * parts["params"] * c.offload_params * c.microbatches
+    host = 2 * parts["optimizer"] * c.zero.offload_optimizer + 2 * parts["params"] * c.zero.offload_params * c.microbatches
     if c.remat == "offload_dots":
         host += 2 * f.n_layers * tokens * f.d_model * f.compute_itemsize * (5 + f.mlp_ratio) / m * c.microbatches
     return StepCost(

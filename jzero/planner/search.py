@@ -127,7 +127,7 @@ def search(
     hardware = GPUS[target.gpu].hardware()
     batches = batches or [base.config.train.global_batch_size]
     queue, considered, over = [], 0, 0
-    for candidate in candidates(figures, target, batches):
+    for candidate in candidates(figures, target, batches, base.config.zero):
         considered += 1
         nbytes, cost = estimate(candidate, figures, target)
         if nbytes > memory_per_device:

@@ -25,7 +25,7 @@ import optax
 from jax.sharding import Mesh
 
 from jzero import compile_cache, xla_flags
-from jzero.axes import REPLICA, model_ways
+from jzero.axes import model_ways
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.errors import ConfigError, show_value
@@ -39,7 +39,6 @@ from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
 from jzero.remat_policies import policy_name
-from jzero.stages import stage_rule
 from jzero.state import TrainState
 from jzero.step import (
     LossFn,
@@ -184,9 +183,9 @@ def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, 
     Raises:
       ConfigError: XLA does not know an option, or cannot read its value, naming it.
     """
-    with compile_cache.for_devices(devices):
+    with compile_cache.for_devices(devices) as cache_options:
         try:
-            return lowered.compile(compiler_options=options)
+            return lowered.compile(compiler_options={**cache_options, **(options or {})} or None)
         except jax.errors.JaxRuntimeError as err:
             refused = xla_flags.compile_error(err, mine)
             if refused is None:
@@ -317,30 +316,19 @@ class Job:
         Returns:
           A new :class:`Job`; its config records the stage and the mesh's axes.
         """
-        stage = self.plan.stage if stage is None else stage
+        stage = self.plan.zero.stage if stage is None else stage
         mesh = self.mesh if mesh is None else mesh
         check_batch_divides(self.config.train.global_batch_size, mesh_shape(mesh), self.config.train.microbatches)
         cfg = self.config
         axes = {name: int(size) for name, size in mesh.shape.items()}
-        # An offload the new stage cannot have is dropped (another stage of the same run, in a comparison).
-        rule = stage_rule(stage)
-        quantizes = rule.params or (rule.optimizer and self.precision.uses_master)
-        zero = dataclasses.replace(
-            cfg.zero,
-            stage=stage,
-            offload_optimizer=cfg.zero.offload_optimizer and rule.can_offload("optimizer"),
-            offload_params=cfg.zero.offload_params and rule.can_offload("params"),
-            # qwZ likewise, where the stage gathers no parameters or would quantize what it updates.
-            quantized_weights=cfg.zero.quantized_weights if quantizes else "none",
-            hierarchical=cfg.zero.hierarchical if rule.params and REPLICA in mesh.shape else "none",
-            quantized_gradients=cfg.zero.quantized_gradients if rule.params else "none",
-        )
+        # What the new stage or mesh cannot have is dropped (another stage of the same run, in a comparison).
+        zero = cfg.zero.for_stage(stage, axes, master_copy=self.precision.uses_master)
         config = dataclasses.replace(
             cfg,
             zero=zero,
             mesh=cfg.mesh if mesh is self.mesh else dataclasses.replace(cfg.mesh, axes=axes, dcn={}),
         )
-        plan = make_plan(self.abstract, mesh, stage, cfg.partitioning.rules, cfg.partitioning.path_rules, **_zero_keys(config))
+        plan = make_plan(self.abstract, mesh, zero, cfg.partitioning.rules, cfg.partitioning.path_rules)
         fetches_layers = self.fetches_layers and zero.offload_params
         if self.model is None:
             plan = _units_in_effect(self.loss_fn, plan, self.abstract, config, self.precision)
@@ -407,7 +395,7 @@ def build_job(
     if abstract is None:
         abstract = abstract_state(init_fn, tx, rng, precision)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
-    plan = make_plan(abstract, mesh, config.zero.stage, rules, path_rules, **_zero_keys(config))
+    plan = make_plan(abstract, mesh, config.zero, rules, path_rules)
     if model is not None:
         loss_fn = gpt_loss(model, plan, precision)
     elif plan.qgz:  # a loss of yours runs under GSPMD, where no partial gradient can be quantized
@@ -491,19 +479,3 @@ def gpt_loss(model: GPT, plan: Plan, precision: Precision) -> LossFn:
 def model_flops_per_token(cfg: ModelConfig) -> int:
     """The training FLOPs per token of jzero's GPT with the ``model:`` section's shape."""
     return gpt_flops_per_token(cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.mlp_ratio, cfg.seq_len)
-
-
-def _zero_keys(config: Config) -> dict[str, Any]:
-    """The ``zero:`` keys :func:`jzero.plan.make_plan` takes besides the stage."""
-    z = config.zero
-    return {
-        "offload_optimizer": z.offload_optimizer,
-        "offload_params": z.offload_params,
-        "gather_units": z.gather_units,
-        "prefetch": z.prefetch,
-        "persist_below_bytes": z.persist_below_bytes,
-        "quantized_weights": z.quantized_weights,
-        "quantization_block": z.quantization_block,
-        "hierarchical": z.hierarchical,
-        "quantized_gradients": z.quantized_gradients,
-    }

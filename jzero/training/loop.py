@@ -128,7 +128,7 @@ def initial_state(
     restored = checkpoints.restore_latest(job.abstract_state(), warn=note) if checkpoints is not None else None
     if restored is not None:
         start = data.check_state(restored.data)
-        changed = changes(restored.meta, mesh_shape(job.mesh), job.plan.stage)
+        changed = changes(restored.meta, mesh_shape(job.mesh), job.plan.zero.stage)
         note(f"resumed from {checkpoints.step_dir(restored.step)}" + (f" ({changed})" if changed else ""))
         return restored.state, start
     if job.config.train.init_from:
@@ -312,7 +312,7 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
             dropped = folder.trim_metrics(start)
     if dropped:
         notes.append(f"dropped {dropped} metrics.jsonl records past step {start}, which this run logs again")
-    meta = run_meta(config.to_dict(), mesh_shape(job.mesh), job.plan.stage, job.plan.num_params, job.rng)
+    meta = run_meta(config.to_dict(), mesh_shape(job.mesh), job.plan.zero.stage, job.plan.num_params, job.rng)
     return PreparedRun(folder, existing, primary, checkpoints, state, start, notes, meta)
 
 
@@ -342,7 +342,7 @@ def startup_outputs(
         with writing(folder.resumed_config(start)):  # the resumed run's own config
             folder.resumed_config(start).write_text(dump_config(config))
     t0, hits = time.perf_counter(), cache_hits()
-    bar.note(f"compiling the train step: stage {job.plan.stage} on {mesh_text(mesh_shape(job.mesh))}, "
+    bar.note(f"compiling the train step: stage {job.plan.zero.stage} on {mesh_text(mesh_shape(job.mesh))}, "
              f"{job.plan.num_params:,} parameters, from step {start}")  # fmt: skip
     compiled = job.compile(job.make_step().lower(run.state, data.device_batch(start, job.plan.batch)))
     if goodput is not None:

@@ -106,12 +106,12 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
         "devices": int(job.mesh.size),
         **device,
         "mesh": mesh_shape(job.mesh),
-        "stage": plan.stage,
+        "stage": plan.zero.stage,
         "num_params": plan.num_params,
         **memory,
         "predicted": predicted(job, memory, hlo, ops),
         **_collectives_part(ops, collectives),
-        "notes": lowering_notes(plan.stage, collectives, hlo, device["backend"]),
+        "notes": lowering_notes(plan.zero.stage, collectives, hlo, device["backend"]),
         **_tensors_part(plan),
         "paper_table": table,
         "communication": communication(plan, ops, table),
@@ -132,12 +132,12 @@ def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str,
     blocks = plan.gradient_blocks()
     by_path = {t.path: t for t in plan.tensors}
     return {
-        "gradients": plan.quantized_gradients,
+        "gradients": plan.zero.quantized_gradients,
         "quantized": len(blocks),
         "quantized_bytes": sum(by_path[p].nbytes for p in blocks),
         "smallest_block": min(blocks.values(), default=0),
         "not_quantized": [{**_tensor_entry(t), "why": "whole at rest"} for t in plan.tensors if t.path not in blocks],
-        "reductions": gradient_reductions(ops, plan.quantized_gradients),
+        "reductions": gradient_reductions(ops, plan.zero.quantized_gradients),
     }
 
 
@@ -192,12 +192,12 @@ def quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any] | N
             others.append(elements)
             kept.append({**_tensor_entry(by_path[path]), "why": lay})
     return {
-        "weights": plan.quantized_weights,
-        "block": plan.quantization_block,
+        "weights": plan.zero.quantized_weights,
+        "block": plan.zero.quantization_block,
         "quantized": len(quantized),
         "quantized_bytes": sum(by_path[p].nbytes for p, lay in layouts.items() if isinstance(lay, Layout)),
         "not_quantized": kept,
-        "gathers": parameter_gathers(ops, plan.quantized_weights, quantized, others),
+        "gathers": parameter_gathers(ops, plan.zero.quantized_weights, quantized, others),
     }
 
 
@@ -468,7 +468,7 @@ def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any
     (:mod:`jzero.ledger.levels`): a collective whose group spans hosts is cross-host. At stage 3,
     ZeRO++'s own cross-host figure, 0.75Ψ of the paper's 3Ψ, stands beside them."""
     measured = ledger.communication_bytes(ops)
-    paper = paper_communication_bytes(plan.num_params, plan.stage, table["param_bytes"], table["n_m"])
+    paper = paper_communication_bytes(plan.num_params, plan.zero.stage, table["param_bytes"], table["n_m"])
     total = sum(measured.values())
     hosts = [d.process_index for d in plan.mesh.devices.flat]
     levels = bytes_by_level(ops, hosts)

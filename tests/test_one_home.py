@@ -1,0 +1,106 @@
+"""Facts written once: the stage rules live in ``jzero/stages.py`` and the ZeRO options in its one
+record (:class:`jzero.stages.ZeroOptions`). Read from the source, nothing run."""
+
+import ast
+import dataclasses
+import pathlib
+
+from jzero.stages import ZeroOptions
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jzero"
+RULES = PACKAGE / "stages.py"
+
+
+def _is_stage(node: ast.AST) -> bool:
+    """``stage``, ``plan.stage``, ``c.zero.stage``, ``self.stage``."""
+    return (isinstance(node, ast.Name) and node.id == "stage") or (isinstance(node, ast.Attribute) and node.attr == "stage")
+
+
+def _is_number(node: ast.AST) -> bool:
+    """An int literal, or a tuple, list or set of them (``stage in (0, 1)``)."""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return bool(node.elts) and all(_is_number(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def stage_comparisons(source: str) -> list[int]:
+    """The lines that compare a stage with a number."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_stage(s) for s in sides) and any(_is_number(s) for s in sides):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_stage_is_compared_with_a_number_outside_the_rule_table():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != RULES
+        for line in stage_comparisons(path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_check_finds_each_form_of_a_stage_compared():
+    source = "a = stage >= 3\nb = plan.stage == 0\nc = c.zero.stage in (1, 2)\nd = rule.params\ne = 3 < job.stage\n"
+    assert stage_comparisons(source) == [1, 2, 3, 5]
+
+
+def names(path: pathlib.Path) -> set[str]:
+    """Every name, attribute, keyword and string constant in a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            found.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return found
+
+
+def test_qwz_is_named_in_at_most_three_modules():
+    """The record, the report's qwZ part and the planner's search space; the config, the plan,
+    ``make_plan`` and ``Job.replan`` carry the record without naming its options."""
+    field = "quantized_weights"
+    assert field in {f.name for f in dataclasses.fields(ZeroOptions)}
+    naming = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if field in names(p))
+    assert len(naming) <= 3 and "stages.py" in naming, naming
+
+
+# Longer than the limits, each for a stated reason.
+LONG = {
+    "checkpoint/runs.py:RunCheckpoints": "Orbax's manager and the run's own layout (step folders, integrity "
+    "records, rotation, the latest good step) are one object that every checkpoint reader and writer holds",
+}
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 60, 120
+
+
+def _docstring_lines(node: ast.AST) -> int:
+    first = node.body[0] if node.body else None
+    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    return first.end_lineno - first.lineno + 1 if is_doc else 0
+
+
+def lengths(path: pathlib.Path) -> dict[str, tuple[int, int]]:
+    """``module:name`` -> (lines, limit) of each function and class: its lines less its own docstring
+    (a method's docstring counts in its class)."""
+    found = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+            lines = node.end_lineno - node.lineno + 1 - _docstring_lines(node)
+            name = f"{path.relative_to(PACKAGE)}:{node.name}"  # two of one name: the longer
+            found[name] = max(lines, found.get(name, (0, 0))[0]), limit
+    return found
+
+
+def test_functions_and_classes_are_short_or_say_why():
+    every = {name: n for p in sorted(PACKAGE.rglob("*.py")) for name, n in lengths(p).items()}
+    assert sorted(f"{name} ({lines} lines)" for name, (lines, limit) in every.items() if lines > limit and name not in LONG) == []
+    assert sorted(name for name in LONG if every[name][0] <= every[name][1]) == []  # a reason for nothing long is stale
