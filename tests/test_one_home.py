@@ -104,3 +104,23 @@ def test_functions_and_classes_are_short_or_say_why():
     every = {name: n for p in sorted(PACKAGE.rglob("*.py")) for name, n in lengths(p).items()}
     assert sorted(f"{name} ({lines} lines)" for name, (lines, limit) in every.items() if lines > limit and name not in LONG) == []
     assert sorted(name for name in LONG if every[name][0] <= every[name][1]) == []  # a reason for nothing long is stale
+
+
+def test_the_records_words_load_back_as_the_same_record():
+    """:meth:`ZeroOptions.words` (the planner's ``--set`` overrides) read back by the config loader
+    give the record itself, a list of unit regexes included."""
+    from jzero.config.loading import load_config
+
+    zero = ZeroOptions(stage=3, offload_optimizer=True, gather_units=[r"h/\d+", "embed"], prefetch=2, quantized_weights="int8")
+    assert load_config(None, zero.words()).zero == zero
+    assert zero.knobs() == ["offload optimizer", "qwZ int8"]
+
+
+def test_a_renamed_candidate_property_still_answers_with_a_warning():
+    import pytest
+
+    from jzero.planner.candidates import Candidate
+
+    c = Candidate(ZeroOptions(), "none", 1, 8, (("data", 4), ("model", 2)))
+    with pytest.warns(DeprecationWarning, match="Candidate.axis_sizes"):
+        assert c.ways == c.axis_sizes == (2, 1, 4)
