@@ -1,7 +1,7 @@
 """ZeRO-3 gathering units on an unscanned model: what is gathered at once, the temporaries, the
 traffic, and the step time, with units against without.
 
-The model is the tests' Llama-style decoder (``tests/helpers/llama.py``: unannotated, its layers a
+The model is the tests' Llama-style decoder (``tests/support/llama.py``: unannotated, its layers a
 Python loop, grouped-query attention, RMSNorm, SwiGLU). Each row compiles one train step from
 shapes: on the CPU's 8 simulated devices and, with the ``gpu-target`` extra, for an ``h100x8``
 target. Then it times stage-3 steps on CPU with ``zero.gather_units`` auto against none, the two

@@ -1,7 +1,7 @@
 """Gathering units through a model wrapped in ``nn.jit``: what a stage-3 step holds gathered at
 once and all-gathers, with units against without, and against the same model unwrapped.
 
-The model is the tests' Llama-style decoder (``tests/helpers/llama.py``), 6 layers, d 32, its
+The model is the tests' Llama-style decoder (``tests/support/llama.py``), 6 layers, d 32, its
 ``__call__`` wrapped in ``nn.jit`` as a library does so that ``apply`` is fast in notebooks. Each
 row compiles one train step from shapes on the CPU's 8 simulated devices (``data=8``).
 

@@ -110,7 +110,7 @@ def for_devices(devices: Sequence[jax.Device]) -> Iterator[dict[str, str | bool]
       (:func:`kernel_cache_file`, which needs LLVM's module split), held under a lock for the
       compile, since XLA rewrites the file whole and another process could read it half written.
     """
-    kernels = kernel_cache_file(devices)
+    kernels = _writable(kernel_cache_file(devices))
     if not _compile_only(devices) or not jax.config.jax_enable_compilation_cache:
         yield {}
         return
@@ -125,6 +125,19 @@ def for_devices(devices: Sequence[jax.Device]) -> Iterator[dict[str, str | bool]
         reset_cache()
 
 
+def _writable(kernels: Path | None) -> Path | None:
+    """``kernels`` when its folder and lock file can be made (a read-only cache folder: None, and the
+    compile goes without the kernel cache)."""
+    if kernels is None:
+        return None
+    try:
+        kernels.parent.mkdir(parents=True, exist_ok=True)
+        open(kernels.with_suffix(".lock"), "a").close()
+    except OSError:
+        return None
+    return kernels
+
+
 def _kernel_options(kernels: Path | None) -> dict[str, str | bool]:
     if kernels is None:
         return {}
@@ -137,7 +150,6 @@ def _locked(kernels: Path | None) -> Iterator[None]:
     if kernels is None:
         yield
         return
-    kernels.parent.mkdir(parents=True, exist_ok=True)
     with open(kernels.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -1,7 +1,7 @@
 """GSPMD must not replicate activation work or memory across the data axis."""
 
 import pytest
-from conftest import tiny_config
+from support.configs import tiny_config
 
 from jzero.ledger import hlo as ledger
 from jzero.training.job import build_job

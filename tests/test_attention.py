@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
-from test_bad_input import one_line_error, sets
-from test_targets import BF16
+from support.cli import one_line_error, sets
+from support.configs import BF16, tiny_config
 
 from jzero.ledger.targets import flash_attention_available
 from jzero.models.gpt import attend, causal_attention, rotary

@@ -15,51 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, snapshot
+from support.cli import jzero_env, one_line_error, one_line_failure, sets
+from support.configs import CONFIG, ROOT, TINY
+from support.files import snapshot
 
 import jzero.checkpoint.export
 from jzero.checkpoint.export import read_safetensors
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
 from jzero.config.rundir import CHECKPOINTS
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
-
-
-def sets(*overrides: str) -> list[str]:
-    return [arg for kv in overrides for arg in ("--set", kv)]
-
-
-def one_line_error(capsys, argv: list[str], fragment: str) -> str:
-    """Run ``jzero argv`` in-process: exit 2, exactly one stderr line, ``jzero: error:`` and ``fragment``."""
-    code = main(argv)
-    out, err = capsys.readouterr()
-    lines = err.splitlines()
-    assert code == 2 and len(lines) == 1, err[-2000:]
-    assert lines[0].startswith("jzero: error: ") and fragment in lines[0], lines[0]
-    assert "Traceback" not in out + err
-    return lines[0]
-
-
-def keyed_error(capsys, argv: list[str], key: str) -> str:
-    """:func:`one_line_error` whose line names ``key`` first: ``jzero: error: KEY: ...``."""
-    line = one_line_error(capsys, argv, f"{key}: ")
-    assert line.startswith(f"jzero: error: {key}: "), line
-    return line
-
-
-def one_line_failure(capsys, argv: list[str], line: str) -> None:
-    """Run ``jzero argv`` in-process: exit 1 (the machine refused a write), ``line`` alone on stderr."""
-    assert main(argv) == 1
-    assert capsys.readouterr() == ("", line + "\n")
-
-
-def jzero_env() -> dict[str, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    return env
-
 
 # ---------------------------------------------------------------------------------------------
 # Config files

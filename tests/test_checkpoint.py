@@ -5,8 +5,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,29 +12,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, TINY, reference_with_floor, tiny_config
+from support.configs import LR, tiny_config
+from support.reference import reference_with_floor
+from support.runs import cli_args, host, jzero_process, run_config
 
 from jzero.checkpoint.export import restore_numpy
 from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
 from jzero.cli.main import main
-from jzero.config.loading import ConfigError, load_config
+from jzero.config.loading import ConfigError
 from jzero.errors import CheckpointError
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
 from jzero.training.loop import train
-
-ROOT = Path(__file__).resolve().parents[1]
-RUN = [*TINY, "mesh.axes.data=8", "zero.stage=3", "checkpoint.every=2", "run.log_every=4"]
-
-
-def run_config(run_dir, *overrides):
-    """The run :func:`cli_args` describes, for calling :func:`jzero.training.loop.train` in-process."""
-    return load_config(ROOT / "configs/gpt-tiny.yaml", [*RUN, f"run.dir={run_dir}", *overrides])
-
-
-def cli_args(run_dir, *overrides):
-    """``jzero train`` arguments for the same run as :func:`run_config`."""
-    return ["configs/gpt-tiny.yaml", *(f"--set={o}" for o in [*RUN, f"run.dir={run_dir}", *overrides])]
 
 
 def saved_state(run_dir, step):
@@ -51,17 +38,8 @@ def assert_bit_identical(got: dict, want: dict):
         assert got[path].dtype == want[path].dtype and np.array_equal(got[path], want[path]), path
 
 
-def host(tree):
-    return [np.asarray(x) for x in jax.tree.leaves(tree)]
-
-
 # ---------------------------------------------------------------------------------------------
 # Kill, preempt, resume
-
-
-def jzero_process(run_dir, *overrides):
-    args = [sys.executable, "-m", "jzero.cli", "train", "--quiet", *cli_args(run_dir, *overrides)]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_sigkill_at_random_moments_then_resume_is_bit_identical(devices, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY
+from support.configs import TINY
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from support.configs import TINY
 
 from jzero.compile_cache import cache_folder
 from jzero.config.loading import load_config
@@ -93,3 +93,16 @@ def test_a_gpu_targets_kernels_are_cached_per_gpu_kind_and_a_cpu_compile_has_non
     assert sorted(p.name for p in tmp_path.glob("xla-gpu-kernels-*")) == sorted(
         [h100.name, a100.name, h100.with_suffix(".lock").name, a100.with_suffix(".lock").name]
     )
+
+
+@pytest.mark.parametrize("blocked", ["xla-gpu-kernels-nvidia-h100-80gb-hbm3.pb", "xla-gpu-kernels-nvidia-h100-80gb-hbm3.lock"])
+def test_a_kernel_cache_that_cannot_be_written_is_passed_over(cache_in, h100x8, blocked):
+    """A folder where the kernel cache or its lock should be (as an unwritable path would be): the
+    GPU target's step compiles all the same, without the cache."""
+    from jzero.training.job import build_job
+
+    (cache_in / blocked).mkdir()
+    config = load_config(None, [*TINY, "zero.stage=3", "precision.param_dtype=bfloat16"])
+    _, compiled = build_job(config, h100x8).compile_step()
+    assert "all-gather" in compiled.as_text()
+    assert (cache_in / blocked).is_dir()

@@ -5,7 +5,8 @@ and at stage 3 without ever holding the whole model gathered."""
 import jax
 import numpy as np
 import pytest
-from conftest import STDLIB_GLOB, assert_within_floor, loss_with_floor, tiny_config
+from support.configs import STDLIB_GLOB, tiny_config
+from support.reference import assert_within_floor, loss_with_floor
 
 from jzero.training.data import eval_data, load_bytes, resolve_files, stdlib_package_sources, stdlib_sources, train_data
 from jzero.training.evaluation import Evaluator

@@ -4,8 +4,8 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import reference_with_floor
-from helpers.examples import load_example
+from support.examples import load_example
+from support.reference import reference_with_floor
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import snapshot, tiny_config
-from helpers.disks import small_disk
-from test_checkpoint import cli_args, host, jzero_process, run_config
+from support.cli import jzero_cli, stderr_lines
+from support.configs import ROOT, tiny_config
+from support.disks import small_disk
+from support.files import snapshot
+from support.runs import cli_args, host, jzero_process, run_config
 
 from jzero.checkpoint.export import export_checkpoint
 from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe, verify_run
@@ -23,12 +25,6 @@ from jzero.cli.main import main
 from jzero.training.job import build_job
 from jzero.training.loop import train
 from jzero.training.sample import sample
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def stderr_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
 
 
 def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
@@ -192,10 +188,6 @@ def test_metrics_hold_one_row_per_step_after_a_kill_and_a_resume(devices, tmp_pa
 
 # ---------------------------------------------------------------------------------------------
 # No library noise on any exit path
-
-
-def jzero_cli(*args, cwd=ROOT, timeout=300):
-    return subprocess.run([sys.executable, "-m", "jzero.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def damage(step_dir: Path, how: str) -> None:

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import LR, STEPS, reference_with_floor, tiny_config, train_sharded
 from flax import nnx
 from jax.sharding import PartitionSpec as P
+from support.configs import LR, STEPS, tiny_config
+from support.reference import reference_with_floor, train_sharded
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config

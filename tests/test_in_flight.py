@@ -8,7 +8,7 @@ import sys
 
 import jax
 import numpy as np
-from conftest import tiny_config
+from support.configs import tiny_config
 
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.training.job import build_job

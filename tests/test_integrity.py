@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import snapshot
-from test_checkpoint import host, run_config
+from support.cli import jzero_cli, stderr_lines
+from support.files import snapshot
+from support.runs import cli_args, host, run_config
 
 from jzero.checkpoint.integrity import MANIFEST, DamagedCheckpoint, Unverified, verify, write_manifest
 from jzero.checkpoint.runs import RunCheckpoints
@@ -112,8 +113,6 @@ def test_every_reader_gives_the_documented_answer(pristine, target, tmp_path, ca
 def test_jzero_train_resumes_past_the_damage_in_three_lines(pristine, tmp_path, kind):
     """The command line end to end: exit 0, no traceback, at most 3 stderr lines, resumed from step 2.
     (Truncations: ``test_faults.test_resume_past_a_damaged_checkpoint_is_quiet``.)"""
-    from test_checkpoint import cli_args
-    from test_faults import jzero_cli, stderr_lines
 
     run = tmp_path / "run"
     shutil.copytree(pristine, run)

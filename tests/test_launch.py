@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY, reference_with_floor, tiny_config
+from support.configs import TINY, tiny_config
+from support.reference import reference_with_floor
 
 from jzero.checkpoint.runs import RunCheckpoints, describe
 from jzero.data.prepare import prepare
@@ -25,7 +26,7 @@ from jzero.training.job import build_job
 from jzero.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPER = ROOT / "tests" / "helpers" / "state_digest.py"
+HELPER = ROOT / "tests" / "support" / "state_digest.py"
 TINY_GPT = str(ROOT / "configs" / "gpt-tiny.yaml")
 HEARTBEAT_S = 15  # the dead-peer bound these runs set; the issue asks for an exit within 60 s
 STEPS = 6

@@ -73,7 +73,7 @@ def test_startup_ledger_matches_the_live_arrays(devices, tmp_path, capsys):
     """`jzero train` writes <run.dir>/ledger.json before the first step; its bytes are the live state's."""
     import json
 
-    from conftest import TINY
+    from support.configs import TINY
 
     from jzero.cli.main import main
     from jzero.config.loading import load_config
@@ -156,7 +156,7 @@ def test_loops_multiply_by_their_trip_counts_and_all_reduce_counts_twice():
 def test_communication_against_the_papers_volume(devices):
     """Stage 0 sends the paper's 2Ψ (one all-reduce); stage 3 gathers the parameters for the
     forward and again for the backward pass, up to 2Ψ of all-gathers."""
-    from conftest import tiny_config
+    from support.configs import tiny_config
 
     from jzero.training.job import build_job
     from jzero.training.report import plan_report

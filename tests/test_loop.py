@@ -6,8 +6,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import optax
 import pytest
+from support.runs import run_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_checkpoint import run_config
 
 from jzero.training.hooks import Hook
 from jzero.training.job import build_job

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, tiny_config
+from support.configs import TINY, tiny_config
 
 from jzero.errors import ConfigError
 from jzero.training.job import build_job

@@ -8,10 +8,11 @@ import re
 
 import numpy as np
 import pytest
-from conftest import snapshot
-from test_bad_input import one_line_error, sets
-from test_checkpoint import cli_args, run_config
-from test_tokens import CONFIG, TINY, copy_folder, corpus  # noqa: F401 (corpus: a fixture)
+from support.cli import one_line_error, sets
+from support.configs import CONFIG, TINY
+from support.files import snapshot
+from support.runs import cli_args, run_config
+from support.tokens import copy_folder
 
 from jzero.checkpoint.runs import CHECKPOINTS
 from jzero.cli.main import main

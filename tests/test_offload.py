@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, assert_within_floor, tiny_config, train_sharded
+from support.configs import LR, tiny_config
+from support.reference import assert_within_floor, train_sharded
 
 from jzero.axes import LAYERS
 from jzero.config.loading import load_config

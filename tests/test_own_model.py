@@ -8,8 +8,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import tiny_config
-from helpers.examples import load_example
+from support.configs import tiny_config
+from support.examples import load_example
 
 import jzero
 from jzero.checkpoint.runs import STAGE_1_OR_2, changes, describe

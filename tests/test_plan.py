@@ -151,7 +151,7 @@ def test_plan_bytes_per_stage_follow_formula(devices):
 
 
 def test_tied_embeddings_drop_the_lm_head(devices):
-    from conftest import tiny_config
+    from support.configs import tiny_config
 
     from jzero.training.job import build_job
 

@@ -7,9 +7,8 @@ import json
 
 import jax
 import pytest
-from conftest import TINY, tiny_config
-from test_bad_input import one_line_error, sets
-from test_targets import BF16
+from support.cli import jzero_env, one_line_error, sets
+from support.configs import BF16, TINY, tiny_config
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config
@@ -132,7 +131,6 @@ def test_the_gpu_check_dry_runs_on_a_cpu(tmp_path):
     import subprocess
     import sys
 
-    from test_bad_input import jzero_env
 
     argv = ["--dry-run", "--steps", "2", "--warmup", "1", "--gpus", "2", "--stage", "3", "--trace", str(tmp_path)]
     done = subprocess.run(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from support.configs import TINY
 
 from jzero.cli.main import main
 from jzero.training.plot import draw, read_metrics

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, reference_run, reference_with_floor, tiny_config, train_sharded
-from test_targets import BF16
+from support.configs import BF16, LR, tiny_config
+from support.reference import reference_run, reference_with_floor, train_sharded
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config

@@ -3,7 +3,7 @@ handwritten program whose every term is worked out here by hand: a synchronous a
 weight over 8 GPUs, then one matmul with it."""
 
 import pytest
-from conftest import tiny_config
+from support.configs import tiny_config
 
 from jzero.ledger.hlo import parse_collectives
 from jzero.ledger.targets import device_hardware

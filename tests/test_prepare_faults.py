@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import snapshot
-from helpers.disks import small_disk
-from test_bad_input import one_line_error
+from support.cli import one_line_error
+from support.disks import small_disk
+from support.files import snapshot
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError

@@ -4,12 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_bad_input import one_line_error, sets
-from test_targets import BF16
-from test_zeropp import HPZ, QWZ, two_hosts  # noqa: F401 (a fixture)
+from support.cli import one_line_error, sets
+from support.configs import BF16, HPZ, QWZ, tiny_config
 
 from jzero.collectives import quantized_reduce_scatter
 from jzero.gather import UnitSpec, gather

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import snapshot
-from test_checkpoint import ROOT, cli_args, jzero_process, run_config
+from support.configs import ROOT
+from support.files import snapshot
+from support.runs import cli_args, jzero_process, run_config
 
 from jzero.checkpoint.runs import CHECKPOINTS
 from jzero.cli.main import main

@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY, assert_within_floor, snapshot
-from test_bad_input import ROOT, jzero_env
+from support.cli import jzero_env
+from support.configs import ROOT, TINY
+from support.files import snapshot
+from support.reference import assert_within_floor
 
 from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config

@@ -2,7 +2,8 @@
 formula for each remat policy (jzero/models/sizes.py): the compiled program's bytes, exactly."""
 
 import pytest
-from conftest import tiny_config
+from support.configs import tiny_config
+from support.llama import llama_job
 
 from jzero.ledger.render import _saved_kind_lines
 from jzero.models.sizes import SAVED_BY_POLICY, gpt_saved_per_layer
@@ -88,11 +89,10 @@ def test_an_unrolled_model_with_units_saves_each_projection_once_per_layer(devic
     """A Llama-style model of yours, unscanned, gathered by units: its units' checkpoints keep every
     projection's output (matmuls without batch dimensions) once per layer, and no attention scores;
     the ledger names each kind within its unit, and the bytes add up to the saved total."""
-    from test_units import _llama
 
     from jzero.gather import UNIT_REMAT
 
-    s = _llama("zero.stage=3")
+    s = llama_job("zero.stage=3")
     _, compiled = s.compile_step()
     a = plan_report(s, compiled)["activations"]
     assert (a["saved_by"], a["remat"]) == ("gathering units", UNIT_REMAT)

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, STEPS, reference_run, reference_with_floor, tiny_config, train_sharded
+from support.configs import LR, STEPS, tiny_config
+from support.reference import reference_run, reference_with_floor, train_sharded
 
 from jzero.ledger import hlo as ledger
 from jzero.step import sharded_init

@@ -7,8 +7,9 @@ install it. Each compile for an 8-GPU target takes seconds; nothing is allocated
 import json
 
 import pytest
-from conftest import TINY, tiny_config
-from test_bad_input import keyed_error
+from support.cli import keyed_error
+from support.configs import BF16, TINY, tiny_config
+from support.runs import compiled_step
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config
@@ -16,14 +17,6 @@ from jzero.errors import ConfigError
 from jzero.ledger import hlo as ledger
 from jzero.ledger.targets import GPU_COMPILER_OPTIONS, Target, parse_target, target_devices
 from jzero.training.job import build_job
-
-BF16 = ["precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
-
-
-def _compiled(config, devices):
-    s = build_job(config, devices)
-    _, compiled = s.compile_step()
-    return s, compiled
 
 
 def test_target_names_parse_to_hosts_and_gpus():
@@ -56,14 +49,14 @@ def test_target_devices_are_the_gpus(h100x8):
 def test_reduce_scatter_at_stages_2_and_3_and_none_at_0(h100x8):
     """The GPU pipeline reduce-scatters the gradients (the CPU's lowers to all-reduce + slice)."""
     for stage, wanted in [(0, False), (2, True), (3, True)]:
-        _, compiled = _compiled(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
+        _, compiled = compiled_step(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
         kinds = {op.kind for op in ledger.parse_collectives(compiled.as_text())}
         assert ("reduce-scatter" in kinds) is wanted, (stage, kinds)
 
 
 def test_bf16_parameters_are_gathered_in_bf16(h100x8):
     for stage in (2, 3):
-        _, compiled = _compiled(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
+        _, compiled = compiled_step(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
         gathers = [op for op in ledger.parse_collectives(compiled.as_text()) if op.kind == "all-gather"]
         assert gathers and {op.dtype for op in gathers} == {"bf16"}, [(op.name, op.dtype) for op in gathers]
 
@@ -76,7 +69,7 @@ def test_communication_at_the_papers_volume(h100x8, config, stage):
     """Bytes sent per device per step, from the GPU program, over the paper's 2Ψ or 3Ψ (bf16)."""
     from jzero.training.report import plan_report
 
-    s, compiled = _compiled(load_config(config, [f"zero.stage={stage}", "mesh.axes.data=8", *BF16]), h100x8)
+    s, compiled = compiled_step(load_config(config, [f"zero.stage={stage}", "mesh.axes.data=8", *BF16]), h100x8)
     report = plan_report(s, compiled)
     # Bytes counted from the compiled HLO's op shapes: exact integers, no summation order to float.
     # The band is the issue's acceptance range around the paper's volume.
@@ -91,21 +84,21 @@ def test_traffic_by_level_on_two_hosts(h100x8):
     from jzero.training.report import plan_report
 
     two_hosts = target_devices("h100", hosts=2, gpus_per_host=4)
-    one = plan_report(*_compiled(tiny_config("zero.stage=3", "mesh.axes.data=8", *BF16), h100x8))["communication"]
+    one = plan_report(*compiled_step(tiny_config("zero.stage=3", "mesh.axes.data=8", *BF16), h100x8))["communication"]
     assert one["hosts"] == 1 and one["cross_host_bytes"] == 0 and one["within_host_bytes"] == one["total"]
     zero3 = tiny_config("zero.stage=3", "mesh.axes.data=8", "mesh.dcn.data=2", *BF16)
-    comm = plan_report(*_compiled(zero3, two_hosts))["communication"]
+    comm = plan_report(*compiled_step(zero3, two_hosts))["communication"]
     assert comm["hosts"] == 2 and comm["within_host_bytes"] == 0 and comm["cross_host_bytes"] == comm["total"]
     assert comm["zeropp_cross_host_bytes"] == 0.25 * comm["paper"]
     hsdp = tiny_config("zero.stage=3", "mesh.axes={data: 4, replica: 2}", "mesh.dcn.replica=2", *BF16)
-    comm = plan_report(*_compiled(hsdp, two_hosts))["communication"]
+    comm = plan_report(*compiled_step(hsdp, two_hosts))["communication"]
     reduced = comm["bytes_per_step"]["all-reduce"]
     assert 0 < comm["cross_host_bytes"] <= reduced < comm["total"] and comm["within_host_bytes"] >= comm["total"] - reduced
 
 
 def test_async_ops_report_overlap_and_the_options_apply(h100x8):
     """Stage 3's layer all-gathers are async, and compute is scheduled under them."""
-    s, compiled = _compiled(tiny_config("zero.stage=3", *BF16), h100x8)
+    s, compiled = compiled_step(tiny_config("zero.stage=3", *BF16), h100x8)
     ops = ledger.parse_collectives(compiled.as_text())
     gathers = [op for op in ops if op.kind == "all-gather" and op.in_loop]
     assert gathers and all(op.is_async and op.overlapped for op in gathers)
@@ -222,7 +215,7 @@ def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8
     from jzero.training.report import plan_report
 
     sets = ("zero.stage=3", "zero.offload_optimizer=true", "zero.offload_params=true", "model.remat=offload_dots")
-    s, compiled = _compiled(tiny_config(*sets), h100x8)
+    s, compiled = compiled_step(tiny_config(*sets), h100x8)
     report = plan_report(s, compiled)
     mem = compiled.memory_analysis()
     # Model states in host memory: the step's host arguments, as the GPU compiler's own analysis counts them.

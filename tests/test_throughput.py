@@ -9,7 +9,7 @@ import time
 import flax.linen as nn
 import jax
 import pytest
-from test_checkpoint import run_config
+from support.runs import run_config
 
 from jzero.ledger.targets import GPUS, peak_flops
 from jzero.training.hooks import Hook

@@ -2,16 +2,16 @@
 it back through a memory map for training and validation; and bad input, one line and nothing written."""
 
 import json
-import shutil
-from pathlib import Path
 
 import grain
 import numpy as np
 import pytest
-from conftest import STDLIB_GLOB, TINY, snapshot
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_bad_input import one_line_error, sets
+from support.cli import one_line_error, sets
+from support.configs import CONFIG, STDLIB_GLOB, TINY
+from support.files import snapshot
+from support.tokens import FRACTION, VOCAB, copy_folder
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
@@ -21,35 +21,6 @@ from jzero.data.tokenizer import EOS, BpeTokenizer
 from jzero.data.tokens import HEADER_FILE, TOKENIZER_FILE, open_split, read_header, release_pages, token_dtype
 from jzero.mesh import make_mesh
 from jzero.training.data import TextBatches, eval_data, run_tokenizer_path, train_data
-
-CONFIG = str(Path(__file__).resolve().parents[1] / "configs/gpt-tiny.yaml")
-VOCAB = 300  # the 256 bytes, the 2 special tokens and a few merges: trains in milliseconds
-FRACTION = 0.25
-
-
-
-def write_corpus(root):
-    """Files, a folder, a glob and JSONL: 12 documents, one of them not valid UTF-8, one holding EOS's text."""
-    (root / "tree" / "sub").mkdir(parents=True)
-    (root / "tree" / "a.py").write_text("def add(x, y):\n    return x + y\n" * 20)
-    (root / "tree" / "sub" / "b.py").write_bytes(b"class B:\n    name = 'caf\xe9'\n" * 10)  # Latin-1
-    (root / "one.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 30)
-    for i in range(3):
-        (root / f"note{i}.md").write_text(f"# note {i}\n" + "some words of a note\n" * (i + 5))
-    lines = [{"text": f"line document {i} " * (i + 3)} for i in range(5)]
-    lines[2]["text"] += f" {EOS} is text here"
-    (root / "docs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    (root / "single.jsonl").write_text(json.dumps({"text": "x = 1\n", "id": 7}) + "\n")
-    return [str(root / name) for name in ("tree", "one.txt", "note*.md", "docs.jsonl", "single.jsonl")]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    sources = write_corpus(root)
-    out = root / "prepared"
-    prepare(sources, out, vocab_size=VOCAB, eval_fraction=FRACTION, progress=False)
-    return sources, out
 
 
 def split_documents(ids: np.ndarray, eos: int) -> list[np.ndarray]:
@@ -272,12 +243,6 @@ def test_eval_path_as_bytes(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # Bad token folders: one line through jzero train, exit 2, nothing written
-
-
-def copy_folder(corpus, tmp_path):
-    folder = tmp_path / "tokens"
-    shutil.copytree(corpus[1], folder)
-    return folder
 
 
 def truncate_one_byte(folder):

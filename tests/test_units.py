@@ -6,8 +6,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import LR, reference_with_floor, tiny_config
-from helpers.llama import llama_parts
+from support.configs import tiny_config
+from support.llama import LLAMA, llama_job
+from support.reference import reference_with_floor
 
 import jzero
 from jzero.cli.main import main
@@ -20,22 +21,13 @@ from jzero.training.job import build_job
 from jzero.training.report import plan_report
 from jzero.units import choose_units
 
-SHAPE = {"d": 32, "layers": 3, "heads": 4, "kv_heads": 2}
-LLAMA = ["model.seq_len=16", "train.global_batch_size=16", LR]
-
-
-def _llama(*overrides, devices=None, **shape):
-    init_fn, loss_fn = llama_parts(16, **{**SHAPE, **shape})
-    cfg = load_config(None, [*LLAMA, *overrides])
-    return build_job(cfg, devices or jax.devices()[:8], init_fn=init_fn, loss_fn=loss_fn)
-
 
 def _paths(s):
     return [t.path for t in s.plan.tensors], [t.nbytes for t in s.plan.tensors]
 
 
 def test_auto_picks_the_repeated_layers_and_the_rest_alone(devices):
-    s = _llama("zero.stage=3")
+    s = llama_job("zero.stage=3")
     units = s.plan.units
     layer_units = {units[p] for p in units if p.startswith("layers_1/")}
     assert len(layer_units) == 1, "a layer's parameters share one unit"
@@ -54,8 +46,8 @@ def test_a_scanned_stack_keeps_the_loops_gather(devices):
 
 
 def test_units_only_at_stage_3_and_not_with_none(devices):
-    assert _llama("zero.stage=2").plan.units == {}
-    assert _llama("zero.stage=3", "zero.gather_units=none").plan.units == {}
+    assert llama_job("zero.stage=2").plan.units == {}
+    assert llama_job("zero.stage=3", "zero.gather_units=none").plan.units == {}
 
 
 def _bound(s, prefetch: int) -> int:
@@ -67,9 +59,9 @@ def _bound(s, prefetch: int) -> int:
 
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_stage_3_holds_at_most_prefetch_plus_one_layers_gathered(devices, prefetch):
-    s = _llama("zero.stage=3", f"zero.prefetch={prefetch}", layers=4)
+    s = llama_job("zero.stage=3", f"zero.prefetch={prefetch}", layers=4)
     with_units = plan_report(s)
-    without = plan_report(_llama("zero.stage=3", "zero.gather_units=none", layers=4))
+    without = plan_report(llama_job("zero.stage=3", "zero.gather_units=none", layers=4))
     g = with_units["gathered"]
     assert g["peak_bytes"] <= _bound(s, prefetch), g
     held = without["gathered_peak_bytes"] / g["layer_bytes"]
@@ -78,7 +70,7 @@ def test_stage_3_holds_at_most_prefetch_plus_one_layers_gathered(devices, prefet
 
 
 def test_the_backward_gathers_again_and_the_totals_match_the_ledger(devices):
-    s = _llama("zero.stage=3")
+    s = llama_job("zero.stage=3")
     _, compiled = s.compile_step()
     hlo = compiled.as_text()
     ops = ledger.parse_collectives(hlo)
@@ -106,7 +98,7 @@ BATCHES = 10
 @pytest.fixture(scope="module")
 def llama_reference():
     """One-device optax on the Llama-style model, 10 AdamW steps, with its reordering floor."""
-    s = _llama("zero.stage=0")
+    s = llama_job("zero.stage=0")
     batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(BATCHES)]
     return batches, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], BATCHES)
 
@@ -117,7 +109,7 @@ def llama_reference():
 )
 def test_params_equal_one_device_optax_with_units(devices, llama_reference, stage, extra):
     batches, ref = llama_reference
-    s = _llama(f"zero.stage={stage}", *extra)
+    s = llama_job(f"zero.stage={stage}", *extra)
     state, step = s.init_state(), s.make_step()
     for k in range(BATCHES):
         state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
@@ -125,7 +117,7 @@ def test_params_equal_one_device_optax_with_units(devices, llama_reference, stag
 
 
 def test_persistent_parameters_rest_whole_and_are_listed(devices):
-    s = _llama("zero.stage=3", "zero.persist_below_bytes=1024")
+    s = llama_job("zero.stage=3", "zero.persist_below_bytes=1024")
     small = {t.path for t in s.plan.tensors if t.nbytes < 1024}
     assert small and {t.path for t in s.plan.persistent} == small
     assert not small & set(s.plan.units)
@@ -157,7 +149,7 @@ def test_bad_units_exit_2_with_one_line(devices, capsys, value, says):
 
 
 def _tiny_flags():
-    from conftest import TINY
+    from support.configs import TINY
 
     return [arg for kv in TINY for arg in ("--set", kv)]
 
@@ -166,9 +158,9 @@ def test_h100x8_target_bounds_the_gathers_and_keeps_3_psi():
     if not gpu_compiler_available():
         pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
     devices = target_devices("h100x8")
-    s = _llama("zero.stage=3", devices=devices, layers=4)
+    s = llama_job("zero.stage=3", devices=devices, layers=4)
     with_units = plan_report(s)
-    stage_0 = plan_report(_llama("zero.stage=0", devices=devices, layers=4))
+    stage_0 = plan_report(llama_job("zero.stage=0", devices=devices, layers=4))
     assert with_units["gathered"]["peak_bytes"] <= _bound(s, 1)
     assert 0.95 <= with_units["communication"]["ratio"] <= 1.05
     assert with_units["compiled"]["temp"] < stage_0["compiled"]["temp"]
@@ -240,7 +232,7 @@ def _nn_jit_llama(jitted: bool = True):
     that ``apply`` is fast in notebooks: the loss reads it as one ``jit`` equation."""
     import flax.linen as nn
     import optax
-    from helpers.llama import Llama
+    from support.llama import Llama
 
     model = (nn.jit(Llama) if jitted else Llama)(d=32, layers=6, heads=4, kv_heads=2)
 

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, tiny_config
-from test_bad_input import keyed_error
-from test_targets import BF16
+from support.cli import keyed_error
+from support.configs import BF16, TINY, tiny_config
 
 from jzero.cli.main import main
 from jzero.ledger.targets import GPU_COMPILER_OPTIONS

@@ -5,11 +5,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import LR, reference_with_floor, tiny_config, train_sharded
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_bad_input import one_line_error, sets
-from test_targets import BF16, _compiled
+from support.cli import one_line_error, sets
+from support.configs import BF16, HPZ, LR, QWZ, tiny_config
+from support.reference import reference_with_floor, train_sharded
+from support.runs import compiled_step
 
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.gather import UnitSpec, gather
@@ -19,8 +20,6 @@ from jzero.training.data import text_batches
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
 
-QWZ = ["zero.quantized_weights=int8", "zero.quantization_block=64"]  # the tiny model's shards hold 128+ elements
-HPZ = ["mesh.axes={replica: 2, data: 4}", "zero.hierarchical=hpz"]
 CASES = [  # shape, resting spec, gathered spec, on data=4 x model=2
     ((64, 32), P("data", None), P(None, None)),
     ((64, 32), P("model", "data"), P("model", None)),
@@ -121,13 +120,13 @@ def _assert_int8_gathers(plain, quantized) -> None:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_every_quantized_gather_is_int8_on_the_gpu_target(h100x8, stage):  # noqa: F811
     """jzero's GPT: at stage 3 the layer loop's gathers, at stage 2 the updated parameters'."""
-    plain = _compiled(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
-    _assert_int8_gathers(plain, _compiled(tiny_config(f"zero.stage={stage}", *BF16, *QWZ), h100x8))
+    plain = compiled_step(tiny_config(f"zero.stage={stage}", *BF16), h100x8)
+    _assert_int8_gathers(plain, compiled_step(tiny_config(f"zero.stage={stage}", *BF16, *QWZ), h100x8))
 
 
 def test_gathering_units_quantize_too(h100x8):  # noqa: F811
     """An unscanned model (a Llama of your own) gathered unit by unit: its units' gathers are s8."""
-    from helpers.llama import llama_parts
+    from support.llama import llama_parts
 
     init_fn, loss_fn = llama_parts(16, d=32, layers=3, heads=4, kv_heads=2)
 
@@ -219,14 +218,6 @@ def test_bad_quantization_settings_are_one_line(capsys, overrides, fragment):
     one_line_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], fragment)
 
 
-
-@pytest.fixture(scope="module")
-def two_hosts(h100x8):  # noqa: F811 (h100x8: the gpu-target extra is there)
-    from jzero.ledger.targets import target_devices
-
-    return target_devices("h100", hosts=2, gpus_per_host=4)
-
-
 def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(devices, two_hosts):
     """Live model states: ZeRO-3's formula over all 8 devices. The secondary copy: the parameters
     (bf16) over the 4 devices of a host, and the compiled layer loop saves it for every scanned kernel."""
@@ -239,7 +230,7 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
     state, planned = s.init_state(), s.plan.per_device_bytes()
     assert live_bytes_per_device(state.params) == planned["params"]
     assert 0 <= live_bytes_per_device(state.opt_state) - planned["optimizer"] <= 8  # the optimizer's step counts
-    job, compiled = _compiled(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
+    job, compiled = compiled_step(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
     h = plan_report(job, compiled)["hierarchical"]
     whole = sum(int(np.prod(t.shape)) * 2 for t in job.plan.tensors)  # bf16
     assert h["secondary_bytes"] == h["formula_bytes"] == whole / 4
@@ -256,7 +247,7 @@ def test_hpz_keeps_the_backwards_gathers_within_the_host(two_hosts, model):
     """Two hosts of 4: flat ZeRO-3 gathers across hosts in the forward and again in the backward;
     with hpZ only the forward's gather crosses, and the backward's stays within a host: in jzero's
     scanned GPT and in an unscanned model's gathering units."""
-    from helpers.llama import llama_parts
+    from support.llama import llama_parts
 
     from jzero.ledger.levels import bytes_by_level
 

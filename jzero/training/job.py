@@ -184,13 +184,22 @@ def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, 
       ConfigError: XLA does not know an option, or cannot read its value, naming it.
     """
     with compile_cache.for_devices(devices) as cache_options:
-        try:
-            return lowered.compile(compiler_options={**cache_options, **(options or {})} or None)
-        except jax.errors.JaxRuntimeError as err:
-            refused = xla_flags.compile_error(err, mine)
-            if refused is None:
-                raise
-            raise refused from None
+        if cache_options:
+            try:
+                return _compile(lowered, {**cache_options, **(options or {})}, mine)
+            except jax.errors.JaxRuntimeError:
+                pass  # the kernel cache failed (its file unwritable, say): the same compile without it
+        return _compile(lowered, options, mine)
+
+
+def _compile(lowered: Any, options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> Any:
+    try:
+        return lowered.compile(compiler_options=options or None)
+    except jax.errors.JaxRuntimeError as err:
+        refused = xla_flags.compile_error(err, mine)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def check_options(devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> None:

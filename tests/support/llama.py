@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from support.configs import LR
 
 
 class RMSNorm(nn.Module):
@@ -72,3 +73,17 @@ def llama_parts(seq_len: int = 16, **shape):
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
     return init_fn, loss_fn
+
+
+SHAPE = {"d": 32, "layers": 3, "heads": 4, "kv_heads": 2}
+LLAMA = ["model.seq_len=16", "train.global_batch_size=16", LR]
+
+
+def llama_job(*overrides, devices=None, **shape):
+    """A job of this model (``SHAPE``, over it ``shape``) on a config of ``LLAMA`` and ``overrides``."""
+    from jzero.config.loading import load_config
+    from jzero.training.job import build_job
+
+    init_fn, loss_fn = llama_parts(16, **{**SHAPE, **shape})
+    cfg = load_config(None, [*LLAMA, *overrides])
+    return build_job(cfg, devices or jax.devices()[:8], init_fn=init_fn, loss_fn=loss_fn)
