@@ -124,3 +124,15 @@ def test_a_renamed_candidate_property_still_answers_with_a_warning():
     c = Candidate(ZeroOptions(), "none", 1, 8, (("data", 4), ("model", 2)))
     with pytest.warns(DeprecationWarning, match="Candidate.axis_sizes"):
         assert c.ways == c.axis_sizes == (2, 1, 4)
+
+
+def test_a_moved_loop_name_still_imports_from_its_old_place_with_a_warning():
+    import pytest
+
+    from jzero.training import loop, metrics
+
+    for name in ("MetricsLog", "Throughput"):
+        with pytest.warns(DeprecationWarning, match=f"jzero.training.metrics.{name}"):
+            assert getattr(loop, name) is getattr(metrics, name)
+    with pytest.raises(AttributeError):
+        loop.NoSuchName  # noqa: B018

@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -22,7 +23,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, Sharding
 
@@ -32,20 +32,18 @@ from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.compile_cache import cache_hits
 from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
-from jzero.config.runlock import RunLock
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
-from jzero.errors import ConfigError, OutputWriteError, TrainingHalted, path_error
-from jzero.ledger import targets
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
 from jzero.optimizers import build_schedule
 from jzero.state import TrainState
 from jzero.step import state_from_params
+from jzero.training import metrics as logged
 from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, train_data
 from jzero.training.data import eval_data as load_eval_data
 from jzero.training.evaluation import Evaluator
-from jzero.training.goodput import NOT_TRAINING, Goodput
+from jzero.training.goodput import Goodput
 from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
 from jzero.training.job import Job, build_job
 from jzero.training.nonfinite import NonFiniteSteps
@@ -53,59 +51,19 @@ from jzero.training.preemption import Preemption
 from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
 from jzero.training.report import startup_ledger
+from jzero.training.run_folder import check_run_dir, create_run_dir, lock_run_dir
 
-__all__ = ["Extras", "MetricsLog", "Throughput", "TrainResult", "default_hooks", "initial_state", "train"]
-
-
-def check_run_path(run_dir: Path) -> None:
-    """Refuse a ``run.dir`` that cannot be a folder: its nearest existing ancestor is a file."""
-    for folder in (run_dir, *run_dir.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise ConfigError("run.dir", f"{folder} is a file, not a folder")
-            break
+__all__ = ["Extras", "TrainResult", "default_hooks", "initial_state", "train"]
+_MOVED = {"MetricsLog": logged, "Throughput": logged}  # moved to jzero.training.metrics
 
 
-def lock_run_dir(path: str) -> RunLock:
-    """The run folder's lock (:class:`~jzero.config.runlock.RunLock`), held by process 0 once every
-    process knows it got it; every process raises the refusal. Release it on every exit path.
-
-    Raises:
-      ConfigError: ``run.dir``: another trainer holds the folder, or it cannot be made.
-    """
-    run_dir = Path(path)
-    check_run_path(run_dir)
-    lock, refused = RunLock(run_dir), None
-    if is_primary():
-        try:
-            lock.acquire()
-        except (ConfigError, OutputWriteError) as err:
-            refused = err
-    if jax.process_count() > 1:  # the others learn process 0's answer (a collective)
-        agreed = multihost_utils.process_allgather(np.int32(refused is not None))
-        if refused is None and np.any(agreed):
-            refused = ConfigError("run.dir", f"process 0 could not take the lock {lock.folder.lock}")
-    if refused is not None:
-        raise refused
-    return lock
-
-
-def check_run_dir(path: str, resume: bool) -> tuple[Path, bool]:
-    """``run.dir`` and whether it already holds a run, writing nothing. Without ``resume`` a folder
-    that holds a run is refused, so nothing is overwritten; a path that cannot be a folder is refused."""
-    run_dir = Path(path)
-    check_run_path(run_dir)
-    existing = RunDir(run_dir).holds()
-    if existing and not resume:
-        raise ConfigError("--no-resume", f"{run_dir} already holds a run ({', '.join(existing)}); choose another run.dir")
-    return run_dir, bool(existing)
-
-
-def create_run_dir(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise path_error("run.dir", run_dir, err, "create") from None
+def __getattr__(name: str) -> Any:
+    """A name that moved: still here, with a ``DeprecationWarning`` naming its new home."""
+    if name in _MOVED:
+        module = _MOVED[name]
+        warnings.warn(f"jzero.training.loop.{name} moved to {module.__name__}.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass
@@ -142,94 +100,6 @@ def initial_state(
         note(f"parameters from {job.config.train.init_from}")
         return state_from_params(params, job.tx, job.plan, job.precision), 0
     return job.init_state(), 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Throughput:
-    """What turns tokens/s into model FLOPs/s per device and MFU.
-
-    Attributes:
-      tokens_per_step: tokens in one global batch.
-      flops_per_token: the model's training FLOPs per token (:attr:`jzero.training.job.Job.flops_per_token`).
-      devices: the devices the step runs on.
-      peak_flops: one device's dense bf16 peak, or None where it is not known (then no ``mfu``).
-    """
-
-    tokens_per_step: int
-    flops_per_token: float
-    devices: int
-    peak_flops: float | None
-
-    @classmethod
-    def of(cls, job: Job) -> Throughput:
-        devices = list(job.mesh.devices.flat)
-        peak = targets.device_peak_flops(devices[0])
-        tokens = job.config.train.global_batch_size * job.config.model.seq_len
-        return cls(tokens, job.flops_per_token, len(devices), peak)
-
-    def figures(self, tokens_per_sec: float) -> dict[str, float]:
-        """``model_flops_per_sec`` (per device) and, where the peak is known, ``mfu``."""
-        flops = self.flops_per_token * tokens_per_sec / self.devices
-        return {"model_flops_per_sec": flops, **({"mfu": flops / self.peak_flops} if self.peak_flops else {})}
-
-
-class MetricsLog:
-    """Collects each step's metrics on device and, at logged steps, makes one host-side record of
-    them (one host sync per logged step). In ``halt`` mode it raises at the first step whose
-    gradient was not finite.
-
-    Args:
-      throughput: the tokens per step and what gives ``model_flops_per_sec`` and ``mfu``.
-      start: the step the run starts from.
-      skipped: steps skipped before ``start``.
-      halt: raise :class:`TrainingHalted` at a non-finite step.
-      schedule: the learning-rate schedule, for ``learning_rate``.
-      goodput: the run's; ``tokens_per_sec`` leaves out the checkpoint, eval and profiler time it was charged.
-    """
-
-    def __init__(
-        self, throughput: Throughput, start: int, skipped: int, halt: bool, schedule: optax.Schedule, goodput: Goodput
-    ):
-        self.throughput, self.halt, self.schedule, self.goodput = throughput, halt, schedule, goodput
-        self.pending: list[dict[str, jax.Array]] = []
-        self.skipped = skipped
-        self.mark, self.mark_step = self._clock(), start
-        self.history: list[dict[str, Any]] = []
-
-    def _clock(self) -> float:
-        """Wall time less what was not training (checkpoints, eval, the profiler's start and stop)."""
-        return time.perf_counter() - sum(self.goodput.seconds[k] for k in NOT_TRAINING)
-
-    def add(self, metrics: dict[str, jax.Array]) -> None:
-        self.pending.append(metrics)
-
-    def record(self, step: int, extra: dict[str, float] | None = None) -> dict[str, Any]:
-        """The record of the steps since the last one, ending at ``step``, with ``extra`` (eval) figures."""
-        interval, self.pending = jax.device_get(self.pending), []
-        if self.halt:
-            for offset, m in enumerate(interval):
-                if int(m["skipped"]) > self.skipped:
-                    raise TrainingHalted(self.mark_step + offset + 1)
-        last = interval[-1]
-        self.skipped = int(last["skipped"])
-        now = self._clock()
-        tokens_per_sec = self.throughput.tokens_per_step * (step - self.mark_step) / (now - self.mark)
-        record = {
-            "step": step,
-            "loss": float(last["loss"]),
-            "grad_norm": float(last["grad_norm"]),
-            # optax counts applied updates: the rate of the last update applied
-            "learning_rate": float(self.schedule(max(step - self.skipped - 1, 0))),
-            "tokens_per_sec": tokens_per_sec,
-            **self.throughput.figures(tokens_per_sec),
-            "skipped_steps": self.skipped,
-        }
-        if "loss_scale" in last:
-            record["loss_scale"] = float(last["loss_scale"])
-        record.update(extra or {})
-        self.mark, self.mark_step = now, step
-        self.history.append(record)
-        return record
 
 
 @dataclasses.dataclass
@@ -418,7 +288,7 @@ class Extras:
         in a row the run stops), or None.
     """
 
-    throughput: Throughput
+    throughput: logged.Throughput
     evaluator: Evaluator | None = None
     goodput: Goodput = dataclasses.field(default_factory=Goodput)
     profile: ProfileConfig | None = None
@@ -456,7 +326,7 @@ def run_steps(
     """
     steps, goodput = config.train.steps, extras.goodput
     schedule = build_schedule(config.optimizer, steps)
-    log = MetricsLog(extras.throughput, start, int(state.skipped), config.train.nonfinite == "halt", schedule, goodput)
+    log = logged.MetricsLog(extras.throughput, start, int(state.skipped), config.train.nonfinite == "halt", schedule, goodput)
     folder = RunDir(Path(config.run.dir)).profile
     if jax.process_count() > 1:  # the trace files are named by host: processes of one machine would share them
         folder = folder / f"process_{jax.process_index()}"
@@ -599,7 +469,7 @@ def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches |
         with goodput.timed("compile"):
             evaluator.compile(run.state.params)
     nonfinite = NonFiniteSteps(config.train.max_skipped_in_a_row, int(run.state.skipped))
-    return Extras(Throughput.of(job), evaluator, goodput, config.run.profile, nonfinite)
+    return Extras(logged.Throughput.of(job), evaluator, goodput, config.run.profile, nonfinite)
 
 
 def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
