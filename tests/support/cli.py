@@ -4,9 +4,8 @@ import os
 import subprocess
 import sys
 
-from support.configs import ROOT
-
 from jzero.cli.main import main
+from support.configs import ROOT
 
 
 def sets(*overrides: str) -> list[str]:

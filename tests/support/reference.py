@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import numpy as np
+
 from support.configs import STEPS
 
 # Equality with one device, against a floor measured in the same run

@@ -5,10 +5,10 @@ import sys
 
 import jax
 import numpy as np
-from support.configs import ROOT, TINY
 
 from jzero.config.loading import load_config
 from jzero.training.job import build_job
+from support.configs import ROOT, TINY
 
 RUN = [*TINY, "mesh.axes.data=8", "zero.stage=3", "checkpoint.every=2", "run.log_every=4"]
 
