@@ -136,3 +136,13 @@ def test_a_moved_loop_name_still_imports_from_its_old_place_with_a_warning():
             assert getattr(loop, name) is getattr(metrics, name)
     with pytest.raises(AttributeError):
         loop.NoSuchName  # noqa: B018
+
+
+def test_the_planners_renamed_names_still_answer_with_a_warning():
+    import pytest
+
+    from jzero.planner import candidates
+
+    for old, new in (("Figures", "EstimateInputs"), ("figures_of", "estimate_inputs")):
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(candidates, old) is getattr(candidates, new)

@@ -14,7 +14,7 @@ from jzero.cli.main import main
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger.targets import parse_target
-from jzero.planner.candidates import candidates, estimate, figures_of
+from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.remat_policies import REMAT_POLICIES
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
@@ -45,7 +45,7 @@ def test_a_budget_nothing_fits_names_the_smallest_compiled_peak(capsys, h100x8):
 
 def _figures():
     job = build_job(tiny_config(*BF16), jax.devices())
-    return figures_of(job.plan, job.config, job.flops_per_token, 2)
+    return estimate_inputs(job.plan, job.config, job.flops_per_token, 2)
 
 
 def test_the_candidates_cover_every_knob_and_the_estimate_orders_them():

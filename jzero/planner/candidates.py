@@ -24,7 +24,17 @@ from jzero.plan import Plan
 from jzero.remat_policies import REMAT_POLICIES
 from jzero.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
 
-__all__ = ["Candidate", "Figures", "candidates", "estimate", "figures_of"]
+__all__ = ["Candidate", "EstimateInputs", "candidates", "estimate", "estimate_inputs"]
+# Renamed: "figures" said nothing of what they are for.
+_RENAMED = {"Figures": "EstimateInputs", "figures_of": "estimate_inputs"}
+
+
+def __getattr__(name: str) -> object:
+    """A renamed name: still here, with a ``DeprecationWarning`` naming the new one."""
+    if name in _RENAMED:
+        warnings.warn(f"jzero.planner.candidates.{name} is now {_RENAMED[name]}", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 MICROBATCHES = (1, 2, 4, 8)
 # Saved activations per token per layer, in d_model elements of the compute dtype, by remat policy:
@@ -76,7 +86,7 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Figures:
+class EstimateInputs:
     """What the estimate needs of the model, from the user's job (its plan and config)."""
 
     num_params: float
@@ -93,7 +103,9 @@ class Figures:
     flops_per_token: float
 
 
-def candidates(figures: Figures, target: Target, batches: list[int], zero: ZeroOptions | None = None) -> Iterator[Candidate]:
+def candidates(
+    figures: EstimateInputs, target: Target, batches: list[int], zero: ZeroOptions | None = None
+) -> Iterator[Candidate]:
     """Every candidate for ``target``: stages 0-3 x remat policies x microbatches x offload x meshes
     (``model`` within a host, ``replica`` over the hosts for hpZ) x ZeRO++ knobs x ``batches``, each
     with the rest of ``zero`` (the user's; default: :class:`~jzero.stages.ZeroOptions`'s).
@@ -137,7 +149,7 @@ def _zeropp(zero: ZeroOptions, replica: int, model: int) -> Iterator[ZeroOptions
             yield dataclasses.replace(off, quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz)
 
 
-def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]:
+def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, StepCost]:
     """A candidate's predicted device bytes and step cost, before compiling (a prediction: the
     search certifies memory by the compiled peak and ranks by the compiled step's prediction).
 
@@ -159,7 +171,7 @@ def estimate(c: Candidate, f: Figures, target: Target) -> tuple[float, StepCost]
     return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)
 
 
-def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
+def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
     m, replica, data = c.axis_sizes
     group = data * replica
     spans = group * m > target.gpus_per_host
@@ -195,12 +207,12 @@ def _cost(c: Candidate, f: Figures, target: Target, tokens: int, parts: dict[str
     )
 
 
-def figures_of(plan: Plan, config: Config, flops_per_token: float, compute_itemsize: int) -> Figures:
-    """The :class:`Figures` of a built job's plan and config."""
+def estimate_inputs(plan: Plan, config: Config, flops_per_token: float, compute_itemsize: int) -> EstimateInputs:
+    """The :class:`EstimateInputs` of a built job's plan and config."""
     params = sum(t.nbytes for t in plan.tensors)
     optimizer = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
     mc = config.model
-    return Figures(
+    return EstimateInputs(
         plan.num_params, params, params, optimizer, compute_itemsize, mc.vocab_size, mc.d_model, mc.n_layers,
         mc.n_heads, mc.mlp_ratio, mc.seq_len, flops_per_token,
     )  # fmt: skip

@@ -24,7 +24,7 @@ from jzero.ledger.render import human_bytes
 from jzero.ledger.targets import GPUS, Target, target_devices
 from jzero.ledger.timing import predict
 from jzero.models.names import GPT
-from jzero.planner.candidates import candidates, estimate, figures_of
+from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.training.job import Job, build_job
 from jzero.training.report import plan_report, with_verdict
 
@@ -123,7 +123,7 @@ def search(
     devices = target_devices(target)
     base = build_job(config, devices)
     base.check_xla_options()  # one line and exit 2, not a refusal in every candidate's row
-    figures = figures_of(base.plan, base.config, base.flops_per_token, np.dtype(base.precision.compute_dtype).itemsize)
+    figures = estimate_inputs(base.plan, base.config, base.flops_per_token, np.dtype(base.precision.compute_dtype).itemsize)
     hardware = GPUS[target.gpu].hardware()
     batches = batches or [base.config.train.global_batch_size]
     queue, considered, over = [], 0, 0
