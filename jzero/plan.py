@@ -597,7 +597,7 @@ def make_plan(
     """The shardings of a ZeRO stage on a mesh.
 
     Args:
-      abstract_state: from :func:`jzero.step.abstract_state`; its params may keep Flax
+      abstract_state: from :func:`jzero.sharded_state.abstract_state`; its params may keep Flax
         ``Partitioned`` boxes (or be an NNX ``State``), whose logical names ``rules`` map to mesh axes.
       mesh: a mesh with a ``data`` axis.
       stage: the ZeRO stage, 0 to 3 (:data:`jzero.stages.STAGES`), or the whole

@@ -1,4 +1,4 @@
-"""Sharded init and the compiled train step.
+"""The compiled train step (the state it steps is made by :mod:`jzero.sharded_state`).
 
 The step is one ``jax.jit`` function whose in/out shardings come from a :class:`~jzero.plan.Plan`.
 Inside it, sharding constraints tell XLA where each tensor must be; XLA inserts the collectives:
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,34 +26,38 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jzero import sharded_state
 from jzero.axes import LAYERS
-from jzero.errors import PlanError
 from jzero.gather import UnitSpec, gather, split_units, tree_gather, unit_options, with_units
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
 from jzero.quantize import Layout
-from jzero.state import TrainState, create_state, unbox_state
+from jzero.state import TrainState
 
 __all__ = [
     "LossFn",
-    "abstract_state",
     "activation_rules",
-    "check_precision",
     "make_eval_step",
     "make_train_step",
     "manual_loss",
     "model_gather",
-    "sharded_abstract",
-    "sharded_init",
-    "state_from_params",
     "unit_loss",
     "units_in_effect",
 ]
+_MOVED = {"abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params"}  # to jzero.sharded_state
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved to :mod:`jzero.sharded_state`: still here, with a ``DeprecationWarning``."""
+    if name in _MOVED:
+        warnings.warn(f"jzero.step.{name} moved to jzero.sharded_state.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(sharded_state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 LossFn = Callable[[Any, Any], jax.Array]
 
@@ -67,117 +72,6 @@ def activation_rules(plan: Plan, *, batch_local: bool = False) -> Iterator[None]
     rules = ((("batch", None),) if batch_local else ()) + tuple(plan.rules)  # first match wins
     with jax.sharding.use_abstract_mesh(plan.mesh.abstract_mesh), nn.logical_axis_rules(rules):
         yield
-
-
-def _init_params(init_fn: Callable[[jax.Array], Any], key: jax.Array) -> Any:
-    # NNX would otherwise read sharding names as mesh axes at creation; jzero maps them itself.
-    with nnx.use_eager_sharding(False):
-        return init_fn(key)
-
-
-def abstract_state(
-    init_fn: Callable[[jax.Array], Any],
-    tx: optax.GradientTransformation,
-    rng: jax.Array,
-    precision: Precision = FP32,
-) -> TrainState:
-    """The train state's shapes and logical annotations, with nothing allocated.
-
-    Args:
-      init_fn: ``init_fn(key)`` returns fp32 parameters: a linen params dict (boxed or not) or an
-        NNX ``State`` (``nnx.state(Model(rngs=nnx.Rngs(key)), nnx.Param)``).
-      tx: the optimizer, whose state is laid out too.
-      rng: the key ``init_fn`` is called with.
-      precision: the dtype policy (a master copy joins the optimizer state when params are 16-bit).
-
-    Returns:
-      A :class:`~jzero.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.plan.make_plan`.
-    """
-    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
-
-
-def sharded_abstract(abstract: TrainState, plan: Plan) -> TrainState:
-    """The target a checkpoint restores into.
-
-    Args:
-      abstract: from :func:`abstract_state`.
-      plan: the plan whose shardings the leaves carry.
-
-    Returns:
-      ``abstract`` unboxed, as ``ShapeDtypeStruct`` leaves with ``sharding`` set.
-    """
-    state = abstract.replace(params=nn.unbox(abstract.params))
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, plan.state)
-
-
-def sharded_init(
-    init_fn: Callable[[jax.Array], Any],
-    tx: optax.GradientTransformation,
-    plan: Plan,
-    rng: jax.Array,
-    precision: Precision = FP32,
-) -> TrainState:
-    """Initialise straight into the plan's shardings: no device ever holds the whole state.
-
-    Args:
-      init_fn, tx, rng, precision: as for :func:`abstract_state`.
-      plan: the shardings to create the state in.
-
-    Returns:
-      The :class:`~jzero.state.TrainState`, each leaf sharded as ``plan.state`` says.
-
-    Raises:
-      PlanError: ``precision`` is not the one the plan's abstract state was made with (:func:`check_precision`).
-    """
-
-    check_precision(plan, precision)
-
-    # No activation rules here: init's forward pass is dead code once only params are kept, and
-    # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
-    def init(key):
-        return unbox_state(create_state(_init_params(init_fn, key), tx, precision))
-
-    return jax.jit(init, out_shardings=plan.state)(rng)
-
-
-def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan, precision: Precision = FP32) -> TrainState:
-    """A fresh train state (new optimizer state) around given parameters.
-
-    Args:
-      params: fp32 parameters, already placed with the plan's parameter shardings.
-      tx: the optimizer.
-      plan: the shardings of the state.
-      precision: the dtype policy.
-
-    Returns:
-      The :class:`~jzero.state.TrainState` at step 0.
-    """
-    check_precision(plan, precision)
-    return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)
-
-
-def check_precision(plan: Plan, precision: Precision) -> None:
-    """``precision`` is the one the plan's abstract state was made with (:func:`abstract_state`):
-    the same parameter dtype, fp32 master copy and loss scale, so the state has the plan's layout.
-
-    Raises:
-      PlanError: naming both precisions and the fix.
-    """
-    floats = {str(t.dtype) for t in plan.tensors if jnp.issubdtype(t.dtype, jnp.floating)}
-    planned = _layout_words(floats, isinstance(plan.state.opt_state, MasterState), plan.state.loss_scale is not None)
-    given = _layout_words(floats and {jnp.dtype(precision.param_dtype).name}, precision.uses_master, precision.scales_loss)
-    if planned != given:
-        raise PlanError(
-            "precision",
-            f"the plan was made for {planned}, this Precision gives {given}: "
-            "pass the same jzero.Precision to abstract_state, sharded_init and make_train_step",
-        )
-
-
-def _layout_words(dtypes: set[str], master: bool, scale: bool) -> str:
-    """What a precision puts in the state: ``bfloat16 parameters with an fp32 master copy and a loss scale``."""
-    extras = [*(["an fp32 master copy"] * master), *(["a loss scale"] * scale)]
-    return f"{'/'.join(sorted(dtypes)) or 'no float'} parameters" + (f" with {' and '.join(extras)}" if extras else "")
 
 
 def _constrain(tree: Any, shardings: Any) -> Any:
@@ -429,10 +323,11 @@ def make_train_step(
       reduced gradient, before any clipping), ``skipped`` and, with loss scaling, ``loss_scale``.
 
     Raises:
-      PlanError: ``precision`` is not the one the plan's abstract state was made with (:func:`check_precision`).
+      PlanError: ``precision`` is not the one the plan's abstract state was made with
+        (:func:`jzero.sharded_state.check_precision`).
     """
 
-    check_precision(plan, precision)
+    sharded_state.check_precision(plan, precision)
     compute_loss = _loss_in_f32(loss_fn, plan, precision)
     in_loop = _fetched_in_loop(plan, fetched_by_model)
 

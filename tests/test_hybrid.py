@@ -20,8 +20,9 @@ from jzero.errors import PlanError
 from jzero.ledger import hlo as ledger
 from jzero.mesh import make_mesh
 from jzero.plan import make_plan
+from jzero.sharded_state import abstract_state, sharded_init
 from jzero.stages import paper_bytes_per_device
-from jzero.step import abstract_state, make_train_step, sharded_init
+from jzero.step import make_train_step
 from jzero.training.job import build_job
 
 ROOT = Path(__file__).resolve().parents[1]

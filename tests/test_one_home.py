@@ -146,3 +146,15 @@ def test_the_planners_renamed_names_still_answer_with_a_warning():
     for old, new in (("Figures", "EstimateInputs"), ("figures_of", "estimate_inputs")):
         with pytest.warns(DeprecationWarning, match=new):
             assert getattr(candidates, old) is getattr(candidates, new)
+
+
+def test_the_state_makers_moved_from_step_still_answer_with_a_warning():
+    import pytest
+
+    import jzero
+    from jzero import sharded_state, step
+
+    for name in ("abstract_state", "sharded_abstract", "sharded_init", "state_from_params", "check_precision"):
+        with pytest.warns(DeprecationWarning, match=f"jzero.sharded_state.{name}"):
+            assert getattr(step, name) is getattr(sharded_state, name)
+    assert jzero.sharded_init is sharded_state.sharded_init

@@ -10,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 from jzero.errors import PlanError
 from jzero.mesh import make_mesh
 from jzero.plan import data_partition, make_plan
+from jzero.sharded_state import abstract_state
 from jzero.stages import STAGES
-from jzero.step import abstract_state
 
 
 class Odd(nn.Module):

@@ -272,7 +272,7 @@ class RunCheckpoints:
 
         Args:
           step: a committed step (a write in flight is waited for first).
-          target: ``ShapeDtypeStruct`` leaves with ``sharding`` (:func:`jzero.step.sharded_abstract`).
+          target: ``ShapeDtypeStruct`` leaves with ``sharding`` (:func:`jzero.sharded_state.sharded_abstract`).
           warn: told, in one line, of a step that has no manifest to verify it.
 
         Returns:

@@ -39,18 +39,9 @@ from jzero.optimizers import build_optimizer
 from jzero.plan import Plan, make_plan
 from jzero.precision import Precision
 from jzero.remat_policies import policy_name
+from jzero.sharded_state import abstract_state, sharded_abstract, sharded_init
 from jzero.state import TrainState
-from jzero.step import (
-    LossFn,
-    abstract_state,
-    make_eval_step,
-    make_train_step,
-    manual_loss,
-    model_gather,
-    sharded_abstract,
-    sharded_init,
-    units_in_effect,
-)
+from jzero.step import LossFn, make_eval_step, make_train_step, manual_loss, model_gather, units_in_effect
 
 __all__ = [
     "Job",

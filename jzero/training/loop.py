@@ -37,8 +37,8 @@ from jzero.distributed.runtime import is_primary
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
 from jzero.optimizers import build_schedule
+from jzero.sharded_state import state_from_params
 from jzero.state import TrainState
-from jzero.step import state_from_params
 from jzero.training import metrics as logged
 from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, train_data
 from jzero.training.data import eval_data as load_eval_data

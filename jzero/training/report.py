@@ -30,9 +30,10 @@ from jzero.offload import DEVICE, HOST
 from jzero.plan import Plan, TensorPlan, shard_bytes
 from jzero.quantize import Layout
 from jzero.remat_policies import policy_name
+from jzero.sharded_state import sharded_abstract
 from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
 from jzero.state import TrainState
-from jzero.step import activation_rules, sharded_abstract
+from jzero.step import activation_rules
 from jzero.training.job import Job, partitions_activations
 from jzero.training.prediction import predicted
 

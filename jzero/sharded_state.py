@@ -1,0 +1,132 @@
+"""The train state made on a plan's shardings: its shapes with nothing allocated, a sharded init in
+which no device holds the whole state, a fresh state around given parameters, and the check that a
+precision matches the plan's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jzero.errors import PlanError
+from jzero.plan import Plan
+from jzero.precision import FP32, MasterState, Precision
+from jzero.state import TrainState, create_state, unbox_state
+
+__all__ = ["abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params"]
+
+
+def _init_params(init_fn: Callable[[jax.Array], Any], key: jax.Array) -> Any:
+    # NNX would otherwise read sharding names as mesh axes at creation; jzero maps them itself.
+    with nnx.use_eager_sharding(False):
+        return init_fn(key)
+
+
+def abstract_state(
+    init_fn: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    rng: jax.Array,
+    precision: Precision = FP32,
+) -> TrainState:
+    """The train state's shapes and logical annotations, with nothing allocated.
+
+    Args:
+      init_fn: ``init_fn(key)`` returns fp32 parameters: a linen params dict (boxed or not) or an
+        NNX ``State`` (``nnx.state(Model(rngs=nnx.Rngs(key)), nnx.Param)``).
+      tx: the optimizer, whose state is laid out too.
+      rng: the key ``init_fn`` is called with.
+      precision: the dtype policy (a master copy joins the optimizer state when params are 16-bit).
+
+    Returns:
+      A :class:`~jzero.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.plan.make_plan`.
+    """
+    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
+
+
+def sharded_abstract(abstract: TrainState, plan: Plan) -> TrainState:
+    """The target a checkpoint restores into.
+
+    Args:
+      abstract: from :func:`abstract_state`.
+      plan: the plan whose shardings the leaves carry.
+
+    Returns:
+      ``abstract`` unboxed, as ``ShapeDtypeStruct`` leaves with ``sharding`` set.
+    """
+    state = abstract.replace(params=nn.unbox(abstract.params))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, plan.state)
+
+
+def sharded_init(
+    init_fn: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    plan: Plan,
+    rng: jax.Array,
+    precision: Precision = FP32,
+) -> TrainState:
+    """Initialise straight into the plan's shardings: no device ever holds the whole state.
+
+    Args:
+      init_fn, tx, rng, precision: as for :func:`abstract_state`.
+      plan: the shardings to create the state in.
+
+    Returns:
+      The :class:`~jzero.state.TrainState`, each leaf sharded as ``plan.state`` says.
+
+    Raises:
+      PlanError: ``precision`` is not the one the plan's abstract state was made with (:func:`check_precision`).
+    """
+
+    check_precision(plan, precision)
+
+    # No activation rules here: init's forward pass is dead code once only params are kept, and
+    # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
+    def init(key):
+        return unbox_state(create_state(_init_params(init_fn, key), tx, precision))
+
+    return jax.jit(init, out_shardings=plan.state)(rng)
+
+
+def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan, precision: Precision = FP32) -> TrainState:
+    """A fresh train state (new optimizer state) around given parameters.
+
+    Args:
+      params: fp32 parameters, already placed with the plan's parameter shardings.
+      tx: the optimizer.
+      plan: the shardings of the state.
+      precision: the dtype policy.
+
+    Returns:
+      The :class:`~jzero.state.TrainState` at step 0.
+    """
+    check_precision(plan, precision)
+    return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)
+
+
+def check_precision(plan: Plan, precision: Precision) -> None:
+    """``precision`` is the one the plan's abstract state was made with (:func:`abstract_state`):
+    the same parameter dtype, fp32 master copy and loss scale, so the state has the plan's layout.
+
+    Raises:
+      PlanError: naming both precisions and the fix.
+    """
+    floats = {str(t.dtype) for t in plan.tensors if jnp.issubdtype(t.dtype, jnp.floating)}
+    planned = _layout_words(floats, isinstance(plan.state.opt_state, MasterState), plan.state.loss_scale is not None)
+    given = _layout_words(floats and {jnp.dtype(precision.param_dtype).name}, precision.uses_master, precision.scales_loss)
+    if planned != given:
+        raise PlanError(
+            "precision",
+            f"the plan was made for {planned}, this Precision gives {given}: "
+            "pass the same jzero.Precision to abstract_state, sharded_init and make_train_step",
+        )
+
+
+def _layout_words(dtypes: set[str], master: bool, scale: bool) -> str:
+    """What a precision puts in the state: ``bfloat16 parameters with an fp32 master copy and a loss scale``."""
+    extras = [*(["an fp32 master copy"] * master), *(["a loss scale"] * scale)]
+    return f"{'/'.join(sorted(dtypes)) or 'no float'} parameters" + (f" with {' and '.join(extras)}" if extras else "")
