@@ -110,49 +110,39 @@ def for_devices(devices: Sequence[jax.Device]) -> Iterator[dict[str, str | bool]
       (:func:`kernel_cache_file`, which needs LLVM's module split), held under a lock for the
       compile, since XLA rewrites the file whole and another process could read it half written.
     """
-    kernels = _writable(kernel_cache_file(devices))
     if not _compile_only(devices) or not jax.config.jax_enable_compilation_cache:
         yield {}
         return
+    kernels = kernel_cache_file(devices)
     # JAX decides once per process whether to use the cache; resetting makes it decide again.
     jax.config.update("jax_enable_compilation_cache", False)
     reset_cache()
     try:
-        with _locked(kernels):
-            yield _kernel_options(kernels)
+        with _kernel_cache(kernels) as options:
+            yield options
     finally:
         jax.config.update("jax_enable_compilation_cache", True)
         reset_cache()
 
 
-def _writable(kernels: Path | None) -> Path | None:
-    """``kernels`` when its folder and lock file can be made (a read-only cache folder: None, and the
-    compile goes without the kernel cache)."""
-    if kernels is None:
-        return None
-    try:
-        kernels.parent.mkdir(parents=True, exist_ok=True)
-        open(kernels.with_suffix(".lock"), "a").close()
-    except OSError:
-        return None
-    return kernels
-
-
-def _kernel_options(kernels: Path | None) -> dict[str, str | bool]:
-    if kernels is None:
-        return {}
-    return {"xla_gpu_kernel_cache_file": str(kernels), "xla_gpu_enable_llvm_module_compilation_parallelism": True}
-
-
 @contextlib.contextmanager
-def _locked(kernels: Path | None) -> Iterator[None]:
-    """An exclusive lock on ``<kernels>.lock`` for as long as the block runs (nothing without a file)."""
-    if kernels is None:
-        yield
+def _kernel_cache(kernels: Path | None) -> Iterator[dict[str, str | bool]]:
+    """XLA's options for the kernel cache ``kernels``, with an exclusive lock on ``<kernels>.lock``
+    for as long as the block runs; none when there is no file or its folder or lock cannot be made
+    (a read-only cache folder: the compile goes without the kernel cache)."""
+    lock = None
+    if kernels is not None:
+        try:
+            kernels.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(kernels.with_suffix(".lock"), "a")  # noqa: SIM115 - closed below, after the unlock
+        except OSError:
+            pass
+    if lock is None:
+        yield {}
         return
-    with open(kernels.with_suffix(".lock"), "a") as lock:
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield
+            yield {"xla_gpu_kernel_cache_file": str(kernels), "xla_gpu_enable_llvm_module_compilation_parallelism": True}
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

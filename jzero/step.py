@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from jzero import sharded_state
 from jzero.axes import LAYERS
 from jzero.gather import UnitSpec, gather, split_units, tree_gather, unit_options, with_units
+from jzero.lazy import moved_names
 from jzero.offload import on_device, to_device, to_host
 from jzero.plan import Plan
 from jzero.precision import FP32, MasterState, Precision, cast
@@ -48,16 +48,8 @@ __all__ = [
     "unit_loss",
     "units_in_effect",
 ]
-_MOVED = {"abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params"}  # to jzero.sharded_state
-
-
-def __getattr__(name: str) -> Any:
-    """A name that moved to :mod:`jzero.sharded_state`: still here, with a ``DeprecationWarning``."""
-    if name in _MOVED:
-        warnings.warn(f"jzero.step.{name} moved to jzero.sharded_state.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(sharded_state, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+_MOVED = ("abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params")
+__getattr__ = moved_names(__name__, {name: f"jzero.sharded_state.{name}" for name in _MOVED})
 
 LossFn = Callable[[Any, Any], jax.Array]
 

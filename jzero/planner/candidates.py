@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from jzero.axes import DATA, MODEL, REPLICA
 from jzero.config.schema import Config
+from jzero.lazy import moved_names
 from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.plan import Plan
@@ -26,15 +27,7 @@ from jzero.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
 
 __all__ = ["Candidate", "EstimateInputs", "candidates", "estimate", "estimate_inputs"]
 # Renamed: "figures" said nothing of what they are for.
-_RENAMED = {"Figures": "EstimateInputs", "figures_of": "estimate_inputs"}
-
-
-def __getattr__(name: str) -> object:
-    """A renamed name: still here, with a ``DeprecationWarning`` naming the new one."""
-    if name in _RENAMED:
-        warnings.warn(f"jzero.planner.candidates.{name} is now {_RENAMED[name]}", DeprecationWarning, stacklevel=2)
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {"Figures": f"{__name__}.EstimateInputs", "figures_of": f"{__name__}.estimate_inputs"})
 
 MICROBATCHES = (1, 2, 4, 8)
 # Saved activations per token per layer, in d_model elements of the compute dtype, by remat policy:

@@ -15,7 +15,6 @@ import json
 import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -34,6 +33,7 @@ from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
+from jzero.lazy import moved_names
 from jzero.ledger.render import format_ledger_summary
 from jzero.mesh import mesh_shape
 from jzero.optimizers import build_schedule
@@ -54,16 +54,7 @@ from jzero.training.report import startup_ledger
 from jzero.training.run_folder import check_run_dir, create_run_dir, lock_run_dir
 
 __all__ = ["Extras", "TrainResult", "default_hooks", "initial_state", "train"]
-_MOVED = {"MetricsLog": logged, "Throughput": logged}  # moved to jzero.training.metrics
-
-
-def __getattr__(name: str) -> Any:
-    """A name that moved: still here, with a ``DeprecationWarning`` naming its new home."""
-    if name in _MOVED:
-        module = _MOVED[name]
-        warnings.warn(f"jzero.training.loop.{name} moved to {module.__name__}.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {name: f"jzero.training.metrics.{name}" for name in ("MetricsLog", "Throughput")})
 
 
 @dataclasses.dataclass
