@@ -57,7 +57,7 @@ def trained_state(config_path: str, overrides: list[str]):
     """JAX started for the config, its :class:`~jzero.training.job.Job`, and a mid-training state."""
     from jzero.config.loading import load_config
     from jzero.distributed.process import import_jax, start_backends
-    from jzero.mesh import simulate_cpu_devices
+    from jzero.sharding.mesh import simulate_cpu_devices
 
     config = load_config(config_path, overrides)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jzero.config.loading import load_config
     from jzero.config.schema import CheckpointConfig
     from jzero.ledger import hlo as ledger
-    from jzero.mesh import mesh_shape
+    from jzero.sharding.mesh import mesh_shape
     from jzero.training.job import build_job
 
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
-    from jzero.mesh import mesh_shape
+    from jzero.sharding.mesh import mesh_shape
 
     root = Path(tempfile.mkdtemp(prefix="jzero-verify-bench-"))
     try:

@@ -4,7 +4,7 @@
 
 Every parameter of two or more dimensions (one layer of a scanned stack at a time) is cut into
 blocks of consecutive elements, quantized to int8 with one float32 scale per block
-(:func:`jzero.quantize.quantize`) and dequantized. The table gives, per block size, the error
+(:func:`jzero.communication.quantize.quantize`) and dequantized. The table gives, per block size, the error
 over all of them (root-mean-square error over root-mean-square value) and the bytes a gather sends
 per element: 1 for the int8 value plus 4/block for the scales (bf16 sends 2).
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from jzero.checkpoint.export import restore_numpy
 from jzero.checkpoint.runs import RunCheckpoints
-from jzero.quantize import dequantize, quantize
+from jzero.communication.quantize import dequantize, quantize
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from jzero.config.loading import load_config
     from jzero.distributed.process import import_jax, start_backends
-    from jzero.mesh import simulate_cpu_devices
+    from jzero.sharding.mesh import simulate_cpu_devices
 
     base = load_config(args.config, args.set)
     import_jax()  # on a host without a GPU, the CPU alone even with the gpu-target extra installed
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
 def split_by_memory(tree) -> dict[str, int]:
     """Bytes per device a live pytree holds in device memory and in pinned host memory."""
     from jzero.ledger import hlo as ledger
-    from jzero.offload import DEVICE, HOST
+    from jzero.memory.offload import DEVICE, HOST
 
     return {"device": ledger.live_bytes_per_device(tree, DEVICE), "host": ledger.live_bytes_per_device(tree, HOST)}
 
@@ -263,7 +263,7 @@ def chart(result: dict, path: Path) -> None:
               title=f"largest model in {result['budget_bytes'] / mib:.0f} MiB of device memory per device")  # fmt: skip
     for axis in (left, right):
         axis.tick_params(axis="x", labelrotation=20)
-    from jzero.axes import mesh_text
+    from jzero.sharding.axes import mesh_text
 
     mesh = mesh_text(result["mesh"])
     fig.suptitle(f"jzero on {mesh} ({result['backend']}), fp32 AdamW")
@@ -273,7 +273,7 @@ def chart(result: dict, path: Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    from jzero.axes import mesh_text
+    from jzero.sharding.axes import mesh_text
 
     mib = 2**20
     mesh = mesh_text(result["mesh"])

@@ -23,32 +23,32 @@ Every public name is in the table below, once, with the module that defines it; 
 use (:mod:`jzero.lazy`). The ledger's diagnostics are under :mod:`jzero.ledger`.
 """
 
-from jzero.lazy import lazy_names
-from jzero.platforms import select_platforms
+from jzero.compiler.platforms import select_platforms
+from jzero.lazy import lazy_names, moved_modules
 
 select_platforms()  # a CUDA plugin on a host with no NVIDIA driver: JAX starts on the CPU, quietly
 
 _API = {
     # A plan over a mesh, and the step that follows it
-    "make_mesh": "jzero.mesh",
-    "STAGES": "jzero.stages",
-    "StageRule": "jzero.stages",
-    "ZeroOptions": "jzero.stages",
-    "paper_bytes_per_device": "jzero.stages",
-    "Plan": "jzero.plan",
-    "default_rules": "jzero.plan",
-    "make_plan": "jzero.plan",
-    "Precision": "jzero.precision",
-    "TrainState": "jzero.state",
-    "abstract_state": "jzero.sharded_state",
+    "make_mesh": "jzero.sharding.mesh",
+    "STAGES": "jzero.sharding.stages",
+    "StageRule": "jzero.sharding.stages",
+    "ZeroOptions": "jzero.sharding.stages",
+    "paper_bytes_per_device": "jzero.sharding.stages",
+    "Plan": "jzero.sharding.plan",
+    "default_rules": "jzero.sharding.plan",
+    "make_plan": "jzero.sharding.plan",
+    "Precision": "jzero.memory.precision",
+    "TrainState": "jzero.sharding.state",
+    "abstract_state": "jzero.sharding.placement",
     "make_eval_step": "jzero.step",
     "make_train_step": "jzero.step",
-    "sharded_abstract": "jzero.sharded_state",
-    "sharded_init": "jzero.sharded_state",
-    "state_from_params": "jzero.sharded_state",
-    "unit_call": "jzero.gather",
-    "remat": "jzero.remat_policies",
-    "fetching": "jzero.offload",
+    "sharded_abstract": "jzero.sharding.placement",
+    "sharded_init": "jzero.sharding.placement",
+    "state_from_params": "jzero.sharding.placement",
+    "unit_call": "jzero.communication.gather",
+    "remat": "jzero.memory.remat",
+    "fetching": "jzero.memory.offload",
     "target_devices": "jzero.ledger.targets",
     # Configs
     "Config": "jzero.config.schema",
@@ -74,5 +74,25 @@ _API = {
     "CheckpointWriteError": "jzero.errors",
     "OutputWriteError": "jzero.errors",
 }
+# Modules that moved when the core was grouped by concern; the old names still import, with a warning.
+_MOVED = {
+    "xla_flags": "compiler.xla_flags",
+    "compile_cache": "compiler.cache",
+    "platforms": "compiler.platforms",
+    "precision": "memory.precision",
+    "offload": "memory.offload",
+    "remat_policies": "memory.remat",
+    "quantize": "communication.quantize",
+    "collectives": "communication.collectives",
+    "units": "communication.units",
+    "gather": "communication.gather",
+    "axes": "sharding.axes",
+    "mesh": "sharding.mesh",
+    "stages": "sharding.stages",
+    "plan": "sharding.plan",
+    "sharded_state": "sharding.placement",
+    "state": "sharding.state",
+}
+moved_modules({f"jzero.{old}": f"jzero.{new}" for old, new in _MOVED.items()})
 __all__ = sorted(_API)
 __getattr__, __dir__ = lazy_names(__name__, _API)

@@ -1,5 +1,5 @@
-"""Names that load on first use (PEP 562), for a package's table of public names, and names that
-moved, still answering from their old module with a warning.
+"""Names that load on first use (PEP 562), for a package's table of public names, and names and
+modules that moved, still answering from their old place with a warning.
 
 ``import jzero`` imports nothing else: the command line installs its Ctrl-C handler before JAX's
 seconds of importing begin, and ``jzero.make_plan`` imports the plan module when first used.
@@ -8,13 +8,15 @@ seconds of importing begin, and ``jzero.make_plan`` imports the plan module when
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
 import sys
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_names", "moved_names"]
+__all__ = ["lazy_names", "moved_modules", "moved_names"]
 
 
 def lazy_names(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -65,3 +67,55 @@ def moved_names(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
         return getattr(importlib.import_module(home), attr)
 
     return __getattr__
+
+
+def moved_modules(table: Mapping[str, str]) -> None:
+    """Keep each moved module importable from its old name.
+
+    Args:
+      table: ``{old module: new module}``, both full names (``"jzero.plan": "jzero.sharding.plan"``).
+
+    Importing an old name gives a stand-in module: each name read from it is the new module's, with a
+    ``DeprecationWarning`` naming its new home. Nothing is imported until an old name is.
+    """
+    if not any(isinstance(f, _MovedModules) and f.table == table for f in sys.meta_path):
+        sys.meta_path.append(_MovedModules(dict(table)))
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The import system's finder and loader for :func:`moved_modules`' old names."""
+
+    def __init__(self, table: dict[str, str]):
+        self.table = table
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name in self.table else None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return types.ModuleType(spec.name, f"Moved to {self.table[spec.name]}.")
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        new = self.table[module.__name__]
+        module.__getattr__ = moved_names(module.__name__, _Everything(new))
+        module.__dir__ = lambda: dir(importlib.import_module(new))
+
+
+class _Everything(Mapping[str, str]):
+    """``{name: "module.name"}`` for every name ``module`` has, read when asked."""
+
+    def __init__(self, module: str):
+        self.module = module
+
+    def __getitem__(self, name: str) -> str:
+        if not hasattr(importlib.import_module(self.module), name):
+            raise KeyError(name)
+        return f"{self.module}.{name}"
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and not name.startswith("__") and hasattr(importlib.import_module(self.module), name)
+
+    def __iter__(self):
+        return iter(dir(importlib.import_module(self.module)))
+
+    def __len__(self) -> int:
+        return len(dir(importlib.import_module(self.module)))

@@ -1,6 +1,6 @@
-"""The compiled train step (the state it steps is made by :mod:`jzero.sharded_state`).
+"""The compiled train step (the state it steps is made by :mod:`jzero.sharding.placement`).
 
-The step is one ``jax.jit`` function whose in/out shardings come from a :class:`~jzero.plan.Plan`.
+The step is one ``jax.jit`` function whose in/out shardings come from a :class:`~jzero.sharding.plan.Plan`.
 Inside it, sharding constraints tell XLA where each tensor must be; XLA inserts the collectives:
 
 1. gradients are constrained to the stage's gradient spec (all-reduce at stages 0-1,
@@ -28,15 +28,15 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jzero import sharded_state
-from jzero.axes import LAYERS
-from jzero.gather import UnitSpec, gather, split_units, tree_gather, unit_options, with_units
+from jzero.communication.gather import UnitSpec, gather, split_units, tree_gather, unit_options, with_units
+from jzero.communication.quantize import Layout
 from jzero.lazy import moved_names
-from jzero.offload import on_device, to_device, to_host
-from jzero.plan import Plan
-from jzero.precision import FP32, MasterState, Precision, cast
-from jzero.quantize import Layout
-from jzero.state import TrainState
+from jzero.memory.offload import on_device, to_device, to_host
+from jzero.memory.precision import FP32, MasterState, Precision, cast
+from jzero.sharding import placement
+from jzero.sharding.axes import LAYERS
+from jzero.sharding.plan import Plan
+from jzero.sharding.state import TrainState
 
 __all__ = [
     "LossFn",
@@ -49,7 +49,7 @@ __all__ = [
     "units_in_effect",
 ]
 _MOVED = ("abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params")
-__getattr__ = moved_names(__name__, {name: f"jzero.sharded_state.{name}" for name in _MOVED})
+__getattr__ = moved_names(__name__, {name: f"jzero.sharding.placement.{name}" for name in _MOVED})
 
 LossFn = Callable[[Any, Any], jax.Array]
 
@@ -295,7 +295,7 @@ def make_train_step(
         the parameters cast to ``precision.compute_dtype`` when that is set (gradients come back in
         the parameters' own dtype).
       tx: the optimizer.
-      plan: the shardings (:func:`jzero.plan.make_plan`).
+      plan: the shardings (:func:`jzero.sharding.plan.make_plan`).
       precision: the dtype policy.
       microbatches: M > 1 splits the global batch into M equal slices run one after another. Where
         the stage partitions gradients, each slice's gradient is reduce-scattered into a buffer of
@@ -304,7 +304,7 @@ def make_train_step(
         batch's gradient.
       donate: donate the input state's buffers to the output.
       fetched_by_model: with ``plan.zero.offload_params``, the model moves its scanned layers' parameters
-        (those with a ``layers`` dimension) to the device inside its loop (:func:`jzero.offload.fetching`);
+        (those with a ``layers`` dimension) to the device inside its loop (:func:`jzero.memory.offload.fetching`);
         the step moves the others before the forward. Otherwise the step moves them all.
 
     With ``plan.zero.offload_optimizer`` the optimizer state streams from pinned host memory to the device
@@ -316,10 +316,10 @@ def make_train_step(
 
     Raises:
       PlanError: ``precision`` is not the one the plan's abstract state was made with
-        (:func:`jzero.sharded_state.check_precision`).
+        (:func:`jzero.sharding.placement.check_precision`).
     """
 
-    sharded_state.check_precision(plan, precision)
+    placement.check_precision(plan, precision)
     compute_loss = _loss_in_f32(loss_fn, plan, precision)
     in_loop = _fetched_in_loop(plan, fetched_by_model)
 
@@ -349,7 +349,7 @@ def make_eval_step(loss_fn: LossFn, plan: Plan, *, precision: Precision = FP32, 
 
     Args:
       loss_fn: as for :func:`make_train_step`.
-      plan: the shardings (:func:`jzero.plan.make_plan`).
+      plan: the shardings (:func:`jzero.sharding.plan.make_plan`).
       precision: the dtype policy.
       fetched_by_model: as for :func:`make_train_step`.
 
@@ -372,7 +372,7 @@ def make_eval_step(loss_fn: LossFn, plan: Plan, *, precision: Precision = FP32, 
 
 
 def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossFn | None:
-    """``loss_fn`` gathering the plan's units one at a time (:func:`jzero.gather.with_units`), or
+    """``loss_fn`` gathering the plan's units one at a time (:func:`jzero.communication.gather.with_units`), or
     None when the plan has no units. It takes the resting parameters and casts them itself."""
     if not plan.units:
         return None
@@ -387,7 +387,7 @@ def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossF
 
 def units_in_effect(loss_fn: LossFn, plan: Plan, params: Any, batch: Any, precision: Precision = FP32) -> Plan:
     """``plan`` with only the units ``loss_fn`` lets :func:`unit_loss` gather one at a time
-    (:func:`jzero.gather.split_units`): the others, merged into one region, are left to XLA and
+    (:func:`jzero.communication.gather.split_units`): the others, merged into one region, are left to XLA and
     named in ``plan.merged_units``. ``params`` and ``batch`` may be shapes."""
     if not plan.units:
         return plan
@@ -401,7 +401,7 @@ def _layout(layouts: dict[str, Any], path: str) -> Layout | None:
 
 
 def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any], Any] | None:
-    """The gather a model that gathers its own parameters calls (:func:`jzero.gather.tree_gather`):
+    """The gather a model that gathers its own parameters calls (:func:`jzero.communication.gather.tree_gather`):
     at stage 3 with qwZ, each quantizable parameter (one layer of a scanned stack at a time), and
     with hpZ or qgZ every gathered one (under qgZ with explicit collectives, for
     :func:`manual_loss`); the others left to XLA. None when there is nothing for the model to
@@ -425,7 +425,7 @@ def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any]
 
 def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None, grad_block: int = 0) -> UnitSpec:
     """How one leaf resting as ``source`` is gathered to ``target`` under the plan's ZeRO++ knobs
-    (``grad_block``: qgZ's, from :meth:`jzero.plan.Plan.gradient_blocks`)."""
+    (``grad_block``: qgZ's, from :meth:`jzero.sharding.plan.Plan.gradient_blocks`)."""
     secondary = plan.secondary_spec(source) if plan.hpz else None
     spec = UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)
     if not plan.qgz:

@@ -12,7 +12,7 @@ FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_lev
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
 os.environ["JZERO_SUITE_XLA_FLAGS"] = FLAGS  # the suite's, not a user's: what jzero plan prints leaves them out
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# JAX's persistent compilation cache (on by default, jzero.compile_cache) in a folder of this test
+# JAX's persistent compilation cache (on by default, jzero.compiler.cache) in a folder of this test
 # process's own, which its subprocesses share, rather than the user's ~/.cache.
 _CACHE = tempfile.mkdtemp(prefix="jzero-tests-jax-cache-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)

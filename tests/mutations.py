@@ -47,7 +47,7 @@ MUTATIONS = (
     ),
     Mutation(
         "stage 3's 1-D parameters left whole",
-        "jzero/plan.py",
+        "jzero/sharding/plan.py",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n"
         "    if len(shape) == 1:\n        return P(*entries), None\n",

@@ -18,7 +18,7 @@ import yaml
 from jax._src import clusters
 from jax._src.clusters import k8s_cluster
 
-import jzero.mesh
+import jzero.sharding.mesh
 from jzero.config.loading import load_config
 from jzero.distributed.launch import fit_problem
 from jzero.distributed.runtime import Cluster, find_cluster
@@ -102,7 +102,7 @@ def test_config_fits_the_job(name):
     assert dcn, "the example shows mesh.dcn"
     for axis, ways in dcn.items():
         assert axes[axis] % ways == 0, (axis, axes, dcn)
-    assert math.prod(dcn.values()) == processes  # what jzero.mesh.make_mesh requires with several processes
+    assert math.prod(dcn.values()) == processes  # what jzero.sharding.mesh.make_mesh requires with several processes
     assert math.prod(axes.values()) == processes * per_process  # every GPU, as jzero launch requires too
     assert fit_problem(config, processes, per_process) is None  # and the global batch splits
     assert config.runtime.distributed == "auto"
@@ -132,7 +132,7 @@ class FakeGPU:
 
 @pytest.mark.parametrize("name", JOBS)
 def test_each_data_group_is_one_host(name, monkeypatch):
-    """jzero.mesh.make_mesh on the job's devices: each row of ``data`` (a ZeRO group) lies on one
+    """jzero.sharding.mesh.make_mesh on the job's devices: each row of ``data`` (a ZeRO group) lies on one
     host and each ``replica`` on another. For SLURM's one task per GPU the host of task r is
     r // ntasks-per-node, which --distribution=block gives."""
     path, processes, per_process = JOBS[name]()
@@ -141,8 +141,8 @@ def test_each_data_group_is_one_host(name, monkeypatch):
     if name == "slurm":
         assert "--distribution=block" in srun_words()
     devices = [FakeGPU(i, i // per_process, i // per_host) for i in range(processes * per_process)]
-    monkeypatch.setattr(jzero.mesh, "Mesh", lambda grid, names, axis_types: (grid, names))
-    grid, names = jzero.mesh.make_mesh(config.mesh.axes, devices, config.mesh.dcn)
+    monkeypatch.setattr(jzero.sharding.mesh, "Mesh", lambda grid, names, axis_types: (grid, names))
+    grid, names = jzero.sharding.mesh.make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     hosts = np.vectorize(lambda d: d.host)(grid)
     assert names == ("replica", "data", "model") and hosts.shape == (4, 8, 1)
     assert [sorted(set(row.ravel())) for row in hosts] == [[0], [1], [2], [3]]

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache, on by default (:mod:`jzero.compile_cache`), and what
+"""JAX's persistent compilation cache, on by default (:mod:`jzero.compiler.cache`), and what
 ``jzero train`` says around its compile: a labelled, timed compile line, a next-step hint, and no
 stray progress bar when there is nothing to do."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.configs import TINY
 
-from jzero.compile_cache import cache_folder
+from jzero.compiler.cache import cache_folder
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 
@@ -76,7 +76,7 @@ def test_a_gpu_targets_kernels_are_cached_per_gpu_kind_and_a_cpu_compile_has_non
     are read back whole, so a CPU compile writes none."""
     import jax
 
-    from jzero.compile_cache import kernel_cache_file
+    from jzero.compiler.cache import kernel_cache_file
     from jzero.ledger.targets import target_devices
     from jzero.training.job import build_job
 

@@ -7,7 +7,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.config.loading import ConfigError
-from jzero.mesh import make_mesh
+from jzero.sharding.mesh import make_mesh
 from jzero.training.data import TextBatches, load_bytes, resolve_files, stdlib_sources, text_batches
 
 

@@ -417,7 +417,7 @@ class Session:
 
     def _bash(self, line: str) -> tuple[int, str]:
         env = dict(self.env if self.env is not None else os.environ)
-        if self.env is not None:  # a user's first run: JAX's compilation cache (jzero.compile_cache) cold
+        if self.env is not None:  # a user's first run: JAX's compilation cache (jzero.compiler.cache) cold
             (self.folder / "cache").mkdir(exist_ok=True)
             env["XDG_CACHE_HOME"] = tempfile.mkdtemp(dir=self.folder / "cache")
         command = ["bash", "-c", self.words(line)]

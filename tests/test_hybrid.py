@@ -18,10 +18,10 @@ from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
 from jzero.errors import PlanError
 from jzero.ledger import hlo as ledger
-from jzero.mesh import make_mesh
-from jzero.plan import make_plan
-from jzero.sharded_state import abstract_state, sharded_init
-from jzero.stages import paper_bytes_per_device
+from jzero.sharding.mesh import make_mesh
+from jzero.sharding.placement import abstract_state, sharded_init
+from jzero.sharding.plan import make_plan
+from jzero.sharding.stages import paper_bytes_per_device
 from jzero.step import make_train_step
 from jzero.training.job import build_job
 

@@ -3,7 +3,7 @@
 import pytest
 
 from jzero.ledger.hlo import group_size, parse_collectives, summarize_collectives
-from jzero.stages import STAGES, paper_bytes_per_device
+from jzero.sharding.stages import STAGES, paper_bytes_per_device
 
 HLO = """\
 HloModule jit_step, entry_computation_layout={()->()}

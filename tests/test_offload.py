@@ -9,11 +9,11 @@ import pytest
 from support.configs import LR, tiny_config
 from support.reference import assert_within_floor, train_sharded
 
-from jzero.axes import LAYERS
 from jzero.config.loading import load_config
 from jzero.ledger import hlo as ledger
-from jzero.offload import HOST
-from jzero.remat_policies import REMAT_POLICIES, remat
+from jzero.memory.offload import HOST
+from jzero.memory.remat import REMAT_POLICIES, remat
+from jzero.sharding.axes import LAYERS
 from jzero.training.job import build_job, partitions_activations
 from jzero.training.report import plan_report
 

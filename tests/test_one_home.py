@@ -1,14 +1,14 @@
-"""Facts written once: the stage rules live in ``jzero/stages.py`` and the ZeRO options in its one
-record (:class:`jzero.stages.ZeroOptions`). Read from the source, nothing run."""
+"""Facts written once: the stage rules live in ``jzero/sharding/stages.py`` and the ZeRO options in its one
+record (:class:`jzero.sharding.stages.ZeroOptions`). Read from the source, nothing run."""
 
 import ast
 import dataclasses
 import pathlib
 
-from jzero.stages import ZeroOptions
+from jzero.sharding.stages import ZeroOptions
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jzero"
-RULES = PACKAGE / "stages.py"
+RULES = PACKAGE / "sharding" / "stages.py"
 
 
 def _is_stage(node: ast.AST) -> bool:
@@ -70,7 +70,7 @@ def test_qwz_is_named_in_at_most_three_modules():
     field = "quantized_weights"
     assert field in {f.name for f in dataclasses.fields(ZeroOptions)}
     naming = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if field in names(p))
-    assert len(naming) <= 3 and "stages.py" in naming, naming
+    assert len(naming) <= 3 and "sharding/stages.py" in naming, naming
 
 
 # Longer than the limits, each for a stated reason.
@@ -152,9 +152,10 @@ def test_the_state_makers_moved_from_step_still_answer_with_a_warning():
     import pytest
 
     import jzero
-    from jzero import sharded_state, step
+    from jzero import step
+    from jzero.sharding import placement
 
     for name in ("abstract_state", "sharded_abstract", "sharded_init", "state_from_params", "check_precision"):
-        with pytest.warns(DeprecationWarning, match=f"jzero.sharded_state.{name}"):
-            assert getattr(step, name) is getattr(sharded_state, name)
-    assert jzero.sharded_init is sharded_state.sharded_init
+        with pytest.warns(DeprecationWarning, match=f"jzero.sharding.placement.{name}"):
+            assert getattr(step, name) is getattr(placement, name)
+    assert jzero.sharded_init is placement.sharded_init

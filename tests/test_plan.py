@@ -8,10 +8,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jzero.errors import PlanError
-from jzero.mesh import make_mesh
-from jzero.plan import data_partition, make_plan
-from jzero.sharded_state import abstract_state
-from jzero.stages import STAGES
+from jzero.sharding.mesh import make_mesh
+from jzero.sharding.placement import abstract_state
+from jzero.sharding.plan import data_partition, make_plan
+from jzero.sharding.stages import STAGES
 
 
 class Odd(nn.Module):

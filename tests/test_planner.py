@@ -14,8 +14,8 @@ from jzero.cli.main import main
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger.targets import parse_target
+from jzero.memory.remat import REMAT_POLICIES
 from jzero.planner.candidates import candidates, estimate, estimate_inputs
-from jzero.remat_policies import REMAT_POLICIES
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
 

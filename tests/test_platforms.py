@@ -1,6 +1,6 @@
 """Quiet imports: on a host without a GPU, nothing about CUDA is printed by ``import jzero``, by a
 script that imports JAX first, or by a command (tests/test_cli.py), with or without the
-``gpu-target`` extra (the test venv has it). JAX's own platform option does it (:mod:`jzero.platforms`)."""
+``gpu-target`` extra (the test venv has it). JAX's own platform option does it (:mod:`jzero.compiler.platforms`)."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jzero.platforms import cuda_driver_present, gpu_compiler_available, platforms_for
+from jzero.compiler.platforms import cuda_driver_present, gpu_compiler_available, platforms_for
 
 NO_GPU = not cuda_driver_present()
 

@@ -16,8 +16,8 @@ from support.reference import reference_run, reference_with_floor, train_sharded
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
 from jzero.ledger import hlo as ledger
-from jzero.precision import MasterState
-from jzero.stages import paper_bytes_per_device
+from jzero.memory.precision import MasterState
+from jzero.sharding.stages import paper_bytes_per_device
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
 

@@ -1,4 +1,4 @@
-"""ZeRO++'s qgZ: the gradient reduction as quantized all-to-alls under ``shard_map`` (jzero.collectives)."""
+"""ZeRO++'s qgZ: the gradient reduction as quantized all-to-alls under ``shard_map`` (jzero.communication.collectives)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,11 +9,11 @@ from jax.sharding import PartitionSpec as P
 from support.cli import one_line_error, sets
 from support.configs import BF16, HPZ, QWZ, tiny_config
 
-from jzero.collectives import quantized_reduce_scatter
-from jzero.gather import UnitSpec, gather
+from jzero.communication.collectives import quantized_reduce_scatter
+from jzero.communication.gather import UnitSpec, gather
+from jzero.communication.quantize import from_wire, to_wire
 from jzero.ledger import hlo as ledger
 from jzero.models.gpt import lm_loss
-from jzero.quantize import from_wire, to_wire
 from jzero.training.job import build_job
 
 AXES = ("data", "replica")  # hpZ's primary partition under qgZ: data major

@@ -6,8 +6,8 @@ from support.configs import tiny_config
 from support.llama import llama_job
 
 from jzero.ledger.render import _saved_kind_lines
+from jzero.memory.remat import REMAT_POLICIES
 from jzero.models.sizes import SAVED_BY_POLICY, gpt_saved_per_layer
-from jzero.remat_policies import REMAT_POLICIES
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
 
@@ -90,7 +90,7 @@ def test_an_unrolled_model_with_units_saves_each_projection_once_per_layer(devic
     projection's output (matmuls without batch dimensions) once per layer, and no attention scores;
     the ledger names each kind within its unit, and the bytes add up to the saved total."""
 
-    from jzero.gather import UNIT_REMAT
+    from jzero.communication.gather import UNIT_REMAT
 
     s = llama_job("zero.stage=3")
     _, compiled = s.compile_step()

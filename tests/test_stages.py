@@ -10,7 +10,7 @@ from support.configs import LR, STEPS, tiny_config
 from support.reference import reference_run, reference_with_floor, train_sharded
 
 from jzero.ledger import hlo as ledger
-from jzero.sharded_state import sharded_init
+from jzero.sharding.placement import sharded_init
 from jzero.training.job import build_job
 from jzero.training.report import lowering_notes
 

@@ -19,7 +19,7 @@ from jzero.data.prepare import is_eval_document, prepare
 from jzero.data.sources import Documents
 from jzero.data.tokenizer import EOS, BpeTokenizer
 from jzero.data.tokens import HEADER_FILE, TOKENIZER_FILE, open_split, read_header, release_pages, token_dtype
-from jzero.mesh import make_mesh
+from jzero.sharding.mesh import make_mesh
 from jzero.training.data import TextBatches, eval_data, run_tokenizer_path, train_data
 
 

@@ -12,6 +12,7 @@ from support.reference import reference_with_floor
 
 import jzero
 from jzero.cli.main import main
+from jzero.communication.units import choose_units
 from jzero.config.loading import load_config
 from jzero.errors import PlanError
 from jzero.ledger import gathered
@@ -19,7 +20,6 @@ from jzero.ledger import hlo as ledger
 from jzero.ledger.targets import gpu_compiler_available, target_devices
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
-from jzero.units import choose_units
 
 
 def _paths(s):

@@ -1,4 +1,4 @@
-"""ZeRO++'s qwZ: block-quantized parameter gathers (jzero/quantize.py, jzero.gather)."""
+"""ZeRO++'s qwZ: block-quantized parameter gathers (jzero/communication/quantize.py, jzero.communication.gather)."""
 
 import flax.linen as nn
 import jax
@@ -13,9 +13,9 @@ from support.reference import reference_with_floor, train_sharded
 from support.runs import compiled_step
 
 from jzero.checkpoint.runs import RunCheckpoints
-from jzero.gather import UnitSpec, gather
+from jzero.communication.gather import UnitSpec, gather
+from jzero.communication.quantize import Layout, dequantize, from_blocks, layout, quantize, to_blocks
 from jzero.ledger import hlo as ledger
-from jzero.quantize import Layout, dequantize, from_blocks, layout, quantize, to_blocks
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
 from jzero.training.report import plan_report

@@ -3,7 +3,7 @@
 A run's checkpoints live in ``<run.dir>/checkpoints/<step>/`` and are written by orbax-checkpoint's
 ``CheckpointManager``, so plain Orbax reads them too. Each holds three items:
 
-- ``state``: the :class:`~jzero.state.TrainState` (step, parameters, fp32 master and optimizer
+- ``state``: the :class:`~jzero.sharding.state.TrainState` (step, parameters, fp32 master and optimizer
   state, skipped-step count, loss scale). Every process writes only the shards it owns.
 - ``data``: the data iterator's state (:meth:`jzero.training.data.TextBatches.state`).
 - ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON.
@@ -35,7 +35,6 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from jzero.axes import DATA
 from jzero.checkpoint import in_flight, integrity
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.config.rundir import CHECKPOINTS, not_a_folder
@@ -50,8 +49,9 @@ from jzero.errors import (
     RotatedAway,
     error_line,
 )
-from jzero.stages import stage_rule
-from jzero.state import TrainState
+from jzero.sharding.axes import DATA
+from jzero.sharding.stages import stage_rule
+from jzero.sharding.state import TrainState
 from jzero.trees import tree_paths
 
 __all__ = [
@@ -93,7 +93,7 @@ class Restored:
 
     Attributes:
       step: the committed step read.
-      state: the :class:`~jzero.state.TrainState`, in the target's shardings.
+      state: the :class:`~jzero.sharding.state.TrainState`, in the target's shardings.
       data: the data iterator's state (:meth:`jzero.training.data.TextBatches.state`).
       meta: the metadata saved with it (jzero's loop saves :func:`run_meta`), with ``step``, ``saved_at`` and ``manifest``.
       skipped: newer steps that could not be read, newest first, each with why; they were set aside.
@@ -272,7 +272,7 @@ class RunCheckpoints:
 
         Args:
           step: a committed step (a write in flight is waited for first).
-          target: ``ShapeDtypeStruct`` leaves with ``sharding`` (:func:`jzero.sharded_state.sharded_abstract`).
+          target: ``ShapeDtypeStruct`` leaves with ``sharding`` (:func:`jzero.sharding.placement.sharded_abstract`).
           warn: told, in one line, of a step that has no manifest to verify it.
 
         Returns:

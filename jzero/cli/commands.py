@@ -43,7 +43,7 @@ def _load(args: argparse.Namespace) -> Config:
     """The config, with JAX started for it: simulated CPU devices and the multi-process job first."""
     from jzero.distributed.process import start_backends
     from jzero.distributed.runtime import initialize
-    from jzero.mesh import simulate_cpu_devices
+    from jzero.sharding.mesh import simulate_cpu_devices
 
     config = load_config(args.config, args.set)
     # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
@@ -148,9 +148,9 @@ def _next_steps(config: Config, result: TrainResult) -> str:
 
 def cmd_checkpoint_info(args: argparse.Namespace) -> int:
     """``jzero checkpoint info``: a table of the run's checkpoint folders, or one JSON list with ``--json``."""
-    from jzero.axes import mesh_text
     from jzero.checkpoint.runs import describe
     from jzero.ledger.render import human_bytes
+    from jzero.sharding.axes import mesh_text
 
     rows = describe(args.run_dir)
     if args.json:
@@ -217,7 +217,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from jzero.ledger.render import format_all_stages, format_plan
     from jzero.ledger.targets import check_target_fits_mesh, parse_target, target_devices
     from jzero.planner.options import search_options
-    from jzero.stages import STAGES
+    from jzero.sharding.stages import STAGES
     from jzero.training.job import build_job
     from jzero.training.report import one_group_reference, plan_report, with_scaling, with_verdict
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from jzero.axes import MODEL
 from jzero.config.schema import MAX_FLOAT32, MIN_NORMAL_FLOAT32, Config, float32
 from jzero.config.validation import validate
 from jzero.errors import ConfigError, checked_path, clip, show_value
-from jzero.remat_policies import policy_name
+from jzero.memory.remat import policy_name
+from jzero.sharding.axes import MODEL
 
 __all__ = [
     "MAX_YAML_BYTES",

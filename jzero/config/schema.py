@@ -9,9 +9,9 @@ import dataclasses
 import struct
 from typing import Annotated, Any
 
-from jzero.axes import DATA, MODEL
 from jzero.models.names import AUTO_ATTENTION
-from jzero.stages import ZeroOptions
+from jzero.sharding.axes import DATA, MODEL
+from jzero.sharding.stages import ZeroOptions
 
 __all__ = [
     "CheckpointConfig",
@@ -141,7 +141,7 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
-    """``precision:``: the dtypes of parameters, compute, master copy and gradient reduction (:mod:`jzero.precision`)."""
+    """``precision:``: the dtypes of parameters, compute, master copy and gradient reduction (:mod:`jzero.memory.precision`)."""
 
     param_dtype: str = "float32"  # the working parameters: float32, bfloat16 or float16
     compute_dtype: str | None = None  # activations and matmuls; None: param_dtype
@@ -185,14 +185,14 @@ class RuntimeConfig:
     initialization_timeout_s: int = 300  # how long every process waits for all to connect
     heartbeat_timeout_s: int = 60  # a process silent this long is lost: the others exit, naming it
     shutdown_timeout_s: int = 300  # how long the processes wait for each other at the end
-    # JAX's persistent compilation cache: auto (~/.cache/jzero/jax), off, or a folder (jzero.compile_cache).
+    # JAX's persistent compilation cache: auto (~/.cache/jzero/jax), off, or a folder (jzero.compiler.cache).
     compilation_cache: PathText | bool = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitioningConfig:
     """``rules``: ordered ``[logical_name, mesh_axis | [axes] | null]`` pairs, the first match wins;
-    None means the planner's defaults for the mesh (:func:`jzero.plan.default_rules`)."""
+    None means the planner's defaults for the mesh (:func:`jzero.sharding.plan.default_rules`)."""
 
     rules: list[list[str | list[str] | None]] | None = None
     # ``[regex, [mesh_axis_or_null per dim]]``: place parameters by path, e.g. an unannotated model's.
@@ -202,7 +202,7 @@ class PartitioningConfig:
 @dataclasses.dataclass(frozen=True)
 class CompilerConfig:
     """``xla_options``: XLA flag name -> value (true/false, a number or a string), given to every
-    compile of the step over jzero's defaults and ``XLA_FLAGS`` (:mod:`jzero.xla_flags`)."""
+    compile of the step over jzero's defaults and ``XLA_FLAGS`` (:mod:`jzero.compiler.xla_flags`)."""
 
     xla_options: dict[str, bool | int | float | str] = dataclasses.field(default_factory=dict)
 

@@ -1,5 +1,5 @@
 """What values a run config may hold: :func:`validate`, the checks that need no devices (the mesh
-against the devices is :mod:`jzero.mesh`'s). Each refusal is one :class:`ConfigError` naming the key.
+against the devices is :mod:`jzero.sharding.mesh`'s). Each refusal is one :class:`ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import re
 
-from jzero.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 from jzero.config.schema import (
     DISTRIBUTED_MODES,
     DTYPE_NAMES,
@@ -34,10 +33,11 @@ from jzero.config.schema import (
     float32,
 )
 from jzero.errors import ConfigError, clip, show_value
+from jzero.memory.remat import REMAT_POLICIES
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, MODELS, OWN
 from jzero.models.sizes import gpt_param_count
 from jzero.optimizers import OPTIMIZERS
-from jzero.remat_policies import REMAT_POLICIES
+from jzero.sharding.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
 
@@ -95,7 +95,7 @@ def validate_cluster(cluster: ClusterConfig, keys: tuple[str, str, str] | None =
 
 
 def validate(config: Config) -> None:
-    """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.mesh`.
+    """Checks that need no devices; mesh-vs-device checks live in :mod:`jzero.sharding.mesh`.
 
     Every number is checked for range (floats are finite already): a value a run cannot use is
     refused here, naming its key, rather than failing deep inside JAX.
@@ -323,7 +323,7 @@ _XLA_FLAG = re.compile(r"^xla_[a-z0-9_]+$")
 
 def _check_compiler(compiler: CompilerConfig) -> None:
     """Flag names only: whether XLA knows a flag and its value's type is the compile's to say
-    (:func:`jzero.xla_flags.compile_error`), as this layer has no XLA."""
+    (:func:`jzero.compiler.xla_flags.compile_error`), as this layer has no XLA."""
     for name in compiler.xla_options:
         if not _XLA_FLAG.match(name):
             key = f"compiler.xla_options.{clip(name)}"

@@ -30,7 +30,6 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
-from jzero.axes import mesh_text, resolve_axes
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import MAX_CPU_DEVICES, Config
@@ -38,6 +37,7 @@ from jzero.config.validation import check_batch_divides
 from jzero.distributed.process import BAD_INPUT, DIVERGED, INTERRUPTED
 from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jzero.errors import ConfigError
+from jzero.sharding.axes import mesh_text, resolve_axes
 
 __all__ = [
     "LaunchSpec",

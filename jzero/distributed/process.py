@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import NoReturn
 
-from jzero.platforms import cuda_driver_present, gpu_compiler_available, platforms_for
-from jzero.xla_flags import check_xla_flags
+from jzero.compiler.platforms import cuda_driver_present, gpu_compiler_available, platforms_for
+from jzero.compiler.xla_flags import check_xla_flags
 
 __all__ = [
     "BAD_INPUT",
@@ -72,7 +72,7 @@ def import_jax(target: bool = False) -> None:
     With the ``gpu-target`` extra on a host without a GPU, the CUDA plugin's native code prints
     notices that there is no GPU when JAX is imported and when its backends start; the command line
     drops exactly those lines (see :func:`start_backends`). An ``XLA_FLAGS`` that XLA would abort on is
-    refused first (:func:`jzero.xla_flags.check_xla_flags`).
+    refused first (:func:`jzero.compiler.xla_flags.check_xla_flags`).
     """
     check_xla_flags()
     with _dropping_no_gpu_notices():

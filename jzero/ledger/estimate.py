@@ -13,7 +13,7 @@ from typing import Any
 
 from jzero.config.schema import MAX_INT32, MAX_PARAMS
 from jzero.errors import ConfigError, show_value
-from jzero.stages import OFFLOADABLE, STAGES, paper_parts_per_device
+from jzero.sharding.stages import OFFLOADABLE, STAGES, paper_parts_per_device
 
 __all__ = [
     "OPTIMIZER_STATE_BYTES",

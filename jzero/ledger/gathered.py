@@ -16,8 +16,8 @@ import re
 from typing import Any
 
 from jzero.ledger.hlo import _array_bytes, _callees, _computations, _Instruction, _results
-from jzero.plan import Plan, shard_bytes
-from jzero.precision import FP32, Precision
+from jzero.memory.precision import FP32, Precision
+from jzero.sharding.plan import Plan, shard_bytes
 
 __all__ = ["gathered_at_once", "gathered_peak", "gathered_total"]
 
@@ -151,13 +151,13 @@ def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> 
 
     Args:
       compiled: the compiled step (``jax.jit(...).lower(...).compile()``), or its ``as_text()``.
-      plan: the plan it was made for (:func:`jzero.plan.make_plan`).
+      plan: the plan it was made for (:func:`jzero.sharding.plan.make_plan`).
       precision: the step's; the loss reads parameters in its compute dtype.
 
     Returns:
       ``peak_bytes`` (:func:`gathered_peak`, per device); ``share_of_params``, that over the whole
       parameters in the compute dtype (model axes still split); ``layer_bytes``, one layer's
-      (:meth:`jzero.plan.Plan.layer_bytes`, None without units or a scanned stack); ``layers``,
+      (:meth:`jzero.sharding.plan.Plan.layer_bytes`, None without units or a scanned stack); ``layers``,
       the peak in layers' worth (None likewise); ``units``, how many gathering units (those in
       effect); ``merged``, a line per group of units the loss could not split; ``prefetch``.
     """

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from jzero import offload
+from jzero.memory import offload
 
 __all__ = [
     "COLLECTIVES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jzero.axes import mesh_text
+from jzero.sharding.axes import mesh_text
 
 __all__ = ["devices_text", "flops_text", "format_all_stages", "format_ledger_summary", "format_plan", "human_bytes"]
 

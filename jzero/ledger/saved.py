@@ -97,7 +97,7 @@ def saved_by_unit(values: list[dict], units: Mapping[str, int]) -> list[SavedKin
 
     Args:
       values: :func:`saved_unrolled`'s.
-      units: the plan's parameter path -> unit (the ``units`` of a :class:`jzero.plan.Plan`).
+      units: the plan's parameter path -> unit (the ``units`` of a :class:`jzero.sharding.plan.Plan`).
     """
     scopes = _unit_scopes(units)
     out: dict[tuple, SavedKind] = {}

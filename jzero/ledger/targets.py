@@ -9,7 +9,7 @@ It needs the plugin (``pip install 'jzero[gpu-target]'``, which also brings cuDN
 attention and the CUDA runtime, whose absence the plugin reports on import), and JAX's platforms
 must leave out ``cuda`` on a host without a GPU: otherwise the plugin's CUDA check fails when JAX
 starts and no ``cuda`` topology is registered. ``import jzero`` and the command line ask for
-``cpu`` there themselves (:mod:`jzero.platforms`).
+``cpu`` there themselves (:mod:`jzero.compiler.platforms`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jzero.axes import mesh_text, resolve_axes
+from jzero.compiler.platforms import cuda_plugins, gpu_compiler_available, importable, jax_plugin_modules
 from jzero.errors import ConfigError
 from jzero.ledger.timing import Hardware
-from jzero.platforms import cuda_plugins, gpu_compiler_available, importable, jax_plugin_modules
+from jzero.sharding.axes import mesh_text, resolve_axes
 
 __all__ = [
     "GPU_COMPILER_OPTIONS",
@@ -151,7 +151,7 @@ def gpu_compiler_options(layer_bytes: int = 0) -> dict[str, str | bool | int]:
 
     Args:
       layer_bytes: one layer's gathered parameters per device in the compute dtype
-        (:meth:`jzero.plan.Plan.layer_bytes`); 0 for a step without layers.
+        (:meth:`jzero.sharding.plan.Plan.layer_bytes`); 0 for a step without layers.
 
     Returns:
       :data:`GPU_COMPILER_OPTIONS`, with the all-gather and reduce-scatter combining thresholds at

@@ -2,15 +2,15 @@
 
 - Parameters carry logical axis names (``nn.with_logical_partitioning``): ``vocab``, ``embed``,
   ``heads``, ``mlp`` and ``layers`` (the scan axis). Positions are rotary (no parameters).
-- Blocks are stacked with ``nn.scan`` and rematerialised with a named policy (:mod:`jzero.remat_policies`),
+- Blocks are stacked with ``nn.scan`` and rematerialised with a named policy (:mod:`jzero.memory.remat`),
   so stage 3 gathers one layer's parameters at a time inside the loop.
 - ``partition_activations`` (ZeRO-R's P_a): the activation passed between blocks, which is what a
   rematerialised block saves, is split over ``model`` along the sequence (``activation_length``)
   and gathered at each block's input.
 - ``fetch_params`` (parameter offload): each block's parameters come from pinned host memory to the
-  device inside the loop (:func:`jzero.offload.fetching`).
+  device inside the loop (:func:`jzero.memory.offload.fetching`).
 - ``gather`` (stage 3 with qwZ, :func:`jzero.step.model_gather`): each block gathers its own
-  parameters inside the loop, as do the embedding and the head (:func:`jzero.gather.gathering`).
+  parameters inside the loop, as do the embedding and the head (:func:`jzero.communication.gather.gathering`).
 - Activations are constrained with the batch on ``data`` at each block input and inside attention
   and the MLP. Without that, GSPMD may replicate attention over the global batch on every device.
   Constraints only act under a mesh and ``nn.logical_axis_rules``, which :mod:`jzero.step` sets.
@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jzero.gather import SECONDARY, gathering
+from jzero.communication.gather import SECONDARY, gathering
+from jzero.memory.offload import fetching
+from jzero.memory.remat import checkpoint_policy, policy_name, remat
 from jzero.models.names import ATTENTION
-from jzero.offload import fetching
-from jzero.remat_policies import checkpoint_policy, policy_name, remat
 
 __all__ = [
     "BATCH_ACT",
@@ -197,7 +197,7 @@ class GPT(nn.Module):
     n_heads: int = 4
     mlp_ratio: int = 4
     seq_len: int = 128  # the longest sequence trained on; rotary positions need no table
-    remat: str | bool = "full"  # a policy of jzero.remat_policies; True and False mean full and none
+    remat: str | bool = "full"  # a policy of jzero.memory.remat; True and False mean full and none
     tie_embeddings: bool = False  # GPT-2 style: the LM head reuses the token embedding
     partition_activations: bool = False  # the saved block inputs split over model (ZeRO-R's P_a)
     fetch_params: bool = False  # each block's parameters come from host memory inside the loop

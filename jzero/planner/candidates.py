@@ -3,7 +3,7 @@
 A candidate is a set of ``--set`` overrides on the user's config: the stage, the remat policy, the
 microbatches, optimizer and parameter offload, the ``replica`` and ``model`` axis sizes, ZeRO++'s
 knobs (qwZ, hpZ, qgZ) and, when it is free, the global batch. Before any compile each one gets the
-paper's model-state bytes (:func:`jzero.stages.per_device_parts`) plus an activation estimate, and
+paper's model-state bytes (:func:`jzero.sharding.stages.per_device_parts`) plus an activation estimate, and
 a step time from the same model the compiled plan uses (:func:`jzero.ledger.timing.predict`) fed
 with the paper's communication volumes: a prediction used only to prune and to order the compiles.
 """
@@ -16,14 +16,14 @@ import math
 import warnings
 from collections.abc import Iterator
 
-from jzero.axes import DATA, MODEL, REPLICA
 from jzero.config.schema import Config
 from jzero.lazy import moved_names
 from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
-from jzero.plan import Plan
-from jzero.remat_policies import REMAT_POLICIES
-from jzero.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
+from jzero.memory.remat import REMAT_POLICIES
+from jzero.sharding.axes import DATA, MODEL, REPLICA
+from jzero.sharding.plan import Plan
+from jzero.sharding.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
 
 __all__ = ["Candidate", "EstimateInputs", "candidates", "estimate", "estimate_inputs"]
 # Renamed: "figures" said nothing of what they are for.
@@ -101,7 +101,7 @@ def candidates(
 ) -> Iterator[Candidate]:
     """Every candidate for ``target``: stages 0-3 x remat policies x microbatches x offload x meshes
     (``model`` within a host, ``replica`` over the hosts for hpZ) x ZeRO++ knobs x ``batches``, each
-    with the rest of ``zero`` (the user's; default: :class:`~jzero.stages.ZeroOptions`'s).
+    with the rest of ``zero`` (the user's; default: :class:`~jzero.sharding.stages.ZeroOptions`'s).
     Combinations a config cannot have (offload below its stage, qgZ with a model axis, a batch that
     does not split) are left out here or refused by config validation afterwards."""
     base = zero or ZeroOptions()

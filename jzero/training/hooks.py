@@ -20,7 +20,7 @@ import jax
 
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.errors import OutputWriteError
-from jzero.state import TrainState
+from jzero.sharding.state import TrainState
 from jzero.training.goodput import Goodput
 from jzero.training.nonfinite import NonFiniteSteps
 from jzero.training.preemption import Preemption

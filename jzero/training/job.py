@@ -24,23 +24,24 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jzero import compile_cache, xla_flags
-from jzero.axes import model_ways
+from jzero.communication.gather import unit_options
+from jzero.compiler import cache, xla_flags
+from jzero.compiler.platforms import on_gpus
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.errors import ConfigError, show_value
-from jzero.gather import unit_options
 from jzero.ledger import targets
-from jzero.mesh import make_mesh, mesh_shape, on_gpus, simulate_cpu_devices
+from jzero.memory.precision import Precision
+from jzero.memory.remat import policy_name
 from jzero.models.gpt import GPT, lm_loss
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, OWN
 from jzero.models.sizes import gpt_flops_per_token
 from jzero.optimizers import build_optimizer
-from jzero.plan import Plan, make_plan
-from jzero.precision import Precision
-from jzero.remat_policies import policy_name
-from jzero.sharded_state import abstract_state, sharded_abstract, sharded_init
-from jzero.state import TrainState
+from jzero.sharding.axes import model_ways
+from jzero.sharding.mesh import make_mesh, mesh_shape, simulate_cpu_devices
+from jzero.sharding.placement import abstract_state, sharded_abstract, sharded_init
+from jzero.sharding.plan import Plan, make_plan
+from jzero.sharding.state import TrainState
 from jzero.step import LossFn, make_eval_step, make_train_step, manual_loss, model_gather, units_in_effect
 
 __all__ = [
@@ -62,7 +63,7 @@ InitFn = Callable[[jax.Array], Any]
 
 
 def build_precision(cfg: PrecisionConfig) -> Precision:
-    """The :class:`~jzero.precision.Precision` a ``precision:`` section names."""
+    """The :class:`~jzero.memory.precision.Precision` a ``precision:`` section names."""
     return Precision.from_names(
         cfg.param_dtype,
         cfg.compute_dtype,
@@ -147,14 +148,14 @@ def xla_options(
     Args:
       devices: what it compiles for; GPUs (real or a target's) get
         :func:`jzero.ledger.targets.gpu_compiler_options`, unless ``XLA_FLAGS`` names the flag.
-      units: the step gathers by units: :func:`jzero.gather.unit_options` too.
+      units: the step gathers by units: :func:`jzero.communication.gather.unit_options` too.
       options: the config's ``compiler.xla_options``, which win over everything.
-      layer_bytes: one layer's gathered bytes per device (:meth:`jzero.plan.Plan.layer_bytes`),
+      layer_bytes: one layer's gathered bytes per device (:meth:`jzero.sharding.plan.Plan.layer_bytes`),
         which sizes the GPU combining thresholds.
 
     Returns:
       name -> ``{"value": ..., "from": "jzero" | "XLA_FLAGS" | "compiler.xla_options"}``
-      (:func:`jzero.xla_flags.in_effect`).
+      (:func:`jzero.compiler.xla_flags.in_effect`).
     """
     defaults = targets.gpu_compiler_options(layer_bytes) if on_gpus(devices) else {}
     needs = unit_options(devices) if units else {}
@@ -163,7 +164,7 @@ def xla_options(
 
 def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> Any:
     """``lowered`` compiled for ``devices`` with ``options`` (:func:`compiler_options`'s), through
-    the persistent cache where it serves them (:func:`jzero.compile_cache.for_devices`).
+    the persistent cache where it serves them (:func:`jzero.compiler.cache.for_devices`).
 
     Args:
       lowered: a ``jax.jit(...).lower(...)``.
@@ -174,7 +175,7 @@ def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, 
     Raises:
       ConfigError: XLA does not know an option, or cannot read its value, naming it.
     """
-    with compile_cache.for_devices(devices) as cache_options:
+    with cache.for_devices(devices) as cache_options:
         if cache_options:
             try:
                 return _compile(lowered, {**cache_options, **(options or {})}, mine)
@@ -369,7 +370,7 @@ def build_job(
       TypeError: only one of ``init_fn`` and ``loss_fn`` was passed.
       ConfigError: the mesh does not fit the devices, or the batch does not divide over it;
         ``model.entry`` cannot be loaded (:func:`own_model`).
-      PlanError: the stage cannot be planned on the mesh (:func:`jzero.plan.make_plan`).
+      PlanError: the stage cannot be planned on the mesh (:func:`jzero.sharding.plan.make_plan`).
     """
     if (init_fn is None) != (loss_fn is None):
         raise TypeError("build_job: pass both init_fn and loss_fn, or neither (jzero's GPT, or model.entry's)")
@@ -377,7 +378,7 @@ def build_job(
         init_fn, loss_fn = own_model(config)
     if devices is None:  # JAX's own devices (a target's are compile-only): simulated CPUs, the compile cache
         simulate_cpu_devices(config.runtime.cpu_devices)
-        compile_cache.enable_compilation_cache(config.runtime.compilation_cache)
+        cache.enable_compilation_cache(config.runtime.compilation_cache)
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = build_precision(config.precision)

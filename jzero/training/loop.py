@@ -25,20 +25,20 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, Sharding
 
-from jzero.axes import mesh_text
 from jzero.checkpoint.export import load_params, match_params
 from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
-from jzero.compile_cache import cache_hits
+from jzero.compiler.cache import cache_hits
 from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
 from jzero.lazy import moved_names
 from jzero.ledger.render import format_ledger_summary
-from jzero.mesh import mesh_shape
 from jzero.optimizers import build_schedule
-from jzero.sharded_state import state_from_params
-from jzero.state import TrainState
+from jzero.sharding.axes import mesh_text
+from jzero.sharding.mesh import mesh_shape
+from jzero.sharding.placement import state_from_params
+from jzero.sharding.state import TrainState
 from jzero.training import metrics as logged
 from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, train_data
 from jzero.training.data import eval_data as load_eval_data

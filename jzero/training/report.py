@@ -1,7 +1,7 @@
 """What a compiled plan shows: the ``jzero plan --json`` report and the start-up ledger.
 
 Each report is a plain dict (rendered by :mod:`jzero.ledger.render`): the plan's specs and bytes against
-the paper's formulas (:mod:`jzero.stages`), the compiled step's memory, FLOPs and collectives
+the paper's formulas (:mod:`jzero.sharding.stages`), the compiled step's memory, FLOPs and collectives
 (:mod:`jzero.ledger.hlo`), and how per-device work scales against one batch group's.
 """
 
@@ -16,23 +16,23 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from jzero.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
-from jzero.gather import UNIT_REMAT
+from jzero.communication.gather import UNIT_REMAT
+from jzero.communication.quantize import Layout
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.element_types import gradient_reductions, parameter_gathers
 from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
 from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
-from jzero.mesh import make_mesh, mesh_shape
+from jzero.memory.offload import DEVICE, HOST
+from jzero.memory.remat import policy_name
 from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
-from jzero.offload import DEVICE, HOST
-from jzero.plan import Plan, TensorPlan, shard_bytes
-from jzero.quantize import Layout
-from jzero.remat_policies import policy_name
-from jzero.sharded_state import sharded_abstract
-from jzero.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
-from jzero.state import TrainState
+from jzero.sharding.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
+from jzero.sharding.mesh import make_mesh, mesh_shape
+from jzero.sharding.placement import sharded_abstract
+from jzero.sharding.plan import Plan, TensorPlan, shard_bytes
+from jzero.sharding.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
+from jzero.sharding.state import TrainState
 from jzero.step import activation_rules
 from jzero.training.job import Job, partitions_activations
 from jzero.training.prediction import predicted
@@ -293,7 +293,7 @@ def _tensor_entry(t: TensorPlan) -> dict[str, Any]:
 
 def gathered_at_once(job: Job, hlo_text: str) -> dict[str, Any]:
     """What the job's step holds gathered at once (:func:`jzero.ledger.gathered.gathered_at_once`),
-    with the gathering units by name (:attr:`jzero.plan.Plan.unit_tensors`) and the parameters left
+    with the gathering units by name (:attr:`jzero.sharding.plan.Plan.unit_tensors`) and the parameters left
     whole at rest for their size (``persistent``)."""
     plan = job.plan
     persistent = [_tensor_entry(t) for t in plan.persistent]

@@ -16,7 +16,7 @@ from pathlib import Path
 from jzero.config.loading import load_config
 from jzero.distributed.process import import_jax, start_backends
 from jzero.distributed.runtime import finish, initialize
-from jzero.mesh import simulate_cpu_devices
+from jzero.sharding.mesh import simulate_cpu_devices
 
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "save":

@@ -15,6 +15,8 @@ import importlib.util
 import os
 import pkgutil
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "cuda_driver_present",
@@ -22,6 +24,7 @@ __all__ = [
     "gpu_compiler_available",
     "importable",
     "jax_plugin_modules",
+    "on_gpus",
     "platforms_for",
     "select_platforms",
 ]
@@ -112,3 +115,8 @@ def select_platforms() -> None:
             jax.config.update("jax_platforms", platforms)
         except RuntimeError:  # the backends have started: JAX keeps what it has
             pass
+
+
+def on_gpus(devices: Sequence[Any]) -> bool:
+    """Whether ``devices`` are GPUs, real ones or a GPU target's compile-only devices."""
+    return bool(devices) and devices[0].platform in ("gpu", "cuda")

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jzero.quantize import Layout, dequantize, from_blocks, from_wire, quantize, to_wire
+from jzero.communication.quantize import Layout, dequantize, from_blocks, from_wire, quantize, to_wire
 
 __all__ = ["gather_axes", "quantized_gather", "quantized_reduce_scatter", "reduce_scatter", "spec_axes"]
 

@@ -4,7 +4,7 @@
 A unit is a subtree of the parameters, named by its path prefix: ``transformer/h/3`` of a Hugging
 Face GPT-2, ``layers_3`` of a linen model that names its blocks, ``layers/3`` of an NNX list. The
 choice is a pure function of the parameters' paths and bytes, so ``plan`` shows it before anything
-compiles. How a unit is gathered is :mod:`jzero.gather`'s.
+compiles. How a unit is gathered is :mod:`jzero.communication.gather`'s.
 
 - ``none``: no units; XLA places the gathers (a scanned layer stack gathers one layer per loop step).
 - ``auto``: the repeated submodules whose parameters weigh most (``h/0``, ``h/1``, ...); none for a

@@ -10,22 +10,23 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import jax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from jzero.axes import resolve_axes
 from jzero.errors import ConfigError
+from jzero.lazy import moved_names
+from jzero.sharding.axes import resolve_axes
 
 __all__ = [
     "MORE_CPU_DEVICES",
     "make_mesh",
     "mesh_shape",
-    "on_gpus",
     "simulate_cpu_devices",
 ]
+
+__getattr__ = moved_names(__name__, {"on_gpus": "jzero.compiler.platforms.on_gpus"})
 
 # How a host without an accelerator gets more devices: JAX's own option, before its backends start.
 MORE_CPU_DEVICES = 'for 8 simulated CPU devices call jax.config.update("jax_num_cpu_devices", 8) right after importing jax'
@@ -108,8 +109,3 @@ def simulate_cpu_devices(count: int) -> None:
                 f"JAX already started with {have} CPU devices, not {count}: set runtime.cpu_devices: {have}, or call "
                 f'jax.config.update("jax_num_cpu_devices", {count}) right after importing jax',
             ) from None
-
-
-def on_gpus(devices: Sequence[Any]) -> bool:
-    """Whether ``devices`` are GPUs, real ones or a GPU target's compile-only devices."""
-    return bool(devices) and devices[0].platform in ("gpu", "cuda")

@@ -12,9 +12,9 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 
-from jzero import units
-from jzero.axes import MODEL, REPLICA
+from jzero.communication import units
 from jzero.errors import JzeroError, PlanError
+from jzero.sharding.axes import MODEL, REPLICA
 
 __all__ = [
     "DEFAULT_BLOCK",
@@ -266,7 +266,7 @@ def paper_communication_bytes(num_params: float, stage: int, grad_bytes: float, 
 @dataclasses.dataclass(frozen=True)
 class ZeroOptions:
     """``zero:``: the ZeRO stage and every ZeRO and ZeRO++ option, with its default; the one record
-    of them that the config, :func:`jzero.plan.make_plan`, the plan, the planner's candidates and the
+    of them that the config, :func:`jzero.sharding.plan.make_plan`, the plan, the planner's candidates and the
     report all carry. A new option is a field here and its rule in :meth:`check`.
 
     Attributes:
@@ -275,12 +275,12 @@ class ZeroOptions:
         host memory, partitioned as the stage says, and streams to the device for the update.
       offload_params: ZeRO-Infinity's parameter offload (stage 3): parameters rest in pinned host
         memory and each layer's shard comes to the device inside the layer loop.
-      gather_units: stage 3's gathering units (:mod:`jzero.units`): ``auto``, ``none`` or a list of
+      gather_units: stage 3's gathering units (:mod:`jzero.communication.units`): ``auto``, ``none`` or a list of
         regexes over parameter path prefixes.
       prefetch: units ahead a gather may start (0: once the previous unit is done).
       persist_below_bytes: stage 3: parameters smaller than this rest whole, never gathered.
       quantized_weights: ZeRO++'s qwZ (:data:`QUANTIZED_WEIGHTS`): parameter gathers send int8
-        blocks with a float32 scale each (:mod:`jzero.quantize`).
+        blocks with a float32 scale each (:mod:`jzero.communication.quantize`).
       quantization_block: qwZ's (and qgZ's) elements per scale, a power of two.
       hierarchical: ZeRO++'s hpZ (:data:`HIERARCHICAL`): everything partitioned over replica x data,
         plus a secondary copy of each gathered layer's shards over data (within a host) that the

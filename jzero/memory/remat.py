@@ -50,7 +50,7 @@ def _no_matmul_recomputed(prim: Any, *_: Any, **__: Any) -> bool:
 
 
 def _memory_kinds() -> tuple[str, str]:
-    from jzero.offload import DEVICE, HOST
+    from jzero.memory.offload import DEVICE, HOST
 
     return DEVICE, HOST
 

@@ -14,9 +14,9 @@ import optax
 from flax import nnx
 
 from jzero.errors import PlanError
-from jzero.plan import Plan
-from jzero.precision import FP32, MasterState, Precision
-from jzero.state import TrainState, create_state, unbox_state
+from jzero.memory.precision import FP32, MasterState, Precision
+from jzero.sharding.plan import Plan
+from jzero.sharding.state import TrainState, create_state, unbox_state
 
 __all__ = ["abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params"]
 
@@ -43,7 +43,7 @@ def abstract_state(
       precision: the dtype policy (a master copy joins the optimizer state when params are 16-bit).
 
     Returns:
-      A :class:`~jzero.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.plan.make_plan`.
+      A :class:`~jzero.sharding.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.sharding.plan.make_plan`.
     """
     return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
 
@@ -76,7 +76,7 @@ def sharded_init(
       plan: the shardings to create the state in.
 
     Returns:
-      The :class:`~jzero.state.TrainState`, each leaf sharded as ``plan.state`` says.
+      The :class:`~jzero.sharding.state.TrainState`, each leaf sharded as ``plan.state`` says.
 
     Raises:
       PlanError: ``precision`` is not the one the plan's abstract state was made with (:func:`check_precision`).
@@ -102,7 +102,7 @@ def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan,
       precision: the dtype policy.
 
     Returns:
-      The :class:`~jzero.state.TrainState` at step 0.
+      The :class:`~jzero.sharding.state.TrainState` at step 0.
     """
     check_precision(plan, precision)
     return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jzero.precision import FP32, LossScale, MasterState, Precision, cast
+from jzero.memory.precision import FP32, LossScale, MasterState, Precision, cast
 
 __all__ = ["TrainState", "create_state", "unbox_state"]
 

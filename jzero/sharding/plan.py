@@ -1,6 +1,6 @@
 """ZeRO stages as sharding specs: (abstract state, mesh, stage, rules) -> shardings + a report.
 
-One rule table (:data:`jzero.stages.STAGES`) says which of parameters, gradients and optimizer state a stage
+One rule table (:data:`jzero.sharding.stages.STAGES`) says which of parameters, gradients and optimizer state a stage
 partitions over ``data``. Every tensor gets two specs:
 
 - ``R``: its model-parallel spec (path rules, else logical names through the rules), replicated
@@ -30,15 +30,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jzero.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
+from jzero.communication.quantize import Layout, layout
+from jzero.communication.units import unit_names
 from jzero.errors import PlanError
-from jzero.offload import on_host
-from jzero.precision import MasterState
-from jzero.quantize import Layout, layout
-from jzero.stages import StageRule, ZeroOptions, per_device_parts
-from jzero.state import TrainState
+from jzero.memory.offload import on_host
+from jzero.memory.precision import MasterState
+from jzero.sharding.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
+from jzero.sharding.stages import StageRule, ZeroOptions, per_device_parts
+from jzero.sharding.state import TrainState
 from jzero.trees import path_str
-from jzero.units import unit_names
 
 __all__ = [
     "Plan",
@@ -120,7 +120,7 @@ class _Gathers:
         return shape, source, target
 
     def weight_layouts(self) -> dict[str, Layout | str]:
-        """qwZ: each gathered parameter's blocks (:func:`jzero.quantize.layout`), or why it is
+        """qwZ: each gathered parameter's blocks (:func:`jzero.communication.quantize.layout`), or why it is
         gathered at full precision; empty when weights are not quantized."""
         if not self.zero.qwz:
             return {}
@@ -252,11 +252,11 @@ class Plan(_Gathers, _Bytes):
     state: TrainState  # shardings of the whole train state (for jit in/out_shardings)
     tensors: list[TensorPlan]
     opt_leaves: list[tuple[str, tuple[int, ...], np.dtype, P]]
-    # Stage 3's gathering units (:mod:`jzero.units`): parameter path -> unit, for those the step
+    # Stage 3's gathering units (:mod:`jzero.communication.units`): parameter path -> unit, for those the step
     # gathers unit by unit; empty when XLA places the gathers.
     units: dict[str, int] = dataclasses.field(default_factory=dict)
-    unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.units.unit_names`)
-    # One line per group of units the loss could not split (jzero.gather.split_units): left to XLA.
+    unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.communication.units.unit_names`)
+    # One line per group of units the loss could not split (jzero.communication.gather.split_units): left to XLA.
     merged_units: tuple[str, ...] = ()
 
     def __getattr__(self, name: str) -> Any:
@@ -597,16 +597,16 @@ def make_plan(
     """The shardings of a ZeRO stage on a mesh.
 
     Args:
-      abstract_state: from :func:`jzero.sharded_state.abstract_state`; its params may keep Flax
+      abstract_state: from :func:`jzero.sharding.placement.abstract_state`; its params may keep Flax
         ``Partitioned`` boxes (or be an NNX ``State``), whose logical names ``rules`` map to mesh axes.
       mesh: a mesh with a ``data`` axis.
-      stage: the ZeRO stage, 0 to 3 (:data:`jzero.stages.STAGES`), or the whole
-        :class:`~jzero.stages.ZeroOptions` (a config's ``zero:``).
+      stage: the ZeRO stage, 0 to 3 (:data:`jzero.sharding.stages.STAGES`), or the whole
+        :class:`~jzero.sharding.stages.ZeroOptions` (a config's ``zero:``).
       rules: ordered ``[logical_name, mesh_axis_or_null]`` pairs (default: :func:`default_rules`).
       path_rules: ``[regex, [mesh_axis_or_null per dim]]`` pairs that place parameters by path (first
         match wins, before logical names; ``re.search`` on the ``/``-joined path): the way to put an
         unannotated model's tensors on ``model``. Each must place at least one parameter.
-      **options: fields of :class:`~jzero.stages.ZeroOptions` (``offload_optimizer=True``,
+      **options: fields of :class:`~jzero.sharding.stages.ZeroOptions` (``offload_optimizer=True``,
         ``quantized_gradients="int8"``, ...), over ``stage``'s.
 
     Returns:
@@ -615,9 +615,9 @@ def make_plan(
 
     Raises:
       PlanError: a mesh without ``data``, an option the stage, precision or mesh cannot have
-        (:meth:`jzero.stages.ZeroOptions.check`), a rule that does not fit a tensor, or a path rule
+        (:meth:`jzero.sharding.stages.ZeroOptions.check`), a rule that does not fit a tensor, or a path rule
         that places none (:func:`check_path_rules`).
-      TypeError: an option that is not a field of :class:`~jzero.stages.ZeroOptions`.
+      TypeError: an option that is not a field of :class:`~jzero.sharding.stages.ZeroOptions`.
     """
     base = stage if isinstance(stage, ZeroOptions) else ZeroOptions(stage=stage)
     zero = dataclasses.replace(base, **options)

@@ -16,7 +16,7 @@ Why each piece is there:
   resting spec, so XLA reduce-scatters the devices' partial sums (GPU) instead of all-reducing a
   whole copy first, in the reduce dtype. Under qgZ's ``shard_map`` (a spec with ``manual`` axes)
   the same ``custom_vjp`` all-gathers explicitly and reduces by quantized all-to-alls
-  (:mod:`jzero.collectives`).
+  (:mod:`jzero.communication.collectives`).
 - ``jax.checkpoint`` with :data:`_SAVED` (JAX's ``dots_with_no_batch_dims_saveable``): the forward
   keeps the unit's projections' outputs, not its whole parameters, and the backward gathers them again. Its
   ``prevent_cse`` barrier runs on the unit's cotangents, so that gather waits until the backward
@@ -44,9 +44,9 @@ from jax.extend.core import Literal, Var
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jzero.collectives import gather_axes, quantized_gather, quantized_reduce_scatter, reduce_scatter, spec_axes
-from jzero.mesh import on_gpus
-from jzero.quantize import NONE, Layout, dequantize, from_blocks, quantize, to_blocks
+from jzero.communication.collectives import gather_axes, quantized_gather, quantized_reduce_scatter, reduce_scatter, spec_axes
+from jzero.communication.quantize import NONE, Layout, dequantize, from_blocks, quantize, to_blocks
+from jzero.compiler.platforms import on_gpus
 from jzero.trees import path_str
 
 __all__ = [
@@ -78,7 +78,7 @@ class UnitSpec:
       whole: its spec once gathered (the model axes only).
       reduce_dtype: the dtype its gradient is reduce-scattered in (None: the parameter's).
       compute_dtype: the dtype it is gathered and read in (None: the parameter's).
-      layout: qwZ's blocks on the resting shards (:func:`jzero.quantize.layout`): the leaf is
+      layout: qwZ's blocks on the resting shards (:func:`jzero.communication.quantize.layout`): the leaf is
         gathered as int8 values and a scale per block, dequantized to the compute dtype. None:
         gathered in the compute dtype.
       secondary: hpZ's secondary partition (the resting spec without ``replica``), or None.
@@ -86,7 +86,7 @@ class UnitSpec:
         (:func:`jzero.step.manual_loss`): it gathers with explicit collectives over them, and its
         gradient is reduced over them by all-to-alls. Empty: GSPMD places the collectives.
       grad_width: under ``manual``, qgZ's width (``int8``, ``int4``); none: reduced in ``reduce_dtype``.
-      grad_block: the gradient's elements per scale (:meth:`jzero.plan.Plan.gradient_blocks`).
+      grad_block: the gradient's elements per scale (:meth:`jzero.sharding.plan.Plan.gradient_blocks`).
     """
 
     mesh: Any
@@ -187,7 +187,7 @@ def _passed_back(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Arra
 def _manual_gather(shard: jax.Array, spec: UnitSpec, compute: Any) -> jax.Array:
     """:func:`gather` under qgZ's ``shard_map``: explicit all-gathers over the batch axes, and a
     backward that reduces the devices' partial gradients by quantized all-to-alls
-    (:func:`jzero.collectives.quantized_reduce_scatter`). With hpZ, two hops each way: across the
+    (:func:`jzero.communication.collectives.quantized_reduce_scatter`). With hpZ, two hops each way: across the
     hosts (``replica``) to the secondary copy, named :data:`SECONDARY` between them, then within."""
     if spec.secondary is None:
         return _manually_reduced(lambda x: _gathered(x, spec, spec.manual, compute), shard, spec, spec.resting, spec.manual)
