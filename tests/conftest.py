@@ -18,7 +18,7 @@ _CACHE = tempfile.mkdtemp(prefix="jzero-tests-jax-cache-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 # Every program, not only those that took over JAX's 1 s: many tests build the same tiny step again
-# (a new Job, a new closure, the same program). tests/test_stages.py and tests/test_hybrid.py, -n 2:
+# (a new Job, a new closure, the same program). tests/sharding/test_stages.py and tests/sharding/test_hybrid.py, -n 2:
 # 90.0 and 93.4 s with 0 s, 102.8 and 105.7 s with 1 s (two runs each, alternated); the whole
 # suite's test time, one run each, 2,005 s with 1 s and 1,989 s with 0 s: within the host's noise.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -47,7 +47,7 @@ def devices():
 
 @pytest.fixture(scope="session")
 def h100x8():
-    """Eight H100s to compile for, deviceless (the gpu-target extra; tests/test_targets.py)."""
+    """Eight H100s to compile for, deviceless (the gpu-target extra; tests/ledger/test_targets.py)."""
     if not gpu_compiler_available():
         pytest.fail("the gpu-target extra is not installed: pip install -e '.[test,gpu-target]'")
     return target_devices("h100x8")

@@ -36,14 +36,14 @@ MUTATIONS = (
         "jzero/training/prediction.py",
         "        transfers=tuple(transfers),\n",
         "        transfers=(),\n",
-        ("tests/test_prediction.py",),
+        ("tests/training/test_prediction.py",),
     ),
     Mutation(
         "tokens counted 8x too high",
         "jzero/training/loop.py",
         "        tokens = job.config.train.global_batch_size * job.config.model.seq_len\n",
         "        tokens = job.config.train.global_batch_size * job.config.model.seq_len * 8\n",
-        ("tests/test_throughput.py",),
+        ("tests/training/test_throughput.py",),
     ),
     Mutation(
         "stage 3's 1-D parameters left whole",
@@ -51,7 +51,7 @@ MUTATIONS = (
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n"
         "    if len(shape) == 1:\n        return P(*entries), None\n",
-        ("tests/test_stages.py::test_live_bytes_match_paper_formula",),
+        ("tests/sharding/test_stages.py::test_live_bytes_match_paper_formula",),
     ),
 )
 

@@ -3,7 +3,7 @@ goes in first, then the command line's own modules import (a few hundred millise
 host: a Ctrl-C there printed Python's traceback), then :func:`jzero.cli.main.main` runs. Once it has
 returned, Ctrl-C is ignored: the command is done, and while Python shuts down it restores SIGINT's
 default action, under which a late Ctrl-C killed a finished ``checkpoint export`` by the signal,
-status -2 and nothing said (a CI run of tests/test_faults.py)."""
+status -2 and nothing said (a CI run of tests/training/test_faults.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ and value, so no step recomputes the prefix.
 
 The forward here is a function of the params tree of ``GPT.init`` (boxed or not) that reuses the
 GPT's own pieces: its LayerNorm and Dense modules, :func:`jzero.models.gpt.rotary` at the tokens'
-positions and :func:`jzero.models.gpt.attend`. ``tests/test_sample.py`` checks its logits against
+positions and :func:`jzero.models.gpt.attend`. ``tests/training/test_sample.py`` checks its logits against
 ``GPT.apply`` on the whole prefix. :func:`decode_loop` is the loop alone: another model is decoded
 by it given the same two calls, a prefill that returns the last logits and a cache, and a one-token
 step at a position that returns the next logits and the cache.

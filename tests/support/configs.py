@@ -12,7 +12,7 @@ TINY = [
     "model.seq_len=16",
     "train.global_batch_size=16",
     "data.max_bytes=200000",
-    "train.eval_every=0",  # configs/gpt-tiny.yaml evaluates; tests/test_eval.py tests that, the others need not compile it
+    "train.eval_every=0",  # configs/gpt-tiny.yaml evaluates; training/test_eval.py tests that, the others need not compile it
 ]
 
 

@@ -1,4 +1,4 @@
-"""One process of a checkpoint round trip across process counts, run by tests/test_launch.py.
+"""One process of a checkpoint round trip across process counts, run by tests/distributed/test_launch.py.
 
 ``python state_digest.py save RUN_DIR STEPS OUT.npz [KEY=VALUE ...]`` trains STEPS steps, saves
 the state at that step and writes the live state, gathered whole, to OUT.npz (process 0).

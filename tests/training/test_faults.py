@@ -352,7 +352,7 @@ def test_export_stopped_at_random_moments_leaves_nothing_partial(devices, tmp_pa
         out.parent.mkdir()
         args = [sys.executable, "-m", "jzero.cli", "checkpoint", "export", str(run), "--out", str(out)]
         proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _wait_for_jax(proc)  # Ctrl-C during Python's own start-up is tests/test_bad_input.py's case
+        _wait_for_jax(proc)  # Ctrl-C during Python's own start-up is tests/cli/test_bad_input.py's case
         time.sleep(rng.uniform(0.0, 2.0))
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)

@@ -14,7 +14,7 @@ from jzero.compiler.cache import cache_folder
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train(tmp_path: Path, run: str, *sets: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from jzero.sharding.stages import paper_bytes_per_device
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -11,7 +11,7 @@ import yaml
 from jzero.config import schema
 from jzero.config.loading import ConfigError, _Loader, dump_config, from_dict, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_config_reads_its_mesh_file():

@@ -13,7 +13,7 @@ from support.configs import TINY
 from jzero.cli.main import main
 from jzero.config.loading import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
 
 

@@ -115,7 +115,7 @@ def test_remat_policies_in_the_compiled_step():
         s = build_job(tiny_config("zero.stage=3", f"model.remat={policy}"))
         reports[policy] = plan_report(s)
     none, full, offload = reports["none"], reports["full"], reports["offload_dots"]
-    # none keeps what a layer needs (tests/test_saved.py); full keeps only each layer's input.
+    # none keeps what a layer needs (tests/ledger/test_saved.py); full keeps only each layer's input.
     assert full["compiled"]["temp"] < none["compiled"]["temp"]
     assert 0 < full["activations"]["device"] < none["activations"]["device"]
     # The offloading policy asks for the saved matmul outputs in host memory. (The CPU backend

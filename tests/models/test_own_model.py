@@ -18,7 +18,7 @@ from jzero.config.loading import dump_config, load_config
 from jzero.errors import ConfigError, PlanError
 from jzero.training.job import build_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "own-model.yaml"
 SMALL = ["model.seq_len=16"]
 UNITS = ["h/0", "h/1", "lm_head/kernel", "ln_f/bias", "ln_f/scale", "wpe/embedding", "wte/embedding"]

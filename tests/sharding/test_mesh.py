@@ -12,7 +12,7 @@ from support.configs import TINY, tiny_config
 from jzero.errors import ConfigError
 from jzero.training.job import build_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ from jzero.training.data import stdlib_sources, text_batches, train_data
 from jzero.training.job import build_job
 from jzero.training.loop import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HELPER = ROOT / "tests" / "support" / "state_digest.py"
 TINY_GPT = str(ROOT / "configs" / "gpt-tiny.yaml")
 HEARTBEAT_S = 15  # the dead-peer bound these runs set; the issue asks for an exit within 60 s

@@ -142,7 +142,7 @@ def test_bad_unit_regexes_name_the_pattern():
     ],
 )
 def test_bad_units_exit_2_with_one_line(devices, capsys, value, says):
-    config = str(Path(__file__).parents[1] / "configs" / "gpt-tiny.yaml")
+    config = str(Path(__file__).parents[2] / "configs" / "gpt-tiny.yaml")
     assert main(["plan", config, "--set", "zero.stage=3", "--set", f"zero.gather_units={value}", *_tiny_flags()]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "zero.gather_units" in err and says in err, err

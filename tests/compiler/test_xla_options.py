@@ -16,7 +16,7 @@ from jzero.cli.main import main
 from jzero.ledger.targets import GPU_COMPILER_OPTIONS
 from jzero.training.job import compiler_options, xla_options
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
 GATHER = "xla_gpu_all_gather_combine_threshold_bytes"
 

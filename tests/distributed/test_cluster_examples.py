@@ -23,7 +23,7 @@ from jzero.config.loading import load_config
 from jzero.distributed.launch import fit_problem
 from jzero.distributed.runtime import Cluster, find_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "examples" / "cluster"
 SBATCH = CLUSTER / "slurm.sbatch"
 MANIFEST = CLUSTER / "k8s-indexed-job.yaml"

@@ -21,7 +21,7 @@ from jzero.config.loading import ConfigError
 from jzero.data.prepare import prepare
 from jzero.data.tokens import HEADER_FILE, TOKENIZER_FILE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["alpha", "beta", "gamma", "delta", "def", "class", "return", "x", "y", "foo", "bar"]
 # 15,000 short documents (2 MB): measured here, the temporary folder appears 0.5 s after start,
 # tokenizing starts at 2.1 s and the prepare ends at 3.4 s; each moment leaves a second or more.

@@ -14,7 +14,7 @@ from support.configs import TINY
 from jzero.cli.main import main
 from jzero.training.plot import draw, read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

@@ -169,5 +169,5 @@ def test_gpt2_small_config_has_124m_parameters(devices):
     from jzero.config.loading import load_config
     from jzero.training.job import build_job
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs/gpt2-small.yaml", ["mesh.axes.data=8"])
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs/gpt2-small.yaml", ["mesh.axes.data=8"])
     assert build_job(cfg).plan.num_params == 124_466_688 - 1024 * 768

@@ -1,5 +1,5 @@
 """Quiet imports: on a host without a GPU, nothing about CUDA is printed by ``import jzero``, by a
-script that imports JAX first, or by a command (tests/test_cli.py), with or without the
+script that imports JAX first, or by a command (tests/cli/test_cli.py), with or without the
 ``gpu-target`` extra (the test venv has it). JAX's own platform option does it (:mod:`jzero.compiler.platforms`)."""
 
 import os

@@ -25,7 +25,7 @@ from jzero.sharding.stages import paper_bytes_per_device
 from jzero.step import make_train_step
 from jzero.training.job import build_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT_TINY = ROOT / "configs/gpt-tiny.yaml"
 DP4_MP2 = ["mesh.axes.data=4", "mesh.axes.model=2"]
 
