@@ -34,7 +34,8 @@ def lazy_names(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], 
     def __getattr__(name: str) -> Any:
         if name in table:
             value = getattr(importlib.import_module(table[name]), name)
-        elif importlib.util.find_spec(f"{package}.{name}") is not None:  # a subpackage: jzero.ledger
+        elif "__path__" in vars(sys.modules[package]) and importlib.util.find_spec(f"{package}.{name}") is not None:
+            # a subpackage (jzero.ledger); a plain module has none, and asking would recurse for __path__
             value = importlib.import_module(f"{package}.{name}")
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

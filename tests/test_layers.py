@@ -117,3 +117,56 @@ def test_the_command_line_and_config_layers_import_no_jax(module):
     code = f"import sys, {module}; print([m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+# Modules no test imports by name, each tested through the module that reaches it: {module: (that
+# module, the test file that calls it)}. The check below holds each line to the code.
+REACHED_THROUGH = {
+    "jzero.checkpoint.in_flight": ("jzero.checkpoint.runs", "tests/checkpoint/test_checkpoint.py"),
+    "jzero.checkpoint.quiet": ("jzero.checkpoint.runs", "tests/training/test_faults.py"),
+    "jzero.cli.__main__": ("jzero.cli.main", "tests/cli/test_cli.py"),  # python -m jzero.cli
+    "jzero.cli.commands": ("jzero.cli.main", "tests/cli/test_cli.py"),
+    "jzero.cli.interrupts": ("jzero.cli.main", "tests/cli/test_cli.py"),
+    "jzero.cli.parser": ("jzero.cli.main", "tests/cli/test_bad_input.py"),
+    "jzero.cli.program": ("jzero.cli.main", "tests/cli/test_cli.py"),
+    "jzero.compiler.xla_flags": ("jzero.training.job", "tests/compiler/test_xla_options.py"),
+    "jzero.config.validation": ("jzero.config.loading", "tests/config/test_config.py"),
+    "jzero.ledger.element_types": ("jzero.training.report", "tests/communication/test_zeropp.py"),
+    "jzero.ledger.saved": ("jzero.training.report", "tests/ledger/test_saved.py"),
+    "jzero.models.names": ("jzero.config.loading", "tests/config/test_config.py"),
+    "jzero.planner.progress": ("jzero.cli.main", "tests/planner/test_planner.py"),
+    "jzero.planner.search": ("jzero.cli.main", "tests/planner/test_planner.py"),
+    "jzero.planner.table": ("jzero.cli.main", "tests/planner/test_planner.py"),
+    "jzero.training.progress": ("jzero.training.loop", "tests/training/test_loop.py"),
+}
+
+
+def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others (a package's own ``__init__`` too)."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_every_module_has_its_tests():
+    """Each module of the package is imported by a test file, or reached from a module that a named
+    test file imports (the command line's modules through ``jzero.cli.main``); no stale line."""
+    graph = import_graph()
+    tested = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for module in imported(ast.parse(path.read_text()), ""):
+            tested.setdefault(module, set()).add(str(path.relative_to(ROOT)))
+    graph["jzero.cli.main"] = graph["jzero.cli.main"] | {"jzero.cli.__main__"}  # run as python -m jzero.cli
+    modules = [m for m in graph if not (PACKAGE.parent / m.replace(".", "/")).is_dir()]  # a package's face aside
+    untested = sorted(m for m in modules if m not in tested and m not in REACHED_THROUGH)
+    assert untested == [], "no test imports these: import each in its tests, or add it to REACHED_THROUGH"
+    wrong = [
+        f"{module}: {entry} from {test}"
+        for module, (entry, test) in REACHED_THROUGH.items()
+        if module in tested or test not in tested.get(entry, ()) or module not in reaches(graph, entry)
+    ]
+    assert wrong == []

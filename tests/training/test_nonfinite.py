@@ -101,3 +101,35 @@ def test_the_limit_is_validated():
     with pytest.raises(ConfigError, match=r"^train.max_skipped_in_a_row: must be positive and at most 2147483647, got 0$"):
         load_config(None, ["train.max_skipped_in_a_row=0"])
     assert load_config(None, []).train.max_skipped_in_a_row == 32
+
+
+def _steps(watch, rows):
+    """Feed ``(loss, skipped so far)`` rows as steps 1, 2, ... on the device."""
+    import jax.numpy as jnp
+
+    for step, (loss, skipped) in enumerate(rows, start=1):
+        watch.add(step, {"loss": jnp.float32(loss), "skipped": jnp.int32(skipped)})
+
+
+def test_skipped_steps_count_in_a_row_only_while_the_count_grows():
+    from jzero.training.nonfinite import NonFiniteSteps
+
+    watch = NonFiniteSteps(limit=2, skipped=0)
+    _steps(watch, [(1.0, 1), (np.nan, 2), (1.0, 2), (1.0, 3), (1.0, 4)])  # 2 in a row, then a step applied, then 2
+    watch.look()
+    assert watch.in_a_row == 2 and watch.skipped == 4 and watch.pending == []
+    watch.add(6, {"loss": np.float32(np.inf), "skipped": np.int32(5)})
+    stopped = r"^train\.max_skipped_in_a_row=2: steps 4 to 6 .* \(3 in a row\) .* stopped at step 6,"
+    with pytest.raises(TooManySkipped, match=stopped):
+        watch.look()
+
+
+def test_a_save_point_names_the_first_non_finite_loss_since_the_last_and_starts_afresh():
+    from jzero.training.nonfinite import NonFiniteSteps
+
+    watch = NonFiniteSteps(limit=100, skipped=7)  # a resumed run: 7 skipped before it, none in a row
+    _steps(watch, [(1.0, 7), (np.nan, 8), (np.inf, 9), (1.0, 9)])
+    assert watch.save_point() == 2
+    assert watch.save_point() is None  # nothing added since: fit to save
+    watch.add(5, {"loss": np.float32(2.0), "skipped": np.int32(9)})
+    assert watch.save_point() is None and watch.in_a_row == 0
