@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jzero.config.loading import load_config  # noqa: E402
+from jzero.ledger.records import to_json  # noqa: E402
 from jzero.ledger.targets import GPUS, parse_target, target_devices  # noqa: E402
 from jzero.ledger.timing import EFFICIENCY, predict  # noqa: E402
 from jzero.training.prediction import step_cost  # noqa: E402
@@ -88,7 +89,7 @@ def measure(run: Run) -> dict:
     start = time.perf_counter()
     job = build_job(config, target_devices(target))
     _, compiled = job.compile_step()
-    report = plan_report(job, compiled)
+    report = to_json(plan_report(job, compiled))
     cost = step_cost(job, report, compiled.as_text(), _ops(compiled))
     hardware = GPUS[target.gpu].hardware()
     predicted = predict(cost, hardware)

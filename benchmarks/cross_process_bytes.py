@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jzero.ledger.records import StartupLedger, from_json
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=16"]
 DEVICES = 8
@@ -55,7 +57,7 @@ def run(steps: int, sets: list[str], folder: Path, processes: int = 2) -> tuple[
     after = loopback_bytes()
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    return after - before, json.loads((run_dir / "ledger.json").read_text())["communication"]
+    return after - before, from_json(StartupLedger, json.loads((run_dir / "ledger.json").read_text())).communication
 
 
 def _ratio(value: float | None) -> str:
@@ -73,7 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (low_bytes, comm), (high_bytes, _) = (run(n, args.set, Path(tmp), args.processes) for n in (low, high))
     per_step = (high_bytes - low_bytes) / (high - low)
-    cross = comm["cross_host_bytes"]
+    cross = comm.cross_host_bytes
     result = {
         "processes": args.processes,
         "steps": [low, high],
@@ -81,8 +83,8 @@ def main() -> None:
         "loopback_bytes": [low_bytes, high_bytes],
         "measured_per_step": per_step,
         "ledger_cross_host_per_device": cross,
-        "ledger_within_host_per_device": comm["within_host_bytes"],
-        "ledger_by_kind": comm["bytes_per_step"],
+        "ledger_within_host_per_device": comm.within_host_bytes,
+        "ledger_by_kind": comm.bytes_per_step,
         "measured_over_one_device": per_step / cross if cross else None,
         "measured_over_all_devices": per_step / (DEVICES * cross) if cross else None,
     }

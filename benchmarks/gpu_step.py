@@ -50,12 +50,13 @@ def _config(shape: list[str], batch: int, gpus: int = 1, stage: int = 0):
 
 def predicted_for(config, devices) -> dict:
     """The plan's prediction for ``config`` compiled for ``devices`` (a real GPU, or a target's)."""
+    from jzero.ledger.records import to_json
     from jzero.training.job import build_job
     from jzero.training.report import plan_report
 
     job = build_job(config, devices)
     _, compiled = job.compile_step()
-    report = plan_report(job, compiled)
+    report = to_json(plan_report(job, compiled))
     return {"predicted": report["predicted"], "device_kind": report["device_kind"], "model_flops": report["model_flops"]}
 
 

@@ -63,6 +63,7 @@ def extra_seq(extra: list[str]) -> int:
 
 def row(shape: dict, where: str, mesh: str, stage: int, units: str, extra: list[str]) -> dict:
     """One compile's figures against the whole parameters' bytes (4Ψ for fp32)."""
+    from jzero.ledger.records import to_json
     from jzero.training.report import plan_report
 
     s = _setup(shape, where, mesh, stage, units, extra)
@@ -73,7 +74,7 @@ def row(shape: dict, where: str, mesh: str, stage: int, units: str, extra: list[
 
         batch = jax.ShapeDtypeStruct(s.batch_shape, jnp.int32, sharding=s.plan.batch)
         compiled = s.make_step().lower(s.abstract_state(), batch).compile(compiler_options={"xla_disable_hlo_passes": ""})
-    r = plan_report(s, compiled)
+    r = to_json(plan_report(s, compiled))
     whole = sum(t.nbytes for t in s.plan.tensors)
     g = r["gathered"]
     return {

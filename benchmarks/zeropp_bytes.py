@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from jzero.ledger.records import CheckedPlanReport, from_json
+
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = ["zero.stage=3", "precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
 QWZ = ["zero.quantized_weights=int8"]
@@ -44,7 +46,7 @@ def cases(hosts: int, per_host: int) -> dict[str, list[str]]:
     }
 
 
-def plan(config: str, target: list[str], sets: list[str]) -> tuple[dict, float]:
+def plan(config: str, target: list[str], sets: list[str]) -> tuple[CheckedPlanReport, float]:
     words = [sys.executable, "-m", "jzero.cli", "plan", config, *target, "--json"]
     for kv in [*BF16, *sets]:
         words += ["--set", kv]
@@ -52,7 +54,7 @@ def plan(config: str, target: list[str], sets: list[str]) -> tuple[dict, float]:
     done = subprocess.run(words, capture_output=True, text=True, timeout=3600, cwd=ROOT)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    return json.loads(done.stdout), time.perf_counter() - start
+    return from_json(CheckedPlanReport, json.loads(done.stdout)), time.perf_counter() - start
 
 
 def main() -> None:
@@ -67,16 +69,16 @@ def main() -> None:
     rows, base = {}, None
     for name, sets in cases(args.hosts, args.gpus_per_host).items():
         report, seconds = plan(args.config, target, sets)
-        comm = report["communication"]
+        comm = report.communication
         base = base or comm
         rows[name] = {
-            "cross_host_bytes": comm["cross_host_bytes"],
-            "within_host_bytes": comm["within_host_bytes"],
-            "total": comm["total"],
-            "cross_ratio": comm["cross_host_bytes"] / base["cross_host_bytes"],
-            "total_ratio": comm["total"] / base["total"],
-            "of_3psi": comm["cross_host_ratio"],
-            "peak": report["device_peak"],
+            "cross_host_bytes": comm.cross_host_bytes,
+            "within_host_bytes": comm.within_host_bytes,
+            "total": comm.total,
+            "cross_ratio": comm.cross_host_bytes / base.cross_host_bytes,
+            "total_ratio": comm.total / base.total,
+            "of_3psi": comm.cross_host_ratio,
+            "peak": report.device_peak,
             "seconds": seconds,
         }
         print(name, json.dumps(rows[name]), flush=True)

@@ -214,6 +214,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``jzero plan``: plan the config (or every stage) without allocating; text, or JSON with ``--json``."""
     from jzero.distributed.runtime import is_primary
     from jzero.ledger.estimate import parse_memory
+    from jzero.ledger.records import StagesReport, to_json
     from jzero.ledger.render import format_all_stages, format_plan
     from jzero.ledger.targets import check_target_fits_mesh, parse_target, target_devices
     from jzero.planner.options import search_options
@@ -244,10 +245,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not is_primary():
         return 0
     if args.all_stages:
-        print(json.dumps({"stages": reports}) if args.json else format_all_stages(reports))
+        print(json.dumps(to_json(StagesReport(stages=reports))) if args.json else format_all_stages(reports))
     else:
         (report,) = reports.values()
-        print(json.dumps(report) if args.json else format_plan(report))
+        print(json.dumps(to_json(report)) if args.json else format_plan(report))
     return 0
 
 

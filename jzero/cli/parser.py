@@ -68,6 +68,16 @@ class _Version(argparse.Action):
         raise SystemExit(0)
 
 
+class _JsonSchema(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:  # like --version: no config needed
+        import json
+
+        from jzero.ledger.records import CheckedPlanReport, StagesReport, json_schema
+
+        print(json.dumps(json_schema(CheckedPlanReport | StagesReport)))
+        raise SystemExit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``jzero`` parser: ``train``, ``plan``, ``estimate``, ``launch``, ``checkpoint``, ``data``, ``sample`` and ``report``.
 
@@ -108,6 +118,9 @@ def _add_plan(sub: _Subcommands) -> None:
     plan = sub.add_parser("plan", help="shardings, bytes per device and collectives, without allocating")
     _with_config(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument(
+        "--json-schema", action=_JsonSchema, nargs=0, help="print --json's JSON Schema (no config needed), then exit"
+    )
     plan.add_argument("--all-stages", action="store_true", help="plan stages 0-3 and compare them")
     plan.add_argument(
         "--memory-per-device",

@@ -14,12 +14,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError, JzeroError, error_line
+from jzero.ledger.records import CheckedPlanReport
 from jzero.ledger.render import human_bytes
 from jzero.ledger.targets import GPUS, Target, target_devices
 from jzero.ledger.timing import predict
@@ -42,16 +42,16 @@ class Row:
     sets: list[str]
     estimated_bytes: float | None
     estimated_tokens_per_sec: float | None
-    report: dict[str, Any] | None = None
+    report: CheckedPlanReport | None = None
     error: str | None = None
 
     @property
     def fits(self) -> bool:
-        return bool(self.report and self.report["fits"])
+        return bool(self.report and self.report.fits)
 
     @property
     def tokens_per_sec(self) -> float:
-        return (self.report["predicted"]["tokens_per_sec"] or 0.0) if self.report else 0.0  # None: no prediction
+        return (self.report.predicted.tokens_per_sec or 0.0) if self.report else 0.0  # None: no prediction
 
 
 @dataclasses.dataclass
@@ -85,7 +85,7 @@ class Search:
 def pareto(rows: list[Row]) -> list[Row]:
     """The rows no other row beats on both device peak (lower) and predicted tokens/s (higher)."""
     front, best = [], -1.0
-    for row in sorted(rows, key=lambda r: (r.report["device_peak"], -r.tokens_per_sec)):
+    for row in sorted(rows, key=lambda r: (r.report.device_peak, -r.tokens_per_sec)):
         if row.tokens_per_sec > best:
             front.append(row)
             best = row.tokens_per_sec
@@ -176,7 +176,7 @@ def _compile(job: Job, row: Row, memory_per_device: float) -> Row:
 def smallest_peak(result: Search) -> Row | None:
     """The compiled row with the smallest device peak (what a budget nothing fits is told)."""
     compiled = [r for r in result.rows if r.report]
-    return min(compiled, key=lambda r: r.report["device_peak"], default=None)
+    return min(compiled, key=lambda r: r.report.device_peak, default=None)
 
 
 def refuse_unfit(result: Search, budget_text: str) -> None:
@@ -190,5 +190,5 @@ def refuse_unfit(result: Search, budget_text: str) -> None:
     smallest = smallest_peak(result)
     found = "no candidate compiled"
     if smallest is not None:
-        found = f"the smallest compiled device peak was {human_bytes(smallest.report['device_peak'])} ({smallest.label})"
+        found = f"the smallest compiled device peak was {human_bytes(smallest.report.device_peak)} ({smallest.label})"
     raise ConfigError("--memory-per-device", f"no candidate fits in {budget_text} per device: {found}")

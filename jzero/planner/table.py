@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jzero.ledger.records import to_json
 from jzero.planner.search import Row, Search, pareto
 
 __all__ = ["format_search", "search_json", "why_it_wins"]
@@ -40,20 +41,20 @@ TIE = 1e-3  # predictions this close are a tie: the model is not that precise
 def _against(winner: Row, other: Row) -> str:
     if winner.tokens_per_sec <= other.tokens_per_sec * (1 + TIE):
         return f"it ties with {other.label} (within {TIE:.1%} of its predicted tokens/s)"
-    a, b = winner.report["predicted"], other.report["predicted"]
-    key = max(_TERMS, key=lambda k: b[k] - a[k])
+    a, b = winner.report.predicted, other.report.predicted
+    key = max(_TERMS, key=lambda k: getattr(b, k) - getattr(a, k))
+    ours, theirs = getattr(a, key), getattr(b, key)
     return (
-        f"{1e3 * (b[key] - a[key]):.3g} ms less {_TERMS[key]} than {other.label} "
-        f"({1e3 * a[key]:.4g} against {1e3 * b[key]:.4g} ms)"
+        f"{1e3 * (theirs - ours):.3g} ms less {_TERMS[key]} than {other.label} ({1e3 * ours:.4g} against {1e3 * theirs:.4g} ms)"
     )
 
 
 def _line(rank: str, row: Row, front: set[int]) -> str:
-    p = row.report["predicted"]
+    p = row.report.predicted
     mark = "*" if id(row) in front else ""
     return (
-        f"{rank:>4}  {p['tokens_per_sec']:>12,.0f}  {100 * p['mfu']:5.1f}%  {1e3 * p['step_time_s']:>9.4g}  "
-        f"{row.report['device_peak'] / 2**30:>8.2f}  {mark:^6}  {row.label}"
+        f"{rank:>4}  {p.tokens_per_sec:>12,.0f}  {100 * p.mfu:5.1f}%  {1e3 * p.step_time_s:>9.4g}  "
+        f"{row.report.device_peak / 2**30:>8.2f}  {mark:^6}  {row.label}"
     )
 
 
@@ -78,14 +79,14 @@ def format_search(result: Search) -> str:
         if id(row) in front:
             lines.append(_line(str(i), row, front))
     if not result.yours.fits:
-        why = result.yours.error or f"device peak {result.yours.report['device_peak'] / 2**30:.2f} GiB"
+        why = result.yours.error or f"device peak {result.yours.report.device_peak / 2**30:.2f} GiB"
         lines.append(f"your config does not fit: {why}")
     lines += ["", "* on the Pareto front: no other certified candidate has a smaller peak and more tokens/s", why_it_wins(result)]
     return "\n".join(lines)
 
 
 def _row_json(row: Row, front: set[int]) -> dict[str, Any]:
-    report = row.report or {}
+    report = to_json(row.report) if row.report else {}
     return {
         "label": row.label,
         "sets": row.sets,
@@ -104,7 +105,7 @@ def search_json(result: Search) -> dict[str, Any]:
     front = {id(r) for r in pareto(result.certified)}
     winner = result.winner
     return {
-        **(winner.report if winner else {}),
+        **(to_json(winner.report) if winner else {}),
         "search": {
             "target": result.target,
             "memory_per_device": result.memory_per_device,

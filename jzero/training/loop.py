@@ -33,6 +33,7 @@ from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
 from jzero.lazy import moved_names
+from jzero.ledger.records import GoodputReport, StartupLedger, from_json, to_json
 from jzero.ledger.render import format_ledger_summary
 from jzero.optimizers import build_schedule
 from jzero.sharding.axes import mesh_text
@@ -214,7 +215,7 @@ def startup_outputs(
     ledger = run.ledger = folder.ledger(start)
     if run.primary:
         with writing(ledger):
-            ledger.write_text(json.dumps(report, indent=1))
+            ledger.write_text(json.dumps(to_json(report), indent=1))
     bar.note(format_ledger_summary(report) + f"\n  written to {ledger}")
     bar.advance(start)
     return compiled
@@ -468,8 +469,8 @@ def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
     report = goodput.report()
     if run.primary and run.ledger is not None:
         with writing(run.ledger):
-            ledger = json.loads(run.ledger.read_text())
-            run.ledger.write_text(json.dumps({**ledger, "goodput": report}, indent=1))
+            ledger = from_json(StartupLedger, json.loads(run.ledger.read_text()))
+            run.ledger.write_text(json.dumps(to_json(dataclasses.replace(ledger, goodput=GoodputReport(**report))), indent=1))
     return report
 
 

@@ -1,12 +1,14 @@
 """What a compiled plan shows: the ``jzero plan --json`` report and the start-up ledger.
 
-Each report is a plain dict (rendered by :mod:`jzero.ledger.render`): the plan's specs and bytes against
+Each report is a record (:mod:`jzero.ledger.records`, rendered by :mod:`jzero.ledger.render`, its
+JSON by :func:`jzero.ledger.records.to_json`): the plan's specs and bytes against
 the paper's formulas (:mod:`jzero.sharding.stages`), the compiled step's memory, FLOPs and collectives
 (:mod:`jzero.ledger.hlo`), and how per-device work scales against one batch group's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -23,6 +25,43 @@ from jzero.ledger import targets
 from jzero.ledger.element_types import gradient_reductions, parameter_gathers
 from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
+from jzero.ledger.records import (
+    Activations,
+    AsyncCollective,
+    CheckedPlanReport,
+    CollectiveKind,
+    Communication,
+    CompiledHost,
+    CompiledMemory,
+    Compiler,
+    ExcludedTensor,
+    Gathered,
+    GatherMismatch,
+    GradientQuantization,
+    GradientReductions,
+    Hierarchical,
+    HostBytes,
+    LiveBytes,
+    LiveProcessBytes,
+    ModelFlops,
+    PaperRow,
+    PaperTable,
+    ParameterGathers,
+    PlanReport,
+    Prediction,
+    ProcessBytes,
+    Processes,
+    Quantization,
+    ReductionMismatch,
+    SavedKind,
+    Scaling,
+    StartupLedger,
+    StateBytes,
+    TensorEntry,
+    TensorRow,
+    XlaOption,
+    to_json,
+)
 from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
 from jzero.memory.offload import DEVICE, HOST
 from jzero.memory.remat import policy_name
@@ -84,7 +123,7 @@ def device_description(mesh: Any) -> dict[str, Any]:
     }
 
 
-def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
+def plan_report(job: Job, compiled: Any = None) -> PlanReport:
     """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives.
 
     Args:
@@ -92,7 +131,8 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
       compiled: the compiled step when the caller has it already (default: compiled here).
 
     Returns:
-      The report, a plain dict (rendered by :func:`jzero.ledger.render.format_plan`).
+      The report (rendered by :func:`jzero.ledger.render.format_plan`; its JSON is
+      :func:`jzero.ledger.records.to_json`'s).
     """
     if compiled is None:
         _, compiled = job.compile_step()
@@ -103,28 +143,30 @@ def plan_report(job: Job, compiled: Any = None) -> dict[str, Any]:
     plan = job.plan
     device = device_description(job.mesh)
     memory = _memory_part(job, compiled, hlo)
-    return {
-        "devices": int(job.mesh.size),
+    # The step-time model reads the memory part as JSON data (jzero.training.prediction.step_cost).
+    forecast = predicted(job, {k: to_json(v) for k, v in memory.items()}, hlo, ops)
+    return PlanReport(
+        devices=int(job.mesh.size),
         **device,
-        "mesh": mesh_shape(job.mesh),
-        "stage": plan.zero.stage,
-        "num_params": plan.num_params,
+        mesh=mesh_shape(job.mesh),
+        stage=plan.zero.stage,
+        num_params=plan.num_params,
         **memory,
-        "predicted": predicted(job, memory, hlo, ops),
+        predicted=Prediction(**forecast) if forecast is not None else None,
         **_collectives_part(ops, collectives),
-        "notes": lowering_notes(plan.zero.stage, collectives, hlo, device["backend"]),
+        notes=lowering_notes(plan.zero.stage, collectives, hlo, device["backend"]),
         **_tensors_part(plan),
-        "paper_table": table,
-        "communication": communication(plan, ops, table),
-        "quantization": quantization(plan, ops),
-        "gradient_quantization": gradient_quantization(plan, ops),
-        "attention": job.model.attention if job.model is not None else None,
-        "hierarchical": hierarchical(job, hlo),
-        "compiler": {"xla_options": job.xla_options()},
-    }
+        paper_table=table,
+        communication=communication(plan, ops, table),
+        quantization=quantization(plan, ops),
+        gradient_quantization=gradient_quantization(plan, ops),
+        attention=job.model.attention if job.model is not None else None,
+        hierarchical=hierarchical(job, hlo),
+        compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in job.xla_options().items()}),
+    )
 
 
-def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any] | None:
+def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> GradientQuantization | None:
     """qgZ's part of the report: the gradients reduced by quantized all-to-alls, those whole at rest
     (whose gradients ``shard_map`` all-reduces at full precision), and what the compiled reductions
     really send (:func:`jzero.ledger.element_types.gradient_reductions`); None without qgZ."""
@@ -132,17 +174,18 @@ def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str,
         return None
     blocks = plan.gradient_blocks()
     by_path = {t.path: t for t in plan.tensors}
-    return {
-        "gradients": plan.zero.quantized_gradients,
-        "quantized": len(blocks),
-        "quantized_bytes": sum(by_path[p].nbytes for p in blocks),
-        "smallest_block": min(blocks.values(), default=0),
-        "not_quantized": [{**_tensor_entry(t), "why": "whole at rest"} for t in plan.tensors if t.path not in blocks],
-        "reductions": gradient_reductions(ops, plan.zero.quantized_gradients),
-    }
+    reductions = gradient_reductions(ops, plan.zero.quantized_gradients)
+    return GradientQuantization(
+        gradients=plan.zero.quantized_gradients,
+        quantized=len(blocks),
+        quantized_bytes=sum(by_path[p].nbytes for p in blocks),
+        smallest_block=min(blocks.values(), default=0),
+        not_quantized=[_excluded(t, "whole at rest") for t in plan.tensors if t.path not in blocks],
+        reductions=GradientReductions(**{**reductions, "mismatched": [ReductionMismatch(**m) for m in reductions["mismatched"]]}),
+    )
 
 
-def hierarchical(job: Job, hlo_text: str) -> dict[str, Any] | None:
+def hierarchical(job: Job, hlo_text: str) -> Hierarchical | None:
     """hpZ's secondary copy per device: the plan's bytes, the paper's formula (the parameters in
     the compute dtype over the devices of a host, ``data``, and N_m), and what the compiled layer
     loops save of it (its scanned layers' stacks, found by shape); None without hpZ."""
@@ -165,16 +208,16 @@ def hierarchical(job: Job, hlo_text: str) -> dict[str, Any] | None:
             written.remove(stack)
             saved += math.prod(stack[1]) * itemsize
     alone = [t for t in gathered if plan.secondary_spec(t.param_spec) == t.param_spec]
-    return {
-        "not_over_replica": [{**_tensor_entry(t), "why": "replica x data divides none of its dimensions"} for t in alone],
-        "secondary_bytes": plan.secondary_bytes(dtype),
-        "formula_bytes": formula,
-        "scanned_bytes": sum(math.prod(dims) * itemsize for _, dims in stacks),
-        "saved_by_loops_bytes": saved,
-    }
+    return Hierarchical(
+        not_over_replica=[_excluded(t, "replica x data divides none of its dimensions") for t in alone],
+        secondary_bytes=plan.secondary_bytes(dtype),
+        formula_bytes=formula,
+        scanned_bytes=sum(math.prod(dims) * itemsize for _, dims in stacks),
+        saved_by_loops_bytes=saved,
+    )
 
 
-def quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any] | None:
+def quantization(plan: Plan, ops: list[ledger.Collective]) -> Quantization | None:
     """qwZ's part of the report: what is quantized, what is gathered at full precision and why,
     and what the compiled gathers really send (:func:`jzero.ledger.element_types.parameter_gathers`);
     None when weights are not quantized."""
@@ -191,40 +234,41 @@ def quantization(plan: Plan, ops: list[ledger.Collective]) -> dict[str, Any] | N
             others.append(lay.blocks * math.prod(NamedSharding(plan.mesh, target).shard_shape(shape)) // lay.local_size)
         else:
             others.append(elements)
-            kept.append({**_tensor_entry(by_path[path]), "why": lay})
-    return {
-        "weights": plan.zero.quantized_weights,
-        "block": plan.zero.quantization_block,
-        "quantized": len(quantized),
-        "quantized_bytes": sum(by_path[p].nbytes for p, lay in layouts.items() if isinstance(lay, Layout)),
-        "not_quantized": kept,
-        "gathers": parameter_gathers(ops, plan.zero.quantized_weights, quantized, others),
-    }
+            kept.append(_excluded(by_path[path], lay))
+    gathers = parameter_gathers(ops, plan.zero.quantized_weights, quantized, others)
+    return Quantization(
+        weights=plan.zero.quantized_weights,
+        block=plan.zero.quantization_block,
+        quantized=len(quantized),
+        quantized_bytes=sum(by_path[p].nbytes for p, lay in layouts.items() if isinstance(lay, Layout)),
+        not_quantized=kept,
+        gathers=ParameterGathers(**{**gathers, "mismatched": [GatherMismatch(**m) for m in gathers["mismatched"]]}),
+    )
 
 
 def _memory_part(job: Job, compiled: Any, hlo: str) -> dict[str, Any]:
-    """The report's bytes, planned and compiled, and its FLOPs."""
+    """The report's bytes, planned and compiled, and its FLOPs: :class:`PlanReport`'s fields by name."""
     plan = job.plan
     mem = ledger.compiled_memory(compiled, hlo)
     activations = saved_activations(job, hlo)
     gathered = gathered_at_once(job, hlo)
     return {
-        "per_device_bytes": plan.per_device_bytes(),
-        "host_bytes": {**plan.host_bytes(), "activations": activations["host"]},
-        "ideal_per_device_bytes": plan.ideal_per_device_bytes(),
+        "per_device_bytes": StateBytes(**plan.per_device_bytes()),
+        "host_bytes": HostBytes(**plan.host_bytes(), activations=activations.host),
+        "ideal_per_device_bytes": StateBytes(**plan.ideal_per_device_bytes()),
         "activations": activations,
-        "compiled": {k: mem[k] for k in ("argument", "output", "temp", "peak")},
-        "gathered_peak_bytes": gathered["peak_bytes"],
+        "compiled": CompiledMemory(**{k: mem[k] for k in ("argument", "output", "temp", "peak")}),
+        "gathered_peak_bytes": gathered.peak_bytes,
         "gathered": gathered,
         # What rests in host memory among the arguments and outputs, and the peak without it.
-        "compiled_host": {"argument": mem["host_argument"], "output": mem["host_output"]},
+        "compiled_host": CompiledHost(argument=mem["host_argument"], output=mem["host_output"]),
         "device_peak": mem["device_peak"],
         "flops_per_device": ledger.flops_per_device(compiled),
         "model_flops": model_flops(job),
     }
 
 
-def model_flops(job: Job) -> dict[str, float | None]:
+def model_flops(job: Job) -> ModelFlops:
     """The FLOPs one step needs (:attr:`~jzero.training.job.Job.flops_per_token` x the batch's tokens),
     in all and per device; where the device's dense bf16 peak is known, ``peak_floor_s``: the step's
     time at that peak, a floor no real step reaches."""
@@ -232,33 +276,36 @@ def model_flops(job: Job) -> dict[str, float | None]:
     per_step = job.flops_per_token * tokens
     per_device = per_step / job.mesh.size
     peak = targets.device_peak_flops(job.mesh.devices.flat[0])
-    return {
-        "per_token": job.flops_per_token,
-        "per_step": per_step,
-        "per_device_per_step": per_device,
-        "peak_flops": peak,
-        "peak_floor_s": per_device / peak if peak else None,
-    }
+    return ModelFlops(
+        per_token=job.flops_per_token,
+        per_step=per_step,
+        per_device_per_step=per_device,
+        peak_flops=peak,
+        peak_floor_s=per_device / peak if peak else None,
+    )
 
 
 def _collectives_part(ops: list[ledger.Collective], collectives: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The report's collectives: per kind, then each asynchronous one."""
     return {
         "collectives": {
-            k: {key: v[key] for key in ("count", "bytes", "dtypes", "async", "overlapped")} for k, v in collectives.items()
+            k: CollectiveKind(
+                count=v["count"], bytes=v["bytes"], dtypes=v["dtypes"], async_=v["async"], overlapped=v["overlapped"]
+            )
+            for k, v in collectives.items()
         },
         "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
         "collective_groups": {k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in collectives},
         "async_collectives": [
-            {
-                "name": o.name,
-                "kind": o.kind,
-                "dtype": o.dtype,
-                "bytes": o.bytes,
-                "computation": o.computation,
-                "executions": o.executions,
-                "overlapped": o.overlapped,
-            }
+            AsyncCollective(
+                name=o.name,
+                kind=o.kind,
+                dtype=o.dtype,
+                bytes=o.bytes,
+                computation=o.computation,
+                executions=o.executions,
+                overlapped=o.overlapped,
+            )
             for o in ops
             if o.is_async
         ],
@@ -269,15 +316,15 @@ def _tensors_part(plan: Plan) -> dict[str, Any]:
     """The report's tensors: each one's specs, then the replicated, largest and not-on-``model`` ones."""
     return {
         "tensors": [
-            {
-                "path": t.path,
-                "shape": list(t.shape),
-                "dtype": str(t.dtype),
-                "param_spec": str(t.param_spec),
-                "grad_spec": str(t.grad_spec),
-                "optimizer_spec": str(t.optimizer_spec),
-                "param_bytes_per_device": shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
-            }
+            TensorRow(
+                path=t.path,
+                shape=list(t.shape),
+                dtype=str(t.dtype),
+                param_spec=str(t.param_spec),
+                grad_spec=str(t.grad_spec),
+                optimizer_spec=str(t.optimizer_spec),
+                param_bytes_per_device=shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
+            )
             for t in plan.tensors
         ],
         "replicated": [_tensor_entry(t) for t in plan.replicated],
@@ -286,21 +333,26 @@ def _tensors_part(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _tensor_entry(t: TensorPlan) -> dict[str, Any]:
+def _tensor_entry(t: TensorPlan) -> TensorEntry:
     """A tensor named in a list: its path, shape and bytes."""
-    return {"path": t.path, "shape": list(t.shape), "bytes": t.nbytes}
+    return TensorEntry(path=t.path, shape=list(t.shape), bytes=t.nbytes)
 
 
-def gathered_at_once(job: Job, hlo_text: str) -> dict[str, Any]:
+def _excluded(t: TensorPlan, why: str) -> ExcludedTensor:
+    """A tensor a ZeRO++ technique leaves out, and why."""
+    return ExcludedTensor(path=t.path, shape=list(t.shape), bytes=t.nbytes, why=why)
+
+
+def gathered_at_once(job: Job, hlo_text: str) -> Gathered:
     """What the job's step holds gathered at once (:func:`jzero.ledger.gathered.gathered_at_once`),
     with the gathering units by name (:attr:`jzero.sharding.plan.Plan.unit_tensors`) and the parameters left
     whole at rest for their size (``persistent``)."""
     plan = job.plan
     persistent = [_tensor_entry(t) for t in plan.persistent]
-    return {**at_once(hlo_text, plan, job.precision), "unit_tensors": plan.unit_tensors, "persistent": persistent}
+    return Gathered(**at_once(hlo_text, plan, job.precision), unit_tensors=plan.unit_tensors, persistent=persistent)
 
 
-def saved_activations(job: Job, hlo_text: str) -> dict[str, Any]:
+def saved_activations(job: Job, hlo_text: str) -> Activations:
     """What the layer loops save for the backward, per device (:func:`jzero.ledger.hlo.saved_activations`),
     with the remat policy and whether the saved inputs are partitioned over ``model``.
 
@@ -321,24 +373,26 @@ def saved_activations(job: Job, hlo_text: str) -> dict[str, Any]:
         source = "policy"
     remat = policy_name(cfg.model.remat)
     out = {"device": saved["device"], "host": saved["host"], "remat": remat, "partitioned": partitioned, "host_from": source}
-    return {**out, "saved_by": "layer loops", **_saved_against_formula(job, hlo_text, rows, partitioned)}
+    return Activations(**out, saved_by="layer loops", **_saved_against_formula(job, hlo_text, rows, partitioned))
 
 
-def _saved_by_units(job: Job, hlo_text: str, rows: int, partitioned: bool) -> dict[str, Any]:
+def _saved_by_units(job: Job, hlo_text: str, rows: int, partitioned: bool) -> Activations:
     """An unrolled model's saved values (:func:`jzero.ledger.saved.saved_unrolled`), by kind within
     its gathering units; the policy is the units' own checkpoints'."""
     values = saved_unrolled(hlo_text, rows)
     device = sum(v["bytes"] for v in values)
     out = {"device": device, "host": 0, "remat": UNIT_REMAT, "partitioned": partitioned, "host_from": "compiled"}
-    return {**out, "saved_by": "gathering units", "by_kind": saved_by_unit(values, job.plan.units)}
+    by_kind = [SavedKind(**row) for row in saved_by_unit(values, job.plan.units)]
+    return Activations(**out, saved_by="gathering units", by_kind=by_kind)
 
 
 def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool) -> dict[str, Any]:
     """The layer loops' saved stacks by kind (:func:`jzero.ledger.saved.saved_by_kind`) and, for the
-    GPT, each kind's bytes per layer by the formula of its remat policy; kinds over it are listed."""
+    GPT, each kind's bytes per layer by the formula of its remat policy; kinds over it are listed:
+    :class:`Activations`' fields by name."""
     by_kind = saved_by_kind(hlo_text, rows)
     if job.model is None:
-        return {"by_kind": by_kind}
+        return {"by_kind": [SavedKind(**row) for row in by_kind]}
     m, policy = job.config.model, policy_name(job.config.model.remat)
     itemsize = jnp.dtype(job.precision.compute_dtype or jnp.float32).itemsize
     formula = gpt_saved_per_layer(
@@ -351,7 +405,7 @@ def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool
         measured[row["role"]] = measured.get(row["role"], 0) + row["bytes_per_layer"]
     layers = max((row["layers"] for row in by_kind), default=m.n_layers)
     return {
-        "by_kind": by_kind,
+        "by_kind": [SavedKind(**row) for row in by_kind],
         "formula": sum(formula.values()) * layers,
         "formula_by_kind": formula,
         "over_formula": sorted(role for role, nbytes in measured.items() if nbytes > formula.get(role, 0)),
@@ -399,11 +453,11 @@ def one_group_reference(job: Job) -> dict[str, float | None]:
     return {"flops": ledger.flops_per_device(compiled), "temp": ledger.compiled_memory(compiled)["temp"]}
 
 
-def with_scaling(report: dict[str, Any], reference: dict[str, float | None]) -> dict[str, Any]:
-    """Add ``scaling``: per-device FLOPs and temporaries against one batch group's over N_d, and
-    ``flags`` when either fails to shrink (GSPMD replicating work is as costly as a no-op stage)."""
-    groups = batch_ways(report["mesh"])
-    flops, temp = report.get("flops_per_device"), report["compiled"]["temp"]
+def with_scaling(report: CheckedPlanReport, reference: dict[str, float | None]) -> CheckedPlanReport:
+    """The report with ``scaling``: per-device FLOPs and temporaries against one batch group's over N_d,
+    and ``flags`` when either fails to shrink (GSPMD replicating work is as costly as a no-op stage)."""
+    groups = batch_ways(report.mesh)
+    flops, temp = report.flops_per_device, report.compiled.temp
     flops_ratio = flops / (reference["flops"] / groups) if flops and reference["flops"] else None
     temp_ratio = temp / reference["temp"] if reference["temp"] else None
     flags = []
@@ -411,37 +465,44 @@ def with_scaling(report: dict[str, Any], reference: dict[str, float | None]) -> 
         flags.append(f"per-device FLOPs are {flops_ratio:.1f}x one batch group's / {groups}: work is replicated across data")
     if groups > 1 and temp_ratio is not None and temp_ratio >= 1:
         flags.append(f"temporaries do not shrink with the data axis ({temp_ratio:.2f}x one batch group's)")
-    report["scaling"] = {
-        "batch_groups": groups,
-        "flops_one_group": reference["flops"],
-        "flops_ratio_to_predicted": flops_ratio,
-        "temp_one_group": reference["temp"],
-        "temp_ratio": temp_ratio,
-        "flags": flags,
-    }
-    return report
+    scaling = Scaling(
+        batch_groups=groups,
+        flops_one_group=reference["flops"],
+        flops_ratio_to_predicted=flops_ratio,
+        temp_one_group=reference["temp"],
+        temp_ratio=temp_ratio,
+        flags=flags,
+    )
+    return dataclasses.replace(report, scaling=scaling)
 
 
-def with_verdict(report: dict[str, Any], memory_per_device: float | None) -> dict[str, Any]:
-    """Add ``memory_per_device`` and ``fits``: the compiled step's device peak (what rests in host
-    memory left out) within it."""
-    report["memory_per_device"] = memory_per_device
-    report["fits"] = None if memory_per_device is None else report["device_peak"] <= memory_per_device
-    return report
+def with_verdict(report: PlanReport, memory_per_device: float | None) -> CheckedPlanReport:
+    """The report with ``memory_per_device`` and ``fits``: the compiled step's device peak (what rests
+    in host memory left out) within it."""
+    fits = None if memory_per_device is None else report.device_peak <= memory_per_device
+    if isinstance(report, CheckedPlanReport):
+        return dataclasses.replace(report, memory_per_device=memory_per_device, fits=fits)
+    return CheckedPlanReport(**_fields(report, PlanReport), memory_per_device=memory_per_device, fits=fits)
 
 
-def startup_ledger(job: Job, compiled: Any, state: TrainState) -> dict[str, Any]:
+def _fields(record: Any, cls: type) -> dict[str, Any]:
+    """``cls``'s fields of ``record`` (an instance of it or of a subclass), by name: a shallow copy."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)}
+
+
+def startup_ledger(job: Job, compiled: Any, state: TrainState) -> StartupLedger:
     """The plan report of the step this run compiled, with the bytes its live state really holds."""
     report = plan_report(job, compiled)
+    live = {}
     for key, kind in (("live_bytes_per_device", DEVICE), ("live_host_bytes_per_device", HOST)):
         params = ledger.live_bytes_per_device(state.params, kind)
         optimizer = ledger.live_bytes_per_device(state.opt_state, kind)
-        report[key] = {"params": params, "optimizer": optimizer, "total": params + optimizer}
-    report["processes"] = process_figures(job, state, report["per_device_bytes"]["total"])
-    return report
+        live[key] = LiveBytes(params=params, optimizer=optimizer, total=params + optimizer)
+    processes = process_figures(job, state, report.per_device_bytes.total)
+    return StartupLedger(**_fields(report, PlanReport), **live, processes=processes)
 
 
-def process_figures(job: Job, state: TrainState, planned_per_device: int) -> dict[str, Any]:
+def process_figures(job: Job, state: TrainState, planned_per_device: int) -> Processes:
     """The job's processes and what their devices hold: the planned model states of one process's
     devices and of all of them, and the live parameters and optimizer state each process holds
     (measured in every process and gathered, a collective when there are several)."""
@@ -454,41 +515,41 @@ def process_figures(job: Job, state: TrainState, planned_per_device: int) -> dic
         gathered = [int(high) * 2**30 + int(low) for high, low in pairs.reshape(-1, 2)]
     else:
         gathered = [live]
-    return {
-        "count": jax.process_count(),
-        "devices_per_process": local,
-        "planned_model_state_bytes": {"per_process": planned_per_device * local, "global": planned_per_device * len(devices)},
-        "live_bytes": {"per_process": gathered, "global": sum(gathered)},
-    }
+    return Processes(
+        count=jax.process_count(),
+        devices_per_process=local,
+        planned_model_state_bytes=ProcessBytes(per_process=planned_per_device * local, global_=planned_per_device * len(devices)),
+        live_bytes=LiveProcessBytes(per_process=gathered, global_=sum(gathered)),
+    )
 
 
-def communication(plan: Plan, ops: list[ledger.Collective], table: dict[str, Any]) -> dict[str, Any]:
+def communication(plan: Plan, ops: list[ledger.Collective], table: PaperTable) -> Communication:
     """Bytes per device per step from the compiled HLO (loops times their trip counts), against
     the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3), sized from ``table`` (:func:`paper_table`).
     Tensor-parallel all-reduces count too. They are split by level as ZeRO++ counts them
     (:mod:`jzero.ledger.levels`): a collective whose group spans hosts is cross-host. At stage 3,
     ZeRO++'s own cross-host figure, 0.75Ψ of the paper's 3Ψ, stands beside them."""
     measured = ledger.communication_bytes(ops)
-    paper = paper_communication_bytes(plan.num_params, plan.zero.stage, table["param_bytes"], table["n_m"])
+    paper = paper_communication_bytes(plan.num_params, plan.zero.stage, table.param_bytes, table.n_m)
     total = sum(measured.values())
     hosts = [d.process_index for d in plan.mesh.devices.flat]
     levels = bytes_by_level(ops, hosts)
-    return {
-        "bytes_per_step": measured,
-        "by_dtype": ledger.communication_by_dtype(ops),
-        "total": total,
-        "paper": paper,
-        "paper_model": f"{plan.rule.communication_units}Ψ",
-        "ratio": total / paper if paper else None,
-        "hosts": len(set(hosts)),
-        "within_host_bytes": levels["within_host"],
-        "cross_host_bytes": levels["cross_host"],
-        "cross_host_ratio": levels["cross_host"] / paper if paper else None,
-        "zeropp_cross_host_bytes": paper * ZEROPP_CROSS_HOST_SHARE if plan.rule.params else None,
-    }
+    return Communication(
+        bytes_per_step=measured,
+        by_dtype=ledger.communication_by_dtype(ops),
+        total=total,
+        paper=paper,
+        paper_model=f"{plan.rule.communication_units}Ψ",
+        ratio=total / paper if paper else None,
+        hosts=len(set(hosts)),
+        within_host_bytes=levels["within_host"],
+        cross_host_bytes=levels["cross_host"],
+        cross_host_ratio=levels["cross_host"] / paper if paper else None,
+        zeropp_cross_host_bytes=paper * ZEROPP_CROSS_HOST_SHARE if plan.rule.params else None,
+    )
 
 
-def paper_table(plan: Plan) -> dict[str, Any]:
+def paper_table(plan: Plan) -> PaperTable:
     """The paper's per-stage model-state bytes for this model and mesh (its Figure 1 / Table 1 style):
     (p + g + K)Ψ with the stage's parts over N_d, then over N_m, where p and g are the parameter and
     gradient bytes and K the optimizer-state bytes per parameter."""
@@ -499,7 +560,7 @@ def paper_table(plan: Plan) -> dict[str, Any]:
     n_m = model_ways(plan.mesh.shape)
     sizes = {"k": k, "param_bytes": param_bytes, "grad_bytes": param_bytes, "n_m": n_m}
     rows = [
-        {"stage": stage, "partitioned": rule.partitioned, "bytes": paper_bytes_per_device(psi, stage, n_d, **sizes)}
+        PaperRow(stage=stage, partitioned=rule.partitioned, bytes=paper_bytes_per_device(psi, stage, n_d, **sizes))
         for stage, rule in STAGES.items()
     ]
-    return {"psi": psi, "k": round(k, 3), "param_bytes": param_bytes, "n_d": n_d, "n_m": n_m, "rows": rows}
+    return PaperTable(psi=psi, k=round(k, 3), param_bytes=param_bytes, n_d=n_d, n_m=n_m, rows=rows)

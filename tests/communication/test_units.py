@@ -39,10 +39,10 @@ def test_auto_picks_the_repeated_layers_and_the_rest_alone(devices):
 def test_a_scanned_stack_keeps_the_loops_gather(devices):
     s = build_job(tiny_config("zero.stage=3"), devices)
     assert s.plan.units == {}
-    g = plan_report(s)["gathered"]
+    g = plan_report(s).gathered
     # One layer per loop step, beside what XLA gathers of the tensors outside the stack.
     outside = sum(t.nbytes for t in s.plan.tensors if "layers" not in (t.logical or ()))
-    assert g["layer_bytes"] <= g["peak_bytes"] <= g["layer_bytes"] + outside
+    assert g.layer_bytes <= g.peak_bytes <= g.layer_bytes + outside
 
 
 def test_units_only_at_stage_3_and_not_with_none(devices):
@@ -62,11 +62,11 @@ def test_stage_3_holds_at_most_prefetch_plus_one_layers_gathered(devices, prefet
     s = llama_job("zero.stage=3", f"zero.prefetch={prefetch}", layers=4)
     with_units = plan_report(s)
     without = plan_report(llama_job("zero.stage=3", "zero.gather_units=none", layers=4))
-    g = with_units["gathered"]
-    assert g["peak_bytes"] <= _bound(s, prefetch), g
-    held = without["gathered_peak_bytes"] / g["layer_bytes"]
+    g = with_units.gathered
+    assert g.peak_bytes <= _bound(s, prefetch), g
+    held = without.gathered_peak_bytes / g.layer_bytes
     assert held > 2.5, f"without units XLA holds most layers at once ({held:.2f})"
-    assert with_units["gathered_peak_bytes"] == g["peak_bytes"] > 0
+    assert with_units.gathered_peak_bytes == g.peak_bytes > 0
 
 
 def test_the_backward_gathers_again_and_the_totals_match_the_ledger(devices):
@@ -122,7 +122,7 @@ def test_persistent_parameters_rest_whole_and_are_listed(devices):
     assert small and {t.path for t in s.plan.persistent} == small
     assert not small & set(s.plan.units)
     report = plan_report(s)
-    assert {p["path"] for p in report["gathered"]["persistent"]} == small
+    assert {p.path for p in report.gathered.persistent} == small
 
 
 def test_bad_unit_regexes_name_the_pattern():
@@ -161,9 +161,9 @@ def test_h100x8_target_bounds_the_gathers_and_keeps_3_psi():
     s = llama_job("zero.stage=3", devices=devices, layers=4)
     with_units = plan_report(s)
     stage_0 = plan_report(llama_job("zero.stage=0", devices=devices, layers=4))
-    assert with_units["gathered"]["peak_bytes"] <= _bound(s, 1)
-    assert 0.95 <= with_units["communication"]["ratio"] <= 1.05
-    assert with_units["compiled"]["temp"] < stage_0["compiled"]["temp"]
+    assert with_units.gathered.peak_bytes <= _bound(s, 1)
+    assert 0.95 <= with_units.communication.ratio <= 1.05
+    assert with_units.compiled.temp < stage_0.compiled.temp
 
 
 def test_a_hugging_face_gpt2_gathers_layer_by_layer(devices):
@@ -181,8 +181,8 @@ def test_a_hugging_face_gpt2_gathers_layer_by_layer(devices):
     cfg = load_config(None, [*LLAMA, "zero.stage=3"])
     s = build_job(cfg, devices, init_fn=init_fn, loss_fn=loss_fn)
     assert len({s.plan.units[p] for p in s.plan.units if "/h/" in p}) == 12
-    g = plan_report(s)["gathered"]
-    assert g["peak_bytes"] <= _bound(s, 1), g
+    g = plan_report(s).gathered
+    assert g.peak_bytes <= _bound(s, 1), g
 
 
 def test_an_nnx_model_with_a_list_of_layers_gets_units_and_the_same_numbers(devices):
@@ -339,7 +339,7 @@ def test_units_one_custom_vjp_reads_are_left_to_xla_and_named_once(devices):
     assert s.plan.merged_units == (MERGED,)
     assert sorted(s.plan.unit_tensors) == ["embed", "head"], "only the units in effect are counted"
     report = plan_report(s)
-    assert report["gathered"]["units"] == 2 and format_plan(report).splitlines().count(MERGED) == 1
+    assert report.gathered.units == 2 and format_plan(report).splitlines().count(MERGED) == 1
     held, sent = _held_and_sent(s)
     held_none, sent_none = _held_and_sent(_own(_fused_parts(), "zero.gather_units=none"))
     assert held <= held_none, "the merged units are gathered as without units, not all at once twice"

@@ -103,8 +103,8 @@ def _assert_int8_gathers(plain, quantized) -> None:
     """Each bf16 parameter gather of the plain program became an s8 gather of the same elements,
     and the ledger finds no parameter-sized gather left in another type."""
     (job, compiled), (_, plain_compiled) = quantized, plain
-    report = plan_report(job, compiled)["quantization"]
-    assert report["quantized"] > 0 and report["gathers"]["mismatched"] == [], report
+    report = plan_report(job, compiled).quantization
+    assert report.quantized > 0 and report.gathers.mismatched == [], report
     layouts = job.plan.weight_layouts()
     sizes = set()
     for t in job.plan.tensors:
@@ -114,7 +114,7 @@ def _assert_int8_gathers(plain, quantized) -> None:
     bf16 = _gathered_arrays(plain_compiled, sizes, {"bf16"})
     assert bf16 > 0 and _gathered_arrays(compiled, sizes, {"s8"}) * 2 == bf16
     assert _gathered_arrays(compiled, sizes, {"bf16"}) == 0
-    assert report["gathers"]["quantized_bytes"] == bf16 // 2
+    assert report.gathers.quantized_bytes == bf16 // 2
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -231,15 +231,15 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
     assert live_bytes_per_device(state.params) == planned["params"]
     assert 0 <= live_bytes_per_device(state.opt_state) - planned["optimizer"] <= 8  # the optimizer's step counts
     job, compiled = compiled_step(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
-    h = plan_report(job, compiled)["hierarchical"]
+    h = plan_report(job, compiled).hierarchical
     whole = sum(int(np.prod(t.shape)) * 2 for t in job.plan.tensors)  # bf16
-    assert h["secondary_bytes"] == h["formula_bytes"] == whole / 4
+    assert h.secondary_bytes == h.formula_bytes == whole / 4
     written = [dims for loop in forward_loop_writes(compiled.as_text()) for dtype, dims, _, _ in loop if dtype == "bf16"]
     for t in job.plan.tensors:
         if t.path.startswith("blocks/") and t.path.endswith("kernel"):
             assert NamedSharding(job.mesh, job.plan.secondary_spec(t.param_spec)).shard_shape(t.shape) in written, t.path
     # All of it but a bias the backward never reads (the value projection's): not saved.
-    assert 0.95 * h["scanned_bytes"] <= h["saved_by_loops_bytes"] <= h["scanned_bytes"]
+    assert 0.95 * h.scanned_bytes <= h.saved_by_loops_bytes <= h.scanned_bytes
 
 
 @pytest.mark.parametrize("model", ["gpt", "llama units"])

@@ -163,14 +163,14 @@ def test_communication_against_the_papers_volume(devices):
 
     for stage in (0, 3):
         report = plan_report(build_job(tiny_config(f"zero.stage={stage}")))
-        comm, psi = report["communication"], report["num_params"]
-        assert comm["paper"] == (3 if stage == 3 else 2) * psi * 4
+        comm, psi = report.communication, report.num_params
+        assert comm.paper == (3 if stage == 3 else 2) * psi * 4
         if stage == 0:
-            assert comm["ratio"] == pytest.approx(1.0, abs=0.01) and set(comm["bytes_per_step"]) == {"all-reduce"}
+            assert comm.ratio == pytest.approx(1.0, abs=0.01) and set(comm.bytes_per_step) == {"all-reduce"}
         else:
             # Measured 1.61Ψ here (1.92Ψ on gpt-tiny): XLA reuses some forward gathers in the
             # backward pass, so the band is "most parameters twice, never more than twice".
-            assert 1.5 * psi * 4 <= comm["bytes_per_step"]["all-gather"] <= 2.02 * psi * 4
+            assert 1.5 * psi * 4 <= comm.bytes_per_step["all-gather"] <= 2.02 * psi * 4
 
 
 # What XLA's GPU pipeline emits (compiled for an H100 target): async collectives whose type is

@@ -5,6 +5,7 @@ import pytest
 from support.configs import tiny_config
 from support.llama import llama_job
 
+from jzero.ledger.records import Activations, SavedKind
 from jzero.ledger.render import _saved_kind_lines
 from jzero.memory.remat import REMAT_POLICIES
 from jzero.models.sizes import SAVED_BY_POLICY, gpt_saved_per_layer
@@ -17,27 +18,27 @@ COMPUTE_BF16 = ("precision.compute_dtype=bfloat16",)
 def _activations(*sets, devices=None):
     job = build_job(tiny_config("zero.stage=3", *sets), devices)
     _, compiled = job.compile_step()
-    return plan_report(job, compiled)["activations"], compiled.as_text()
+    return plan_report(job, compiled).activations, compiled.as_text()
 
 
 def _roles(a) -> set[str]:
-    return {row["role"] for row in a["by_kind"]}
+    return {row.role for row in a.by_kind}
 
 
 @pytest.mark.parametrize("policy", REMAT_POLICIES)
 def test_each_policy_saves_its_formula_exactly_on_cpu(policy):
     a, _ = _activations(f"model.remat={policy}")
     # XLA attention on CPU: its scores in float32 are kept by none and dots_saveable only.
-    assert a["device"] + a["host"] == a["formula"] > 0
-    assert _roles(a) == set(a["formula_by_kind"]) and a["over_formula"] == []
+    assert a.device + a.host == a.formula > 0
+    assert _roles(a) == set(a.formula_by_kind) and a.over_formula == []
 
 
 def test_none_keeps_what_a_layer_needs_not_every_intermediate():
     # JAX's own linearization (no checkpoint) kept a tanh GELU's 6 intermediates and the norms'
     # float32 copies: 86 s b h bytes per layer on the MPT-7B row, against 20 now (docs/offload.md).
     a, _ = _activations("model.remat=none", "model.mlp_ratio=4")
-    assert set(a["formula_by_kind"]) == set(SAVED_BY_POLICY["none"])
-    mlp = [row for row in a["by_kind"] if row["role"] == "mlp_in"]
+    assert set(a.formula_by_kind) == set(SAVED_BY_POLICY["none"])
+    mlp = [row for row in a.by_kind if row.role == "mlp_in"]
     assert len(mlp) == 1  # the MLP's hidden activations once: GELU is recomputed from them
 
 
@@ -45,7 +46,7 @@ def test_none_keeps_what_a_layer_needs_not_every_intermediate():
 def test_none_on_gpus_saves_the_formula_and_runs_attention_once(mesh, h100x8):
     sets = ("model.remat=none", *COMPUTE_BF16, mesh) + (("mesh.axes.data=4",) if "model" in mesh else ())
     a, text = _activations(*sets, devices=h100x8)
-    assert a["device"] == a["formula"] and a["over_formula"] == []
+    assert a.device == a.formula and a.over_formula == []
     assert _roles(a) == set(SAVED_BY_POLICY["none"])  # cuDNN's output and statistics are attention's
     # The forward's attention kernel is kept, not run again in the backward: as many forward kernels
     # in the program as backward ones (XLA's pipeliner peels a layer out of each loop: 2 and 2 here;
@@ -71,14 +72,15 @@ def test_the_formula_in_figures():
 
 
 def test_the_plan_flags_a_kind_over_its_formula():
-    a = {
-        "device": 300, "host": 0, "remat": "none", "formula": 200, "korthikanti_none": 1000,
-        "formula_by_kind": {"input": 100, "mlp_in": 100}, "over_formula": ["mlp_in"],
-        "by_kind": [
-            {"kind": "input", "role": "input", "dtype": "bf16", "shape": [1, 2], "bytes_per_layer": 100},
-            {"kind": "mlp_in/dot_general", "role": "mlp_in", "dtype": "f32", "shape": [1, 4], "bytes_per_layer": 200},
+    a = Activations(
+        device=300, host=0, remat="none", formula=200, korthikanti_none=1000,
+        formula_by_kind={"input": 100, "mlp_in": 100}, over_formula=["mlp_in"],
+        partitioned=False, host_from="compiled", saved_by="layer loops",
+        by_kind=[
+            SavedKind(kind="input", role="input", dtype="bf16", shape=[1, 2], layers=1, bytes_per_layer=100),
+            SavedKind(kind="mlp_in/dot_general", role="mlp_in", dtype="f32", shape=[1, 4], layers=1, bytes_per_layer=200),
         ],
-    }  # fmt: skip
+    )  # fmt: skip
     lines = _saved_kind_lines(a)
     assert "saved 1.500 of it" in lines[0]
     flagged = [line for line in lines if "over the formula" in line]
@@ -94,19 +96,19 @@ def test_an_unrolled_model_with_units_saves_each_projection_once_per_layer(devic
 
     s = llama_job("zero.stage=3")
     _, compiled = s.compile_step()
-    a = plan_report(s, compiled)["activations"]
-    assert (a["saved_by"], a["remat"]) == ("gathering units", UNIT_REMAT)
+    a = plan_report(s, compiled).activations
+    assert (a.saved_by, a.remat) == ("gathering units", UNIT_REMAT)
     rows, seq = 16 // 8, 16  # the batch rows per device, the positions
     widths = {"q_proj": 32, "k_proj": 16, "v_proj": 16, "o_proj": 32, "gate_proj": 128, "up_proj": 128}  # d, 2 KV heads of 8, MLP
     for name, width in widths.items():
-        (row,) = [r for r in a["by_kind"] if r["kind"].startswith(name + "/")]
-        assert (row["layers"], row["bytes_per_layer"], row["in_units"]) == (3, rows * seq * width * 4, True), row
-    assert a["device"] == sum(r["bytes_per_layer"] * r["layers"] for r in a["by_kind"])
-    scores = [r for r in a["by_kind"] if r["shape"] == [rows, 4, seq, seq]]  # [rows, heads, positions, positions]
+        (row,) = [r for r in a.by_kind if r.kind.startswith(name + "/")]
+        assert (row.layers, row.bytes_per_layer, row.in_units) == (3, rows * seq * width * 4, True), row
+    assert a.device == sum(r.bytes_per_layer * r.layers for r in a.by_kind)
+    scores = [r for r in a.by_kind if r.shape == [rows, 4, seq, seq]]  # [rows, heads, positions, positions]
     assert not scores, "attention's scores are redone, not kept"
     assert "in each of 3 units" in "\n".join(_saved_kind_lines(a))
 
 
 def test_a_loop_is_read_as_before_when_units_are_off(devices):
     a, _ = _activations(devices=devices)
-    assert a["saved_by"] == "layer loops" and all("in_units" not in r for r in a["by_kind"])
+    assert a.saved_by == "layer loops" and all(r.in_units is None for r in a.by_kind)

@@ -73,8 +73,8 @@ def test_communication_at_the_papers_volume(h100x8, config, stage):
     report = plan_report(s, compiled)
     # Bytes counted from the compiled HLO's op shapes: exact integers, no summation order to float.
     # The band is the issue's acceptance range around the paper's volume.
-    assert 0.95 <= report["communication"]["ratio"] <= 1.05, report["communication"]
-    assert report["backend"] == "gpu" and report["device_kind"] == "NVIDIA H100 80GB HBM3"
+    assert 0.95 <= report.communication.ratio <= 1.05, report.communication
+    assert report.backend == "gpu" and report.device_kind == "NVIDIA H100 80GB HBM3"
 
 
 def test_traffic_by_level_on_two_hosts(h100x8):
@@ -84,16 +84,16 @@ def test_traffic_by_level_on_two_hosts(h100x8):
     from jzero.training.report import plan_report
 
     two_hosts = target_devices("h100", hosts=2, gpus_per_host=4)
-    one = plan_report(*compiled_step(tiny_config("zero.stage=3", "mesh.axes.data=8", *BF16), h100x8))["communication"]
-    assert one["hosts"] == 1 and one["cross_host_bytes"] == 0 and one["within_host_bytes"] == one["total"]
+    one = plan_report(*compiled_step(tiny_config("zero.stage=3", "mesh.axes.data=8", *BF16), h100x8)).communication
+    assert one.hosts == 1 and one.cross_host_bytes == 0 and one.within_host_bytes == one.total
     zero3 = tiny_config("zero.stage=3", "mesh.axes.data=8", "mesh.dcn.data=2", *BF16)
-    comm = plan_report(*compiled_step(zero3, two_hosts))["communication"]
-    assert comm["hosts"] == 2 and comm["within_host_bytes"] == 0 and comm["cross_host_bytes"] == comm["total"]
-    assert comm["zeropp_cross_host_bytes"] == 0.25 * comm["paper"]
+    comm = plan_report(*compiled_step(zero3, two_hosts)).communication
+    assert comm.hosts == 2 and comm.within_host_bytes == 0 and comm.cross_host_bytes == comm.total
+    assert comm.zeropp_cross_host_bytes == 0.25 * comm.paper
     hsdp = tiny_config("zero.stage=3", "mesh.axes={data: 4, replica: 2}", "mesh.dcn.replica=2", *BF16)
-    comm = plan_report(*compiled_step(hsdp, two_hosts))["communication"]
-    reduced = comm["bytes_per_step"]["all-reduce"]
-    assert 0 < comm["cross_host_bytes"] <= reduced < comm["total"] and comm["within_host_bytes"] >= comm["total"] - reduced
+    comm = plan_report(*compiled_step(hsdp, two_hosts)).communication
+    reduced = comm.bytes_per_step["all-reduce"]
+    assert 0 < comm.cross_host_bytes <= reduced < comm.total and comm.within_host_bytes >= comm.total - reduced
 
 
 def test_async_ops_report_overlap_and_the_options_apply(h100x8):
@@ -183,9 +183,11 @@ def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
         assert report["fits"] is (report["compiled"]["peak"] <= 200 * 1024)
         assert ("reduce-scatter" in report["collectives"]) is (stage != "0")
     assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
+    from jzero.ledger.records import CheckedPlanReport, from_json
     from jzero.ledger.render import format_all_stages
 
-    text = format_all_stages(stages)  # every compile's prediction, as jzero plan prints it
+    # every compile's prediction, as jzero plan prints it, from the reports read back
+    text = format_all_stages({stage: from_json(CheckedPlanReport, report) for stage, report in stages.items()})
     for stage, report in stages.items():
         p = report["predicted"]
         assert f"stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s" in text
@@ -219,8 +221,8 @@ def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8
     report = plan_report(s, compiled)
     mem = compiled.memory_analysis()
     # Model states in host memory: the step's host arguments, as the GPU compiler's own analysis counts them.
-    assert report["compiled_host"]["argument"] == int(mem.host_argument_size_in_bytes) == report["host_bytes"]["total"]
-    assert report["compiled"]["argument"] < report["compiled_host"]["argument"]  # only scalars and the batch stay on the device
-    assert report["device_peak"] == report["compiled"]["peak"]  # the GPU's own figures already leave host memory out
-    a = report["activations"]
-    assert a["host_from"] == "compiled" and a["host"] > 0 and "S(5)" in compiled.as_text()
+    assert report.compiled_host.argument == int(mem.host_argument_size_in_bytes) == report.host_bytes.total
+    assert report.compiled.argument < report.compiled_host.argument  # only scalars and the batch stay on the device
+    assert report.device_peak == report.compiled.peak  # the GPU's own figures already leave host memory out
+    a = report.activations
+    assert a.host_from == "compiled" and a.host > 0 and "S(5)" in compiled.as_text()

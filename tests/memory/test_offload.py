@@ -57,14 +57,14 @@ def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_witho
     report = plan_report(offloaded, compiled)
     shards = offloaded.plan.state_bytes()
     for part, on in (("optimizer", zero.offload_optimizer), ("params", zero.offload_params)):
-        assert report["per_device_bytes"][part] == (0 if on else shards[part])
-        assert report["host_bytes"][part] == (shards[part] if on else 0)
-    assert report["host_bytes"]["total"] > 0
-    assert report["compiled_host"]["argument"] == report["host_bytes"]["total"]
-    assert report["device_peak"] == report["compiled"]["peak"] - report["host_bytes"]["total"]
+        assert getattr(report.per_device_bytes, part) == (0 if on else shards[part])
+        assert getattr(report.host_bytes, part) == (shards[part] if on else 0)
+    assert report.host_bytes.total > 0
+    assert report.compiled_host.argument == report.host_bytes.total
+    assert report.device_peak == report.compiled.peak - report.host_bytes.total
     # ... and what the start-up ledger measures on the live state agrees.
     host_live = ledger.live_bytes_per_device(state.opt_state, HOST) + ledger.live_bytes_per_device(state.params, HOST)
-    assert host_live == report["host_bytes"]["total"]
+    assert host_live == report.host_bytes.total
 
     if zero.offload_params:
         # Device temporaries stay within one layer's gathered parameters of the run without offload.
@@ -116,13 +116,13 @@ def test_remat_policies_in_the_compiled_step():
         reports[policy] = plan_report(s)
     none, full, offload = reports["none"], reports["full"], reports["offload_dots"]
     # none keeps what a layer needs (tests/ledger/test_saved.py); full keeps only each layer's input.
-    assert full["compiled"]["temp"] < none["compiled"]["temp"]
-    assert 0 < full["activations"]["device"] < none["activations"]["device"]
+    assert full.compiled.temp < none.compiled.temp
+    assert 0 < full.activations.device < none.activations.device
     # The offloading policy asks for the saved matmul outputs in host memory. (The CPU backend
     # ignores the placement, so the ledger reads the share from the program's residuals.)
-    assert offload["activations"]["host"] > 0
-    assert offload["host_bytes"]["activations"] == offload["activations"]["host"]
-    assert offload["activations"]["host"] > offload["activations"]["device"]
+    assert offload.activations.host > 0
+    assert offload.host_bytes.activations == offload.activations.host
+    assert offload.activations.host > offload.activations.device
 
 
 def test_true_and_false_still_mean_full_and_none():
@@ -153,11 +153,11 @@ P_A = ("zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2", "model.n_layers=
 
 def test_partitioned_activations_divide_the_saved_inputs_by_the_model_axis():
     split, whole = (plan_report(build_job(tiny_config(*P_A, f"model.partition_activations={on}"))) for on in ("true", "false"))
-    assert split["activations"]["partitioned"] and not whole["activations"]["partitioned"]
-    assert split["activations"]["device"] * 2 == whole["activations"]["device"]  # N_m = 2
+    assert split.activations.partitioned and not whole.activations.partitioned
+    assert split.activations.device * 2 == whole.activations.device  # N_m = 2
     # Saved: 64 layers x 8 rows x 256 x 256 float32, over N_m.
-    assert whole["activations"]["device"] == 64 * 8 * 256 * 256 * 4
-    assert split["compiled"]["temp"] <= 0.7 * whole["compiled"]["temp"]
+    assert whole.activations.device == 64 * 8 * 256 * 256 * 4
+    assert split.compiled.temp <= 0.7 * whole.compiled.temp
 
 
 def test_partitioned_activations_train_like_one_device(data, reference):

@@ -115,13 +115,13 @@ def test_plan_json_predicts_the_step_on_gpu_targets_and_counts_remat(h100x8):  #
         job = build_job(tiny_config(*BF16, f"model.remat={remat}"), h100x8)
         reports[remat] = plan_report(job)
     for report in reports.values():
-        p = report["predicted"]
-        assert p["step_time_s"] > 0 and 0 < p["mfu"] < 1
+        p = report.predicted
+        assert p.step_time_s > 0 and 0 < p.mfu < 1
         # batch x seq_len / step: one float64 quotient (rel=1e-12 is its rounding, no reduction order in it)
-        assert p["tokens_per_sec"] == pytest.approx(16 * 16 / p["step_time_s"], rel=1e-12)
+        assert p.tokens_per_sec == pytest.approx(16 * 16 / p.step_time_s, rel=1e-12)
     # Full remat runs the layers' forward twice: more matmul FLOPs executed for the same model FLOPs.
-    assert reports["full"]["predicted"]["executed_flops_per_device"] > reports["none"]["predicted"]["executed_flops_per_device"]
-    assert plan_report(build_job(tiny_config(*BF16)))["predicted"] is None  # the CPU: no hardware figures
+    assert reports["full"].predicted.executed_flops_per_device > reports["none"].predicted.executed_flops_per_device
+    assert plan_report(build_job(tiny_config(*BF16))).predicted is None  # the CPU: no hardware figures
 
 
 def test_the_gpu_check_dry_runs_on_a_cpu(tmp_path):
