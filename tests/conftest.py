@@ -6,9 +6,9 @@ import os
 import shutil
 import tempfile
 
-# LLVM optimisation level 0 cuts compile time by about a third on these tiny models; the HLO (its
-# sharding, collectives and memory analysis) is what the tests check, and it is unaffected.
-FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+from support.xla import suite_flags  # noqa: E402  # imports nothing: JAX has not started
+
+FLAGS = suite_flags()  # 8 CPU devices and a fast compile (support/xla.py says why)
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS).strip()
 os.environ["JZERO_SUITE_XLA_FLAGS"] = FLAGS  # the suite's, not a user's: what jzero plan prints leaves them out
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

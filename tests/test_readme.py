@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from support.configs import tiny_config
 from support.examples import load_example
+from support.xla import USERS_EMITTERS
 
 import jzero
 from jzero.checkpoint.runs import RunCheckpoints
@@ -143,7 +144,8 @@ def test_sampling_page_sample_and_decode_loop(devices, tmp_path, monkeypatch):
 
 
 # The own-model page's example at the tests' size: 16-token windows, 20 steps then 10 more.
-OWN_MODEL = ["model.seq_len=16", "data.max_bytes=200000", "train.eval_every=20", "checkpoint.every=20", "run.log_every=10"]
+OWN_MODEL = ["model.seq_len=16", "data.max_bytes=200000", "train.eval_every=20", "checkpoint.every=20", "run.log_every=10",
+             USERS_EMITTERS]  # what is gathered at once is read below: users' program  # fmt: skip
 
 
 def test_own_model_page_example_resume_and_own_loop(devices, tmp_path, monkeypatch, capsys):

@@ -9,6 +9,7 @@ import pytest
 from support.configs import tiny_config
 from support.llama import LLAMA, llama_job
 from support.reference import reference_with_floor
+from support.xla import USERS_EMITTERS
 
 import jzero
 from jzero.cli.main import main
@@ -37,7 +38,7 @@ def test_auto_picks_the_repeated_layers_and_the_rest_alone(devices):
 
 
 def test_a_scanned_stack_keeps_the_loops_gather(devices):
-    s = build_job(tiny_config("zero.stage=3"), devices)
+    s = build_job(tiny_config("zero.stage=3", USERS_EMITTERS), devices)  # what is live at once: users' program
     assert s.plan.units == {}
     g = plan_report(s).gathered
     # One layer per loop step, beside what XLA gathers of the tensors outside the stack.

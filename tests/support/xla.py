@@ -1,0 +1,30 @@
+"""The suite's XLA flags, read by ``tests/conftest.py`` before JAX starts (so nothing is imported here).
+
+LLVM optimisation level 0 cuts compile time by about a third on these tiny models; the HLO (its
+sharding, collectives and memory analysis) is what the tests check, and it is unaffected.
+
+XLA's CPU fusion emitters are most of a compile's time here (the tiny GPT's one-device step: 2.16 s
+with them, 0.50 s without, docs/design.md), and a program compiled without them is another program:
+its fusions, and so what is live at once, differ (`jzero plan configs/gpt-tiny.yaml` gathers 1.33
+layers' worth at once without them, 1.00 with). The suite compiles without them. A test that reads
+the structure of the program users get compiles with them: a job's config takes
+:data:`USERS_EMITTERS`, and a process of its own takes :func:`users_emitters_env`.
+"""
+
+import os
+
+FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
+ON = "JZERO_SUITE_FUSION_EMITTERS"  # "on" in a process's environment: it compiles as users do
+USERS_EMITTERS = "compiler.xla_options.xla_cpu_use_fusion_emitters=true"  # one job's compiles, as users'
+
+
+def suite_flags() -> str:
+    """This process's flags: the suite's, and the fast compile unless :data:`ON` says otherwise."""
+    return FLAGS if os.environ.get(ON) == "on" else f"{FLAGS} {FAST_COMPILE}"
+
+
+def users_emitters_env() -> dict[str, str]:
+    """The environment for a subprocess that runs the suite's setup but compiles as users do."""
+    inherited = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != FAST_COMPILE]
+    return {**os.environ, "XLA_FLAGS": " ".join(inherited), ON: "on"}
