@@ -102,7 +102,8 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 class _Everything(Mapping[str, str]):
-    """``{name: "module.name"}`` for every name ``module`` has, read when asked."""
+    """``{name: "module.name"}`` for every name ``module`` has, read when asked: ``dir`` misses the
+    names a module itself serves as moved (``jzero.mesh.on_gpus``)."""
 
     def __init__(self, module: str):
         self.module = module

@@ -232,19 +232,10 @@ def _nn_jit_llama(jitted: bool = True):
     """The Llama-style model, 6 layers, its ``__call__`` wrapped in ``nn.jit`` as a library does so
     that ``apply`` is fast in notebooks: the loss reads it as one ``jit`` equation."""
     import flax.linen as nn
-    import optax
     from support.llama import Llama
+    from support.lm import lm_parts
 
-    model = (nn.jit(Llama) if jitted else Llama)(d=32, layers=6, heads=4, kv_heads=2)
-
-    def init_fn(key):
-        return model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
-
-    def loss_fn(params, batch):
-        logits = model.apply({"params": params}, batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    return init_fn, loss_fn
+    return lm_parts((nn.jit(Llama) if jitted else Llama)(d=32, layers=6, heads=4, kv_heads=2))
 
 
 def _own(parts, *overrides):

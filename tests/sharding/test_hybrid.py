@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 from support.configs import LR, STEPS, tiny_config
+from support.lm import lm_parts
 from support.reference import reference_with_floor, train_sharded
 
 from jzero.cli.main import main
@@ -102,15 +103,7 @@ def _plain_parts():
     # with heavy cancellation, and with eps 1e-8 Adam turned their reassociation noise into a 5e-6
     # gap (one element in 8192) against one device. That is data-parallel summation order, not ZeRO.
     tx = optax.adamw(1e-3, eps=1e-6)
-
-    def init_fn(key):
-        return model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
-
-    def loss_fn(params, batch):
-        logits = model.apply({"params": params}, batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    return init_fn, loss_fn, tx
+    return *lm_parts(model), tx
 
 
 def test_unannotated_model_at_stage3_on_dp8(devices, data):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from support.configs import LR
+from support.lm import lm_parts
 
 
 class RMSNorm(nn.Module):
@@ -64,16 +64,7 @@ class Llama(nn.Module):
 
 def llama_parts(seq_len: int = 16, **shape):
     """``(init_fn, loss_fn)`` of a :class:`Llama` for token batches ``[batch, seq_len + 1]``."""
-    model = Llama(**shape)
-
-    def init_fn(key):
-        return model.init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
-
-    def loss_fn(params, batch):
-        logits = model.apply({"params": params}, batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    return init_fn, loss_fn
+    return lm_parts(Llama(**shape), seq_len)
 
 
 SHAPE = {"d": 32, "layers": 3, "heads": 4, "kv_heads": 2}

@@ -3,9 +3,8 @@
 import json
 
 import flax.linen as nn
-import jax.numpy as jnp
-import optax
 import pytest
+from support.lm import lm_parts
 from support.runs import run_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -25,16 +24,7 @@ class Bigram(nn.Module):
 
 
 def bigram_parts():
-    model = Bigram()
-
-    def init_fn(key):
-        return model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
-
-    def loss_fn(params, batch):
-        logits = model.apply({"params": params}, batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    return init_fn, loss_fn
+    return lm_parts(Bigram())
 
 
 class Recorder(Hook):
