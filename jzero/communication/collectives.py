@@ -4,7 +4,7 @@ qgZ).
 
 Under GSPMD a gradient's per-device partial sums are not values the program can read: XLA sums
 them inside its reduce-scatter. qgZ has to quantize them before the sum, so its loss runs under
-``shard_map`` (:func:`jzero.step.manual_loss`), where each partial is the device's own array.
+``shard_map`` (:func:`jzero.sharding.gathers.manual_loss`), where each partial is the device's own array.
 The quantized reduction is an all-to-all per mesh axis: each device cuts its partial into one
 chunk per peer, quantizes each chunk in blocks (so no block straddles two destinations), sends
 them, and sums what it receives in float32 before the next axis's hop. Never a ``psum_scatter``

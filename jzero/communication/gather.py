@@ -83,7 +83,7 @@ class UnitSpec:
         gathered in the compute dtype.
       secondary: hpZ's secondary partition (the resting spec without ``replica``), or None.
       manual: under qgZ, the batch axes of the ``shard_map`` the gather runs in
-        (:func:`jzero.step.manual_loss`): it gathers with explicit collectives over them, and its
+        (:func:`jzero.sharding.gathers.manual_loss`): it gathers with explicit collectives over them, and its
         gradient is reduced over them by all-to-alls. Empty: GSPMD places the collectives.
       grad_width: under ``manual``, qgZ's width (``int8``, ``int4``); none: reduced in ``reduce_dtype``.
       grad_block: the gradient's elements per scale (:meth:`jzero.sharding.plan.Plan.gradient_blocks`).

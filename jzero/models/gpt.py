@@ -9,7 +9,7 @@
   and gathered at each block's input.
 - ``fetch_params`` (parameter offload): each block's parameters come from pinned host memory to the
   device inside the loop (:func:`jzero.memory.offload.fetching`).
-- ``gather`` (stage 3 with qwZ, :func:`jzero.step.model_gather`): each block gathers its own
+- ``gather`` (stage 3 with qwZ, :func:`jzero.sharding.gathers.model_gather`): each block gathers its own
   parameters inside the loop, as do the embedding and the head (:func:`jzero.communication.gather.gathering`).
 - Activations are constrained with the batch on ``data`` at each block input and inside attention
   and the MLP. Without that, GSPMD may replicate attention over the global batch on every device.
@@ -203,7 +203,7 @@ class GPT(nn.Module):
     fetch_params: bool = False  # each block's parameters come from host memory inside the loop
     dtype: jnp.dtype = jnp.float32
     attention: str = ATTENTION[0]  # one of ATTENTION: xla, or cudnn's flash kernel on GPUs
-    gather: Any = None  # (prefix, params) -> params gathered (jzero.step.model_gather); None: XLA gathers
+    gather: Any = None  # (prefix, params) -> params gathered (jzero.sharding.gathers.model_gather); None: XLA gathers
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:

@@ -271,7 +271,7 @@ class Plan(_Gathers, _Bytes):
 
     @property
     def qgz(self) -> bool:
-        """The loss runs under ``jax.shard_map`` (:func:`jzero.step.manual_loss`), its gradient
+        """The loss runs under ``jax.shard_map`` (:func:`jzero.sharding.gathers.manual_loss`), its gradient
         reduced by quantized all-to-alls."""
         return self.zero.qgz
 

@@ -38,11 +38,12 @@ from jzero.models.names import ATTENTION, AUTO_ATTENTION, OWN
 from jzero.models.sizes import gpt_flops_per_token
 from jzero.optimizers import build_optimizer
 from jzero.sharding.axes import model_ways
+from jzero.sharding.gathers import manual_loss, model_gather, units_in_effect
 from jzero.sharding.mesh import make_mesh, mesh_shape, simulate_cpu_devices
 from jzero.sharding.placement import abstract_state, sharded_abstract, sharded_init
 from jzero.sharding.plan import Plan, make_plan
 from jzero.sharding.state import TrainState
-from jzero.step import LossFn, make_eval_step, make_train_step, manual_loss, model_gather, units_in_effect
+from jzero.step import LossFn, make_eval_step, make_train_step
 
 __all__ = [
     "Job",
@@ -409,7 +410,7 @@ def build_job(
 
 
 def _units_in_effect(loss_fn: LossFn, plan: Plan, abstract: Any, config: Config, precision: Precision) -> Plan:
-    """The plan with only the units your loss lets the step gather one at a time (:func:`jzero.step.units_in_effect`),
+    """The plan with only the units your loss lets the step gather one at a time (:func:`jzero.sharding.gathers.units_in_effect`),
     so that ``jzero plan`` and the ledger count those."""
     batch = jax.ShapeDtypeStruct((config.train.global_batch_size, config.model.seq_len + 1), jnp.int32)
     return units_in_effect(loss_fn, plan, abstract.params, batch, precision)
@@ -470,8 +471,8 @@ def _entry_module(where: str) -> ModuleType:
 
 def gpt_loss(model: GPT, plan: Plan, precision: Precision) -> LossFn:
     """The GPT's loss for ``plan``: the model gathers its own parameters where the plan needs it to
-    (:func:`jzero.step.model_gather`, stage 3 with qwZ, hpZ or qgZ), under ``shard_map`` with qgZ
-    (:func:`jzero.step.manual_loss`)."""
+    (:func:`jzero.sharding.gathers.model_gather`, stage 3 with qwZ, hpZ or qgZ), under ``shard_map`` with qgZ
+    (:func:`jzero.sharding.gathers.manual_loss`)."""
     gather = model_gather(plan, precision)
     loss = partial(lm_loss, model if gather is None else model.clone(gather=gather))
     return manual_loss(loss, plan) if plan.qgz else loss

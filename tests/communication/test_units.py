@@ -19,6 +19,7 @@ from jzero.errors import PlanError
 from jzero.ledger import gathered
 from jzero.ledger import hlo as ledger
 from jzero.ledger.targets import gpu_compiler_available, target_devices
+from jzero.sharding.gathers import unit_loss
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
 
@@ -348,7 +349,7 @@ def test_a_step_from_make_plan_warns_of_the_merged_units_once(devices):
     assert len(set(plan.units.values())) == BLOCKS + 2, "the plan has not traced the loss"
     params = jax.eval_shape(init_fn, key)
     with pytest.warns(UserWarning) as caught:
-        jax.make_jaxpr(jzero.step.unit_loss(loss_fn, plan))(params, jax.ShapeDtypeStruct((16, 17), jnp.int32))
+        jax.make_jaxpr(unit_loss(loss_fn, plan))(params, jax.ShapeDtypeStruct((16, 17), jnp.int32))
     assert [str(w.message) for w in caught if str(w.message).startswith("units:")] == [MERGED]
 
 
