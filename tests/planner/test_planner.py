@@ -85,7 +85,7 @@ def test_every_candidate_is_a_config_or_refused_by_validation():
 
 def test_search_certifies_its_winner_and_writes_a_config_plan_reproduces(capsys, tmp_path, h100x8):  # noqa: F811
     out = tmp_path / "best.yaml"
-    argv = ["plan", *TINY_ARGS, "--target", "h100x8", "--search", "--time-budget", "40", "--write", str(out), "--json"]
+    argv = ["plan", *TINY_ARGS, "--target", "h100x8", "--search", "--time-budget", "20", "--write", str(out), "--json"]
     assert main(argv) == 0
     found = json.loads(capsys.readouterr().out)
     search = found["search"]
