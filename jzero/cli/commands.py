@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cmd_checkpoint_export",
+    "cmd_checkpoint_import",
     "cmd_checkpoint_info",
     "cmd_checkpoint_verify",
     "cmd_data_prepare",
@@ -201,12 +202,42 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
     from jzero.checkpoint.export import export_checkpoint
     from jzero.ledger.render import human_bytes
 
+    if args.format == "hf":
+        return _export_hf(args)
+    if args.force:
+        raise ConfigError("--force", "only with --format hf (a safetensors file is never replaced)")
     with interrupt_raises():  # so that the export removes its temporary file
         done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype, warn=_to_stderr)
     print(
         f"exported step {done['step']} ({done['source']}): {done['tensors']} tensors, {human_bytes(done['bytes'])} "
         f"as {done['dtype']} to {done['out']}"
     )
+    return 0
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    from jzero.checkpoint.hf_export import export_hf
+    from jzero.ledger.render import human_bytes
+
+    with interrupt_raises():  # so that the export removes its temporary folder
+        done = export_hf(args.run_dir, args.out, args.step, args.dtype, force=args.force, warn=_to_stderr)
+    files = f"{done['files']} safetensors file" + ("s" if done["files"] > 1 else "")
+    print(f"exported step {done['step']} as Hugging Face Llama: {done['tensors']} tensors, {human_bytes(done['bytes'])} "
+          f"as {done['dtype']} in {files} to {done['out']}")  # fmt: skip
+    return 0
+
+
+def cmd_checkpoint_import(args: argparse.Namespace) -> int:
+    """``jzero checkpoint import``: a Hugging Face Llama folder as a run at step 0."""
+    from jzero.training.hf_import import import_checkpoint
+
+    with interrupt_raises():
+        done = import_checkpoint(args.hf_dir, args.out, args.set)
+    tokenizer = ", its tokenizer" if done["tokenizer"] else ""
+    print(f"imported {args.hf_dir}: {done['parameters']:,} parameters at stage {done['stage']} on {done['mesh']}{tokenizer}, "
+          f"as step 0 of {done['run_dir']}")  # fmt: skip
+    run = done["run_dir"]
+    print(f"next: jzero train {run}/config.yaml --set train.steps=N, or --set train.init_from={run} in a config of yours")
     return 0
 
 

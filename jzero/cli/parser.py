@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from jzero.cli.commands import (
     cmd_checkpoint_export,
+    cmd_checkpoint_import,
     cmd_checkpoint_info,
     cmd_checkpoint_verify,
     cmd_data_prepare,
@@ -23,7 +24,7 @@ from jzero.cli.commands import (
     cmd_sample,
     cmd_train,
 )
-from jzero.config.schema import EXPORT_DTYPES
+from jzero.config.schema import EXPORT_DTYPES, EXPORT_FORMATS
 
 __all__ = ["build_parser", "version_line"]
 
@@ -191,12 +192,20 @@ def _add_checkpoint(sub: _Subcommands) -> None:
     verify.add_argument("run_dir")
     verify.add_argument("--step", type=int, default=None, help="only this committed step (default: every one)")
     verify.set_defaults(func=cmd_checkpoint_verify)
-    export = ckpt_sub.add_parser("export", help="consolidated parameters as safetensors")
+    export = ckpt_sub.add_parser("export", help="consolidated parameters as safetensors, or a Llama run as a Hugging Face folder")
     export.add_argument("run_dir")
     export.add_argument("--step", type=int, default=None, help="a committed step (default: the latest)")
-    export.add_argument("--out", required=True, help="the .safetensors file to write (must not exist)")
+    formats = "safetensors: one file of jzero's names; hf: a folder transformers loads (a Llama run)"
+    export.add_argument("--format", default="safetensors", choices=EXPORT_FORMATS, help=formats)
+    export.add_argument("--out", required=True, help="the .safetensors file (--format hf: the folder) to write; must not exist")
     export.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES)
+    export.add_argument("--force", action="store_true", help="--format hf: replace --out once the new folder is complete")
     export.set_defaults(func=cmd_checkpoint_export)
+    imp = ckpt_sub.add_parser("import", help="a Hugging Face Llama folder as a run at step 0, at the stage and mesh --set asks")
+    imp.add_argument("hf_dir", help="config.json, the safetensors (one file, or an index and its files), tokenizer.json")
+    imp.add_argument("--out", required=True, help="the run folder to write (must not hold a run)")
+    imp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a dotted config key")
+    imp.set_defaults(func=cmd_checkpoint_import)
 
 
 def _add_data(sub: _Subcommands) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "PathText",
     "PrecisionConfig",
     "ProfileConfig",
+    "RopeScalingConfig",
     "RunConfig",
     "RuntimeConfig",
     "TrainConfig",
@@ -73,12 +74,25 @@ ZeroConfig = ZeroOptions
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`), its shape and its remat policy; or, with
-    ``name: own``, a model of yours, of which only ``seq_len`` and ``vocab_size`` are read (the
-    batch is ``[train.global_batch_size, seq_len + 1]`` int32 ids below ``vocab_size``)."""
+class RopeScalingConfig:
+    """``model.rope_scaling`` (llama): Llama 3.1's long-context rotary scaling, Hugging Face's
+    ``rope_scaling`` with ``rope_type: llama3`` (:func:`jzero.models.layers.rope_frequencies`)."""
 
-    name: str = "gpt"  # gpt or own
+    rope_type: str = "llama3"  # the only kind there is here
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`) or Llama (:mod:`jzero.models.llama`), its
+    shape and its remat policy; or, with ``name: own``, a model of yours, of which only ``seq_len``
+    and ``vocab_size`` are read (the batch is ``[train.global_batch_size, seq_len + 1]`` int32 ids
+    below ``vocab_size``). Which keys each model reads: :data:`jzero.models.names.KEYS`."""
+
+    name: str = "gpt"  # gpt, llama or own
     # name: own: ``FILE.py:FUNCTION`` (relative to the working directory) or ``MODULE:FUNCTION``;
     # ``FUNCTION(config)`` returns ``(init_fn, loss_fn)``. None: they are passed to jzero.build_job.
     entry: PathText | None = None
@@ -95,6 +109,12 @@ class ModelConfig:
     partition_activations: bool | None = None
     # auto: cuDNN's flash attention on GPUs with 16-bit compute and cuDNN installed, else xla.
     attention: str = AUTO_ATTENTION
+    # llama only:
+    n_kv_heads: int | None = None  # key and value heads (grouped-query attention); None: n_heads
+    mlp_hidden: int | None = None  # the SwiGLU MLP's units; None: 8/3 d_model rounded up to 256 (Meta's rule)
+    rope_theta: float = 500_000.0  # the rotary base
+    rope_scaling: RopeScalingConfig | None = None  # Llama 3.1's; None: unscaled
+    rms_norm_eps: float = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +263,7 @@ def _yaml_names(tree: Any) -> Any:
 SCHEDULES = ("constant", "cosine")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtype`` writes
+EXPORT_FORMATS = ("safetensors", "hf")  # what ``jzero checkpoint export --format`` writes: one file, or a Hugging Face folder
 
 
 # JAX runs with 32-bit integers (jax_enable_x64 is off): token ids, positions, optax's step count and

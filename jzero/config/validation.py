@@ -4,6 +4,7 @@ against the devices is :mod:`jzero.sharding.mesh`'s). Each refusal is one :class
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -34,8 +35,8 @@ from jzero.config.schema import (
 )
 from jzero.errors import ConfigError, clip, show_value
 from jzero.memory.remat import REMAT_POLICIES
-from jzero.models.names import ATTENTION, AUTO_ATTENTION, MODELS, OWN
-from jzero.models.sizes import gpt_param_count
+from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, MODELS, OWN
+from jzero.models.sizes import mlp_units, param_count
 from jzero.optimizers import OPTIMIZERS
 from jzero.sharding.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 
@@ -158,24 +159,60 @@ def _check_model(m: ModelConfig) -> None:
         return
     if m.entry is not None:
         raise ConfigError("model.entry", f"names a model of your own: only with model.name: {OWN}")
+    _check_unread(m, KEYS[m.name], f"jzero's {m.name} does not read it (model.name: {m.name})")
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
         _positive(getattr(m, field), f"model.{field}")
-    if m.mlp_ratio * m.d_model > MAX_INT32:  # the MLP's hidden width is a dimension too
-        raise ConfigError("model.mlp_ratio", f"the MLP width mlp_ratio x d_model = {m.mlp_ratio * m.d_model} is over {MAX_INT32}")
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError("model.n_heads", f"head size d_model/n_heads={m.d_model // m.n_heads} must be even (rotary)")
+    if m.name == LLAMA:
+        _check_llama(m)
+    width = "the MLP width mlp_ratio x d_model" if m.name != LLAMA else "the MLP width mlp_hidden"
+    if mlp_units(m) > MAX_INT32:  # the MLP's hidden width is a dimension too
+        key = "model.mlp_ratio" if m.name != LLAMA else "model.mlp_hidden"
+        raise ConfigError(key, f"{width} = {mlp_units(m)} is over {MAX_INT32}")
     if m.remat not in REMAT_POLICIES:
         policies = ", ".join(REMAT_POLICIES)
         raise ConfigError("model.remat", f"must be one of {policies} (or true, false), got {show_value(m.remat)}")
     if m.attention not in (AUTO_ATTENTION, *ATTENTION):
         raise ConfigError("model.attention", f"must be {AUTO_ATTENTION}, {' or '.join(ATTENTION)}, got {show_value(m.attention)}")
     _check_vocab(m)
-    count = gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
+    count = param_count(m)
     if count > MAX_PARAMS:
-        sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, mlp_ratio={m.mlp_ratio}, vocab_size={m.vocab_size}"
+        mlp = f"mlp_ratio={m.mlp_ratio}" if m.name != LLAMA else f"mlp_hidden={mlp_units(m)}"
+        sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, {mlp}, vocab_size={m.vocab_size}"
         raise ConfigError("model", f"{sizes} make {count:.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
+
+
+def _check_llama(m: ModelConfig) -> None:
+    kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+    _positive(kv, "model.n_kv_heads")
+    if m.n_heads % kv:
+        raise ConfigError("model.n_kv_heads", f"{kv} does not divide model.n_heads={m.n_heads} (grouped-query attention)")
+    if m.mlp_hidden is not None:
+        _positive(m.mlp_hidden, "model.mlp_hidden")
+    _positive(m.rope_theta, "model.rope_theta", math.inf)
+    _positive(m.rms_norm_eps, "model.rms_norm_eps", math.inf)
+    s = m.rope_scaling
+    if s is None:
+        return
+    if s.rope_type != "llama3":
+        raise ConfigError("model.rope_scaling.rope_type", f"must be llama3, got {show_value(s.rope_type)}")
+    for field in ("factor", "low_freq_factor", "original_max_position_embeddings"):
+        _positive(getattr(s, field), f"model.rope_scaling.{field}", math.inf)
+    if not s.high_freq_factor > s.low_freq_factor:
+        low = f"low_freq_factor={s.low_freq_factor}"
+        raise ConfigError("model.rope_scaling.high_freq_factor", f"must be over {low}, got {s.high_freq_factor}")
+
+
+def _check_unread(m: ModelConfig, read: tuple[str, ...], why: str) -> None:
+    """Every ``model:`` key that ``read`` leaves out keeps its default: a value nothing reads is a mistake."""
+    default = ModelConfig()
+    for field in dataclasses.fields(ModelConfig):
+        name = field.name
+        if name not in (*read, "name", "entry") and getattr(m, name) != getattr(default, name):
+            raise ConfigError(f"model.{name}", why)
 
 
 def _check_vocab(m: ModelConfig) -> None:
@@ -185,22 +222,18 @@ def _check_vocab(m: ModelConfig) -> None:
 
 # FILE.py:FUNCTION or MODULE:FUNCTION (a dotted module name); the file may have any path.
 _ENTRY = re.compile(r"^(?:.+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
-_GPT_ONLY = ("d_model", "n_layers", "n_heads", "mlp_ratio", "remat", "tie_embeddings", "partition_activations", "attention")
 
 
 def _check_own_model(m: ModelConfig) -> None:
     """A model of yours: the batch's shape, the entry's form (:func:`jzero.training.job.build_job`
-    imports it), and none of the GPT's keys, which nothing would read."""
+    imports it), and none of jzero's models' keys, which nothing would read."""
     for field in ("vocab_size", "seq_len"):
         _positive(getattr(m, field), f"model.{field}")
     _check_vocab(m)
     if m.entry is not None and not _ENTRY.match(m.entry):
         raise ConfigError("model.entry", f"must be FILE.py:FUNCTION or MODULE:FUNCTION, got {show_value(m.entry)}")
-    default = ModelConfig()
-    for field in _GPT_ONLY:
-        if getattr(m, field) != getattr(default, field):
-            own = f"a model of your own (model.name: {OWN}) reads only seq_len and vocab_size"
-            raise ConfigError(f"model.{field}", f"is jzero's GPT's; {own}")
+    own = f"a model of your own (model.name: {OWN}) reads only seq_len and vocab_size"
+    _check_unread(m, ("vocab_size", "seq_len"), f"is jzero's models'; {own}")
 
 
 def _check_optimizer(o: OptimizerConfig) -> None:

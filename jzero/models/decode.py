@@ -6,8 +6,8 @@ under ``jit``: a one-token forward (:func:`decode_step`) attends to the cache an
 and value, so no step recomputes the prefix.
 
 The forward here is a function of the params tree of ``GPT.init`` (boxed or not) that reuses the
-GPT's own pieces: its LayerNorm and Dense modules, :func:`jzero.models.gpt.rotary` at the tokens'
-positions and :func:`jzero.models.gpt.attend`. ``tests/training/test_sample.py`` checks its logits against
+GPT's own pieces: its LayerNorm and Dense modules, :func:`jzero.models.layers.rotary` at the tokens'
+positions and :func:`jzero.models.layers.attend`. ``tests/training/test_sample.py`` checks its logits against
 ``GPT.apply`` on the whole prefix. :func:`decode_loop` is the loop alone: another model is decoded
 by it given the same two calls, a prefill that returns the last logits and a cache, and a one-token
 step at a position that returns the next logits and the cache.
@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from jzero.models.gpt import GPT, _layer_norm, attend, rotary
+from jzero.models.gpt import GPT, _layer_norm
+from jzero.models.layers import attend, rotary
 
 __all__ = ["KVCache", "OnToken", "decode_loop", "decode_step", "forward", "generate", "init_cache", "next_token", "prefill"]
 

@@ -26,9 +26,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jzero.communication.gather import SECONDARY, gathering
-from jzero.memory.offload import fetching
-from jzero.memory.remat import checkpoint_policy, policy_name, remat
+from jzero.communication.gather import gathering
+from jzero.models.layers import (
+    BATCH_ACT,
+    SAVED_ACT,
+    annotated,
+    attend,
+    causal_attention,
+    dense,
+    gathered,
+    head_policy,
+    layer_stack,
+    lookup,
+    rotary,
+    tied_logits,
+)
 from jzero.models.names import ATTENTION
 
 __all__ = [
@@ -43,98 +55,14 @@ __all__ = [
     "rotary",
 ]
 
-BATCH_ACT = ("batch", "length", "embed")
-# Between blocks with partitioned activations: the sequence split over the model axis.
-SAVED_ACT = ("batch", "activation_length", "embed")
-
-
-def _init(init, *names):
-    return nn.with_logical_partitioning(init, names)
-
-
-def rotary(x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
-    """Rotary position embedding over the last axis of ``x`` [batch, length, heads, head_dim].
-
-    ``positions`` [length]: the positions along ``x``'s length axis (a decoder's new tokens after its
-    cache, :mod:`jzero.models.decode`); default ``0 .. length - 1``, as in training."""
-    length, head_dim = x.shape[1], x.shape[-1]
-    half = head_dim // 2
-    freq = 1.0 / (10_000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
-    positions = jnp.arange(length, dtype=jnp.float32) if positions is None else positions.astype(jnp.float32)
-    angles = positions[:, None] * freq[None, :]
-    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
-
-
-@jax.custom_vjp
-def gathered(table: jax.Array) -> jax.Array:
-    """``table`` whole on every device, as its logical constraint says; unlike the constraint's own
-    transpose, the backward leaves the cotangent unconstrained."""
-    return nn.with_logical_constraint(table, ("vocab", "embed"))
-
-
-def _gathered_fwd(table):
-    return gathered(table), None
-
-
-def _gathered_bwd(_, ct):
-    return (ct,)
-
-
-gathered.defvjp(_gathered_fwd, _gathered_bwd)
-
-
 def _layer_norm(dtype: jnp.dtype, name: str, gather: Any = None) -> nn.LayerNorm:
     """A LayerNorm with its scale and bias annotated ``embed`` (gathered by ``gather`` where given)."""
     return gathering(nn.LayerNorm, gather, name)(
         dtype=dtype,
-        scale_init=_init(nn.initializers.ones, "embed"),
-        bias_init=_init(nn.initializers.zeros, "embed"),
+        scale_init=annotated(nn.initializers.ones, "embed"),
+        bias_init=annotated(nn.initializers.zeros, "embed"),
         name=name,
     )
-
-
-def _dense(features: int, in_name: str, out_name: str, init, name: str, dtype: jnp.dtype, use_bias: bool = True) -> nn.Dense:
-    """A Dense with its kernel annotated ``(in_name, out_name)`` and its bias ``out_name``."""
-    # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
-    # value, which trips the logical constraints when a mesh is active.
-    return nn.Dense(
-        features,
-        use_bias=use_bias,
-        dtype=dtype,
-        kernel_init=_init(init, in_name, out_name),
-        bias_init=_init(nn.initializers.zeros, out_name),
-        name=name,
-    )
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Softmax attention of ``q`` [batch, queries, heads, head_dim] over ``k`` and ``v`` [batch, keys,
-    heads, head_dim], positions already applied; ``mask`` [queries, keys] is True where a query sees a key."""
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-
-
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = ATTENTION[0]) -> jax.Array:
-    """Causal softmax attention, rotary positions on ``q`` and ``k``; all [batch, length, heads, head_dim].
-
-    Args:
-      q, k, v: the projections, in the compute dtype.
-      implementation: one of :data:`ATTENTION`.
-
-    Returns:
-      [batch, length, heads, head_dim], in ``v``'s dtype.
-    """
-    q, k = rotary(q), rotary(k)
-    dtype = q.dtype
-    if implementation == ATTENTION[0] and dtype == jnp.float16:
-        # XLA's path asks for an F16_F16_F32 dot, which the CPU backend cannot compile: fp32 instead.
-        q = q.astype(jnp.float32)
-    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, implementation=implementation)
-    return out.astype(dtype)
 
 
 class Block(nn.Module):
@@ -170,7 +98,7 @@ class Block(nn.Module):
         q, k, v = (
             nn.with_logical_constraint(
                 nn.with_logical_constraint(
-                    _dense(self.d_model, "embed", "heads", dense_init, n, self.dtype, use_bias=n != "key")(h),
+                    dense(self.d_model, "embed", "heads", dense_init, n, self.dtype, use_bias=n != "key")(h),
                     ("batch", "length", "heads"),
                 ).reshape(batch, length, self.n_heads, head_dim),
                 heads,
@@ -179,12 +107,12 @@ class Block(nn.Module):
         )
         attn = nn.with_logical_constraint(causal_attention(q, k, v, self.attention), heads)
         attn = attn.reshape(batch, length, self.d_model)
-        x = x + _dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype)(attn)
+        x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype)(attn)
 
         h = _layer_norm(self.dtype, "ln_mlp")(x)
-        h = _dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype)(h)
+        h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype)(h)
         h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
-        x = x + _dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype)(h)
+        x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype)(h)
         return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), None
 
 
@@ -208,46 +136,18 @@ class GPT(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """``tokens`` [batch, length] int -> logits [batch, length, vocab] float32."""
-        embed = gathering(nn.Embed, self.gather, "embed")(
-            self.vocab_size,
-            self.d_model,
-            embedding_init=_init(nn.initializers.normal(0.02), "vocab", "embed"),
-            name="embed",
-        )
-        # Gather the table (a parameter gather, as ZeRO-3 does for every layer) rather than let GSPMD
-        # gather the batch's activations to meet a data-sharded table in the lookup's backward.
-        # The model's own gather runs inside the module, as each block's does (under qgZ's
-        # shard_map a module never sees its shard). Positions: rotary, in attention.
-        if self.gather is None:
-            x = jnp.take(nn.with_logical_constraint(embed.embedding, ("vocab", "embed")), tokens, axis=0)
-        else:
-            x = embed(tokens)
-        x = x.astype(self.dtype)
-
-        policy = policy_name(self.remat)
-        # Under the scan, XLA cannot fold the recomputation into the forward: no CSE barrier needed.
-        block = gathering(Block, self.gather, "blocks")
-        # A model that gathers itself saves hpZ's secondary copies for the backward's gathers.
-        also_save = (SECONDARY,) if self.gather is not None else ()
-        block = remat(fetching(block) if self.fetch_params else block, policy, prevent_cse=False, also_save=also_save)
+        x, embed = lookup(tokens, self.vocab_size, self.d_model, nn.initializers.normal(0.02), self.gather, "embed")
+        x = x.astype(self.dtype)  # positions: rotary, in attention
+        stack = layer_stack(Block, self.n_layers, self.remat, self.gather, self.fetch_params, "blocks")
         # Whole along the sequence into the loop, even with partitioned activations: split here, XLA
         # partitioned the lookup and the loss with permutes across batch groups (the loop's carry
         # is split at the first block's output anyway).
         x = nn.with_logical_constraint(x, BATCH_ACT)
-        stack = nn.scan(
-            block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            length=self.n_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
         shape = (self.d_model, self.n_heads, self.mlp_ratio, self.n_layers)
         blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, name="blocks")
         x, _ = blocks(x, None)
         x = nn.with_logical_constraint(x, BATCH_ACT)
-        # Rematerialised like the blocks: the backward gathers the head's weights again instead of
-        # holding them whole from the forward (ZeRO-3 frees a gathered parameter after its use).
-        head = nn.remat(GPT._head, policy=checkpoint_policy(policy, also_save))
+        head = nn.remat(GPT._head, policy=head_policy(self.remat, self.gather))
         # The table as it rests: a tied head gathers it again, inside its own remat.
         resting = embed.embedding if self.gather is None else self.variables["params"]["embed"]["embedding"]
         logits = head(self, x, resting)
@@ -257,16 +157,12 @@ class GPT(nn.Module):
         """The final LayerNorm and the output layer: the tied embedding or its own ``lm_head``."""
         x = _layer_norm(self.dtype, "ln_f", self.gather)(x)  # 1-D: never quantized; gathered by hpZ and qgZ
         if self.tie_embeddings:
-            # The same gather as the lookup's, but the head's gradient is left unconstrained:
-            # constrained whole, GSPMD all-reduces it (2x the bytes) rather than adding it to the
-            # lookup's and reduce-scattering the sum once into the gradient's spec.
-            table = gathered(embedding) if self.gather is None else self.gather("embed", {"embedding": embedding})["embedding"]
-            return jnp.einsum("ble,ve->blv", x, table.astype(self.dtype))
+            return tied_logits(x, embedding, self.gather, "embed", self.dtype)
         return gathering(nn.Dense, self.gather, "lm_head")(
             self.vocab_size,
             use_bias=False,
             dtype=self.dtype,
-            kernel_init=_init(nn.initializers.normal(0.02), "embed", "vocab"),
+            kernel_init=annotated(nn.initializers.normal(0.02), "embed", "vocab"),
             name="lm_head",
         )(x)
 

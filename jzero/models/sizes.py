@@ -1,11 +1,25 @@
-"""The GPT's size, its model FLOPs and what its layers save for the backward, from its shape alone,
-without building it or importing JAX: what config validation needs to refuse a model too large to
-count, what MFU divides by, and the formula the ledger sets the saved activations against."""
+"""jzero's models' sizes and model FLOPs, and what the GPT's layers save for the backward, from their
+shape alone, without building them or importing JAX: what config validation needs to refuse a model
+too large to count, what MFU divides by, and the formula the ledger sets the saved activations against.
+
+The functions that take ``m`` read a ``model:`` section's fields (:class:`jzero.config.schema.ModelConfig`
+or anything with them) for either model (:data:`jzero.models.names.KEYS`)."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+from jzero.models.names import LLAMA
+
 __all__ = [
     "SAVED_BY_POLICY",
+    "flops_per_token",
+    "kv_heads",
+    "llama_matmul_params",
+    "llama_param_count",
+    "mlp_units",
+    "param_count",
     "gpt_flops_per_token",
     "gpt_matmul_params",
     "gpt_param_count",
@@ -46,6 +60,51 @@ def gpt_flops_per_token(vocab_size: int, d_model: int, n_layers: int, mlp_ratio:
     forward and backward matmuls over N :func:`gpt_matmul_params`, plus 12 L T d for attention's
     scores and weighted values at sequence length T. Remat's recomputation is not counted."""
     return 6 * gpt_matmul_params(vocab_size, d_model, n_layers, mlp_ratio) + 12 * n_layers * seq_len * d_model
+
+
+def mlp_units(m: Any) -> int:
+    """The MLP's hidden units: the GPT's ``mlp_ratio`` x ``d_model``; the Llama's ``mlp_hidden``, or
+    Meta's rule without it (8/3 ``d_model`` rounded up to a multiple of 256)."""
+    if m.name != LLAMA:
+        return m.mlp_ratio * m.d_model
+    return m.mlp_hidden if m.mlp_hidden is not None else 256 * math.ceil(8 * m.d_model / 3 / 256)
+
+
+def kv_heads(m: Any) -> int:
+    """The key and value heads: the Llama's ``n_kv_heads`` (default ``n_heads``); the GPT's ``n_heads``."""
+    return m.n_kv_heads if m.name == LLAMA and m.n_kv_heads is not None else m.n_heads
+
+
+def llama_matmul_params(vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, mlp_hidden: int) -> int:
+    """The weights every token of the Llama multiplies by: per layer q and o (2 d^2), k and v
+    (2 d^2 n_kv_heads / n_heads) and the SwiGLU MLP (3 d mlp_hidden), then the LM head (V d)."""
+    kv = d_model * n_kv_heads // n_heads
+    return n_layers * (2 * d_model**2 + 2 * d_model * kv + 3 * d_model * mlp_hidden) + vocab_size * d_model
+
+
+def llama_param_count(
+    vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, mlp_hidden: int, tied: bool
+) -> int:
+    """The Llama's parameter count, exactly: the matmul weights, the token embedding (unless the
+    head is tied to it) and the RMSNorm scales (two per layer and a final one)."""
+    matmuls = llama_matmul_params(vocab_size, d_model, n_layers, n_heads, n_kv_heads, mlp_hidden)
+    return matmuls + (0 if tied else vocab_size * d_model) + (2 * n_layers + 1) * d_model
+
+
+def param_count(m: Any) -> int:
+    """A ``model:`` section's parameter count (the GPT's to its leading terms, the Llama's exactly)."""
+    if m.name == LLAMA:
+        return llama_param_count(m.vocab_size, m.d_model, m.n_layers, m.n_heads, kv_heads(m), mlp_units(m), m.tie_embeddings)
+    return gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
+
+
+def flops_per_token(m: Any) -> int:
+    """Training FLOPs per token of a ``model:`` section's model: 6 N over its matmul weights N plus
+    12 L T d for attention (:func:`gpt_flops_per_token`'s counting)."""
+    if m.name != LLAMA:
+        return gpt_flops_per_token(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio, m.seq_len)
+    matmuls = llama_matmul_params(m.vocab_size, m.d_model, m.n_layers, m.n_heads, kv_heads(m), mlp_units(m))
+    return 6 * matmuls + 12 * m.n_layers * m.seq_len * m.d_model
 
 
 def gpt_saved_per_layer(

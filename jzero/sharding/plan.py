@@ -56,7 +56,7 @@ __all__ = [
 
 
 def default_rules(axis_names: Sequence[str]) -> list[list]:
-    """Megatron-style logical-axis rules: heads, MLP hidden and vocabulary on ``model``; the batch on
+    """Megatron-style logical-axis rules: heads (query, key and value), MLP hidden and vocabulary on ``model``; the batch on
     ``data`` (and ``replica`` when the mesh has one); everything else unsharded by the rules.
 
     Args:
@@ -71,6 +71,7 @@ def default_rules(axis_names: Sequence[str]) -> list[list]:
         ["vocab", MODEL],
         ["embed", None],
         ["heads", MODEL],
+        ["kv_heads", MODEL],  # grouped-query attention's key and value heads
         ["kv", None],
         ["mlp", MODEL],
         [LAYERS, None],

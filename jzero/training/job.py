@@ -3,7 +3,7 @@ plan and the compiled step.
 
 Nothing here allocates on devices, and the step compiles only when asked (:meth:`Job.compile_step`).
 :func:`build_job` is what ``jzero train`` and ``jzero plan`` start from; it takes any
-``init_fn``/``loss_fn`` pair, with jzero's GPT as the default.
+``init_fn``/``loss_fn`` pair, with jzero's GPT as the default (or its Llama, ``model.name: llama``).
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from jzero.compiler.platforms import on_gpus
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
 from jzero.errors import ConfigError, show_value
+from jzero.lazy import moved_names
 from jzero.ledger import targets
 from jzero.memory.precision import Precision
 from jzero.memory.remat import policy_name
+from jzero.models import sizes
 from jzero.models.gpt import GPT, lm_loss
-from jzero.models.names import ATTENTION, AUTO_ATTENTION, OWN
-from jzero.models.sizes import gpt_flops_per_token
+from jzero.models.llama import Llama, rope_scaling_pairs
+from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, OWN
 from jzero.optimizers import build_optimizer
 from jzero.sharding.axes import model_ways
 from jzero.sharding.gathers import manual_loss, model_gather, units_in_effect
@@ -54,13 +56,15 @@ __all__ = [
     "check_options",
     "compile_lowered",
     "compiler_options",
-    "gpt_loss",
     "model_flops_per_token",
+    "model_loss",
     "own_model",
     "xla_options",
 ]
 
 InitFn = Callable[[jax.Array], Any]
+Model = GPT | Llama  # jzero's own models (model.name gpt or llama)
+__getattr__ = moved_names(__name__, {"gpt_loss": f"{__name__}.model_loss"})
 
 
 def build_precision(cfg: PrecisionConfig) -> Precision:
@@ -82,9 +86,9 @@ def build_model(
     model_parallel: int = 1,
     fetch_params: bool = False,
     devices: Sequence[Any] = (),
-) -> GPT:
-    """jzero's GPT with the ``model:`` section's shape: every GPT field the section has, by name
-    (``name`` is the model's kind in the config, not the Flax module's name).
+) -> Model:
+    """jzero's GPT or Llama with the ``model:`` section's shape: the fields its model reads
+    (:data:`jzero.models.names.KEYS`), defaults resolved.
 
     Args:
       cfg: the ``model:`` section.
@@ -93,10 +97,14 @@ def build_model(
       fetch_params: parameters rest in host memory and each block fetches its own (``zero.offload_params``).
       devices: what it runs on, which picks its attention (:func:`attention_for`).
     """
-    shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("name", "entry")}
+    shape = {key: getattr(cfg, key) for key in KEYS[cfg.name]}
     shape["remat"] = policy_name(cfg.remat)
     shape["partition_activations"] = partitions_activations(cfg, model_parallel)
     shape["attention"] = attention_for(cfg.attention, devices, precision)
+    if cfg.name == LLAMA:
+        scaling = dataclasses.asdict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
+        shape.update(n_kv_heads=sizes.kv_heads(cfg), mlp_hidden=sizes.mlp_units(cfg), rope_scaling=rope_scaling_pairs(scaling))
+        return Llama(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype)
     return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype)
 
 
@@ -222,10 +230,10 @@ class Job:
       abstract: the train state's shapes, parameters still boxed with their logical names.
       fetches_layers: the model moves its scanned layers' parameters to the device itself, inside
         its loop (jzero's GPT with ``zero.offload_params``); otherwise the step moves them all first.
-      model: jzero's GPT, whose loss the job builds for its plan (:func:`gpt_loss`); None for a
+      model: jzero's GPT or Llama, whose loss the job builds for its plan (:func:`model_loss`); None for a
         model of yours.
-      flops_per_token: the training FLOPs one token needs (:func:`jzero.models.sizes.gpt_flops_per_token`
-        for jzero's GPT; what ``build_job`` was given, else 6 x the parameters, for a model of yours).
+      flops_per_token: the training FLOPs one token needs (:func:`jzero.models.sizes.flops_per_token`
+        for jzero's models; what ``build_job`` was given, else 6 x the parameters, for a model of yours).
     """
 
     config: Config
@@ -239,7 +247,7 @@ class Job:
     abstract: TrainState
     fetches_layers: bool = False
     flops_per_token: float = 0.0
-    model: GPT | None = None
+    model: Model | None = None
 
     @property
     def batch_shape(self) -> tuple[int, int]:
@@ -334,7 +342,7 @@ class Job:
         fetches_layers = self.fetches_layers and zero.offload_params
         if self.model is None:
             plan = _units_in_effect(self.loss_fn, plan, self.abstract, config, self.precision)
-        loss_fn = self.loss_fn if self.model is None else gpt_loss(self.model, plan, self.precision)
+        loss_fn = self.loss_fn if self.model is None else model_loss(self.model, plan, self.precision)
         return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers, loss_fn=loss_fn)
 
 
@@ -399,9 +407,9 @@ def build_job(
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
     plan = make_plan(abstract, mesh, config.zero, rules, path_rules)
     if model is not None:
-        loss_fn = gpt_loss(model, plan, precision)
+        loss_fn = model_loss(model, plan, precision)
     elif plan.qgz:  # a loss of yours runs under GSPMD, where no partial gradient can be quantized
-        raise ConfigError("zero.quantized_gradients", "needs jzero's GPT, which gathers its own layers under shard_map")
+        raise ConfigError("zero.quantized_gradients", "needs jzero's GPT or Llama, which gather their own layers under shard_map")
     else:
         plan = _units_in_effect(loss_fn, plan, abstract, config, precision)
     if flops_per_token is None:
@@ -469,15 +477,16 @@ def _entry_module(where: str) -> ModuleType:
     return sys.modules[name]
 
 
-def gpt_loss(model: GPT, plan: Plan, precision: Precision) -> LossFn:
-    """The GPT's loss for ``plan``: the model gathers its own parameters where the plan needs it to
-    (:func:`jzero.sharding.gathers.model_gather`, stage 3 with qwZ, hpZ or qgZ), under ``shard_map`` with qgZ
-    (:func:`jzero.sharding.gathers.manual_loss`)."""
+def model_loss(model: Model, plan: Plan, precision: Precision) -> LossFn:
+    """jzero's model's loss for ``plan``: the model gathers its own parameters where the plan needs it
+    to (:func:`jzero.sharding.gathers.model_gather`, stage 3 with qwZ, hpZ or qgZ), under ``shard_map``
+    with qgZ (:func:`jzero.sharding.gathers.manual_loss`)."""
     gather = model_gather(plan, precision)
     loss = partial(lm_loss, model if gather is None else model.clone(gather=gather))
     return manual_loss(loss, plan) if plan.qgz else loss
 
 
 def model_flops_per_token(cfg: ModelConfig) -> int:
-    """The training FLOPs per token of jzero's GPT with the ``model:`` section's shape."""
-    return gpt_flops_per_token(cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.mlp_ratio, cfg.seq_len)
+    """The training FLOPs per token of jzero's model with the ``model:`` section's shape
+    (:func:`jzero.models.sizes.flops_per_token`)."""
+    return sizes.flops_per_token(cfg)

@@ -26,15 +26,18 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, Sharding
 
 from jzero.checkpoint.export import load_params, match_params
+from jzero.checkpoint.hf import is_hf_folder, placed_params
 from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.compiler.cache import cache_hits
 from jzero.config.loading import dump_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
+from jzero.errors import ConfigError
 from jzero.lazy import moved_names
 from jzero.ledger.records import GoodputReport, StartupLedger, from_json, to_json
 from jzero.ledger.render import format_ledger_summary
+from jzero.models.names import LLAMA
 from jzero.optimizers import build_schedule
 from jzero.sharding.axes import mesh_text
 from jzero.sharding.mesh import mesh_shape
@@ -81,17 +84,30 @@ def initial_state(
         changed = changes(restored.meta, mesh_shape(job.mesh), job.plan.zero.stage)
         note(f"resumed from {checkpoints.step_dir(restored.step)}" + (f" ({changed})" if changed else ""))
         return restored.state, start
-    if job.config.train.init_from:
-        loaded = load_params(job.config.train.init_from)
-        match_params(loaded, {t.path: t.shape for t in job.plan.tensors}, job.config.train.init_from)
-        arrays = [
-            jax.device_put(np.asarray(loaded[t.path], np.float32), NamedSharding(job.mesh, t.param_spec))
-            for t in job.plan.tensors
-        ]
-        params = jax.tree.unflatten(jax.tree.structure(job.plan.params), arrays)
-        note(f"parameters from {job.config.train.init_from}")
+    source = job.config.train.init_from
+    if source:
+        params = _hf_params(job, source) if is_hf_folder(source) else _loaded_params(job, source)
+        note(f"parameters from {source}")
         return state_from_params(params, job.tx, job.plan, job.precision), 0
     return job.init_state(), 0
+
+
+def _loaded_params(job: Job, source: str) -> Any:
+    """``train.init_from``'s parameters (:func:`jzero.checkpoint.export.load_params`) on the plan's shardings."""
+    loaded = load_params(source)
+    match_params(loaded, {t.path: t.shape for t in job.plan.tensors}, source)
+    arrays = [
+        jax.device_put(np.asarray(loaded[t.path], np.float32), NamedSharding(job.mesh, t.param_spec)) for t in job.plan.tensors
+    ]
+    return jax.tree.unflatten(jax.tree.structure(job.plan.params), arrays)
+
+
+def _hf_params(job: Job, source: str) -> Any:
+    """A Hugging Face Llama folder's weights, streamed into the plan's shards (:func:`jzero.checkpoint.hf.placed_params`)."""
+    if job.config.model.name != LLAMA:
+        why = "jzero checkpoint import writes a run with its config, or set model.name: llama and its shape"
+        raise ConfigError("train.init_from", f"{source} is a Hugging Face Llama; model.name is {job.config.model.name}: {why}")
+    return placed_params(source, job.plan)
 
 
 @dataclasses.dataclass

@@ -65,6 +65,7 @@ from jzero.ledger.records import (
 from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
 from jzero.memory.offload import DEVICE, HOST
 from jzero.memory.remat import policy_name
+from jzero.models.names import GPT
 from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
 from jzero.sharding.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
 from jzero.sharding.mesh import make_mesh, mesh_shape
@@ -391,7 +392,7 @@ def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool
     GPT, each kind's bytes per layer by the formula of its remat policy; kinds over it are listed:
     :class:`Activations`' fields by name."""
     by_kind = saved_by_kind(hlo_text, rows)
-    if job.model is None:
+    if job.model is None or job.config.model.name != GPT:  # the formula is jzero's GPT's
         return {"by_kind": [SavedKind(**row) for row in by_kind]}
     m, policy = job.config.model, policy_name(job.config.model.remat)
     itemsize = jnp.dtype(job.precision.compute_dtype or jnp.float32).itemsize

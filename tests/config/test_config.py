@@ -246,6 +246,8 @@ def keys_typed(wanted: object) -> set[str]:
 FLOAT_KEYS = {
     *(f"optimizer.{k}" for k in ("learning_rate", "weight_decay", "b1", "b2", "eps", "min_lr_ratio", "clip_norm")),
     "precision.loss_scale",
+    "model.rope_theta",
+    "model.rms_norm_eps",
 }
 PATH_KEYS = {
     *("run.dir", "model.entry", "train.init_from", "runtime.compilation_cache"),

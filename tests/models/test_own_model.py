@@ -55,9 +55,9 @@ def test_the_config_names_the_model_and_its_units(devices, own_model, monkeypatc
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["model.name=llama"], "model.name: unknown model 'llama' (known: gpt, own)"),
+        (["model.name=mistral"], "model.name: unknown model 'mistral' (known: gpt, llama, own)"),
         (["model.entry=examples/own_model.py:model_parts"], "model.entry: names a model of your own: only with model.name: own"),
-        (["model.name=own", "model.d_model=64"], "model.d_model: is jzero's GPT's; a model of your own (model.name: own) reads"),
+        (["model.name=own", "model.d_model=64"], "model.d_model: is jzero's models'; a model of your own (model.name: own)"),
         (["model.name=own", "model.entry=own_model.model_parts"], "model.entry: must be FILE.py:FUNCTION or MODULE:FUNCTION"),
     ],
 )

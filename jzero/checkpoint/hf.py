@@ -1,0 +1,255 @@
+"""Hugging Face Llama checkpoints: ``config.json`` and safetensors in PyTorch's naming and layout.
+
+A Hugging Face folder holds ``config.json``, the weights as one ``model.safetensors`` or several
+files listed in ``model.safetensors.index.json``, and often ``tokenizer.json``. jzero's Llama
+(:mod:`jzero.models.llama`) names its parameters after Hugging Face's; :data:`NAMES` is the one
+table between the two. PyTorch's ``Linear`` keeps its weight ``[out, in]`` and Flax's ``Dense`` its
+kernel ``[in, out]``, so matrices are transposed; jzero's layers are one stacked tensor
+``[n_layers, ...]`` where Hugging Face has one tensor per layer.
+
+Reading streams: :class:`HFCheckpoint` memory-maps each file (:func:`jzero.checkpoint.export.read_safetensors`)
+and :func:`slice_of` reads only the rows and columns one device's shard needs, then unmaps the
+pages it read, so a process holds what its own shards need, never the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from jzero.checkpoint.export import read_safetensors
+from jzero.data.tokens import release_pages
+from jzero.errors import ConfigError, clip, show_value
+from jzero.models.sizes import kv_heads, mlp_units
+from jzero.sharding.plan import Plan
+
+__all__ = [
+    "CONFIG",
+    "INDEX",
+    "NAMES",
+    "SINGLE",
+    "TOKENIZER",
+    "HFCheckpoint",
+    "hf_config",
+    "hf_names",
+    "is_hf_folder",
+    "model_section",
+    "placed_params",
+    "slice_of",
+]
+
+CONFIG, INDEX, SINGLE, TOKENIZER = "config.json", "model.safetensors.index.json", "model.safetensors", "tokenizer.json"
+ARCHITECTURE = "LlamaForCausalLM"
+FLOAT32 = np.dtype(np.float32)  # what a run starts from (its master copy, when it keeps one)
+MAX_SEQ_LEN = 4096  # model.seq_len from max_position_embeddings, at most this (--set model.seq_len=N)
+
+# jzero's Llama parameter -> (Hugging Face's tensor, "{}" the layer for stacked ones; transposed)
+NAMES: dict[str, tuple[str, bool]] = {
+    "embed_tokens/embedding": ("model.embed_tokens.weight", False),
+    "layers/input_layernorm/scale": ("model.layers.{}.input_layernorm.weight", False),
+    "layers/q_proj/kernel": ("model.layers.{}.self_attn.q_proj.weight", True),
+    "layers/k_proj/kernel": ("model.layers.{}.self_attn.k_proj.weight", True),
+    "layers/v_proj/kernel": ("model.layers.{}.self_attn.v_proj.weight", True),
+    "layers/o_proj/kernel": ("model.layers.{}.self_attn.o_proj.weight", True),
+    "layers/post_attention_layernorm/scale": ("model.layers.{}.post_attention_layernorm.weight", False),
+    "layers/gate_proj/kernel": ("model.layers.{}.mlp.gate_proj.weight", True),
+    "layers/up_proj/kernel": ("model.layers.{}.mlp.up_proj.weight", True),
+    "layers/down_proj/kernel": ("model.layers.{}.mlp.down_proj.weight", True),
+    "norm/scale": ("model.norm.weight", False),
+    "lm_head/kernel": ("lm_head.weight", True),
+}
+
+# config.json's keys -> the model: section's (the rest are read or checked below)
+_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "intermediate_size": "mlp_hidden",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "rms_norm_eps",
+    "tie_word_embeddings": "tie_embeddings",
+}
+_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder with a Hugging Face ``config.json``."""
+    return (Path(path) / CONFIG).is_file()
+
+
+def _read_json(path: Path, key: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(key, f"cannot read {path}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ConfigError(key, f"{path} is not JSON: {clip(str(err))}") from None
+
+
+def model_section(folder: str | Path) -> dict[str, Any]:
+    """The ``model:`` section of a Hugging Face Llama's ``config.json`` (YAML-shaped, ``name: llama``).
+
+    Raises:
+      ConfigError: naming ``config.json``'s key: not a Llama, or a choice jzero's Llama does not make
+        (biases, another activation, a head size other than ``hidden_size / num_attention_heads``).
+    """
+    path = Path(folder) / CONFIG
+    raw = _read_json(path, str(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), "is not a JSON object")
+
+    def bad(key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{path}: {key}", problem)
+
+    if ARCHITECTURE not in (raw.get("architectures") or []) and raw.get("model_type") != "llama":
+        got = show_value(raw.get("architectures") or raw.get("model_type"))
+        raise bad("architectures", f"jzero reads {ARCHITECTURE} (model_type llama), got {got}")
+    missing = [k for k in _KEYS if k not in raw and k not in ("num_key_value_heads", "rope_theta", "tie_word_embeddings")]
+    if missing:
+        raise bad(missing[0], "is missing")
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if raw.get(key, want) != want:
+            raise bad(key, f"jzero's Llama has {json.dumps(want)}, got {clip(json.dumps(raw[key]))}")
+    heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
+    if raw.get("head_dim") not in (None, hidden // max(heads, 1)):
+        raise bad("head_dim", f"jzero's Llama has hidden_size / num_attention_heads = {hidden // heads}, got {raw['head_dim']}")
+    section: dict[str, Any] = {"name": "llama", **{ours: raw[theirs] for theirs, ours in _KEYS.items() if theirs in raw}}
+    section["seq_len"] = min(int(raw.get("max_position_embeddings", MAX_SEQ_LEN)), MAX_SEQ_LEN)
+    scaling = raw.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "llama3":
+            raise bad("rope_scaling", f"jzero reads rope_type llama3, got {show_value(kind)}")
+        section["rope_scaling"] = {"rope_type": kind, **{k: scaling[k] for k in _SCALING if k in scaling}}
+    return section
+
+
+def hf_config(model: Any, dtype: str) -> dict[str, Any]:
+    """``config.json`` for a ``model:`` section of ``name: llama`` (its fields resolved), weights in ``dtype``."""
+    out: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "max_position_embeddings": model.seq_len,
+        "torch_dtype": dtype,
+        "head_dim": model.d_model // model.n_heads,
+    }
+    values = {"n_kv_heads": kv_heads(model), "mlp_hidden": mlp_units(model)}
+    out.update({theirs: values.get(ours, getattr(model, ours)) for theirs, ours in _KEYS.items()})
+    s = model.rope_scaling
+    out["rope_scaling"] = None if s is None else {"rope_type": s.rope_type, **{k: getattr(s, k) for k in _SCALING}}
+    return out
+
+
+def hf_names(path: str, layers: int) -> list[str]:
+    """Hugging Face's tensors for one of jzero's Llama parameters: one per layer for a stacked one."""
+    name, _ = NAMES[path]
+    return [name.format(i) for i in range(layers)] if "{}" in name else [name]
+
+
+class HFCheckpoint:
+    """A Hugging Face folder's tensors, memory-mapped: nothing is read until sliced.
+
+    Raises (on construction):
+      ConfigError: naming the file: no weights, a shard file the index lists that is missing or
+        damaged, or a tensor the index and the file disagree on.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        index, single = self.folder / INDEX, self.folder / SINGLE
+        if index.is_file():
+            weight_map = _read_json(index, str(index)).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ConfigError(str(index), "has no weight_map")
+            files = sorted(set(weight_map.values()))
+        elif single.is_file():
+            weight_map, files = None, [SINGLE]
+        else:
+            raise ConfigError(str(self.folder), f"holds no {SINGLE} and no {INDEX}")
+        self.tensors: dict[str, np.ndarray] = {}
+        for name in files:
+            path = self.folder / name
+            if not path.is_file():
+                raise ConfigError(str(path), f"is missing: {INDEX} lists it")
+            for tensor, array in read_safetensors(path).items():
+                if weight_map is not None and weight_map.get(tensor) != name:
+                    raise ConfigError(str(path), f"holds {tensor}, which {INDEX} puts in {show_value(weight_map.get(tensor))}")
+                self.tensors[tensor] = array
+        if weight_map is not None and (absent := sorted(set(weight_map) - set(self.tensors))):
+            raise ConfigError(str(self.folder / weight_map[absent[0]]), f"does not hold {absent[0]}, which {INDEX} lists there")
+
+    def check(self, shapes: Mapping[str, tuple[int, ...]], layers: int) -> None:
+        """Every tensor maps to one of ``shapes`` (jzero's parameter paths and shapes) and has its shape.
+
+        Raises:
+          ConfigError: naming the first tensor that does not map, is missing, or has another shape.
+        """
+        want = {}
+        for path, shape in shapes.items():
+            name, transposed = NAMES.get(path, (None, False))
+            if name is None:
+                raise ConfigError(path, "is not a parameter of jzero's Llama")
+            one = shape[1:] if "{}" in name else shape
+            for hf in hf_names(path, layers):
+                want[hf] = tuple(reversed(one)) if transposed else tuple(one)
+        unmapped = sorted(set(self.tensors) - set(want))
+        if unmapped:
+            raise ConfigError(f"{self.folder}: {unmapped[0]}", "maps to no parameter of jzero's Llama (config.json's shape)")
+        for hf, shape in want.items():
+            if hf not in self.tensors:
+                raise ConfigError(f"{self.folder}: {hf}", "is missing")
+            if tuple(self.tensors[hf].shape) != shape:
+                got = list(self.tensors[hf].shape)
+                raise ConfigError(f"{self.folder}: {hf}", f"has shape {got}, config.json gives {list(shape)}")
+
+    def nbytes(self) -> int:
+        """The weights' bytes."""
+        return sum(a.nbytes for a in self.tensors.values())
+
+
+def slice_of(checkpoint: HFCheckpoint, path: str, layers: int, dtype: Any) -> Callable[[tuple[slice, ...]], np.ndarray]:
+    """A callback for ``jax.make_array_from_callback``: the part ``index`` of jzero's parameter
+    ``path``, read from the checkpoint's tensors (only the rows and columns asked for) as ``dtype``."""
+    name, transposed = NAMES[path]
+    stacked = "{}" in name
+
+    def one(tensor: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+        part = np.array(tensor[index[1], index[0]]).T if transposed else np.array(tensor[index])
+        release_pages(tensor)  # the file's pages read leave this process: RSS holds the copy only
+        return part
+
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+        if not stacked:
+            return one(checkpoint.tensors[name], index).astype(dtype)
+        rows = range(*index[0].indices(layers))
+        parts = [one(checkpoint.tensors[name.format(i)], index[1:]).astype(dtype) for i in rows]
+        return np.stack(parts) if parts else np.zeros((0,), dtype)
+
+    return read
+
+
+def placed_params(folder: str | Path, plan: Plan) -> Any:
+    """A Hugging Face Llama's weights as ``plan``'s float32 parameters, each device's shard read
+    from the files by itself (``jax.make_array_from_callback``): a process reads only what its
+    devices hold.
+
+    Raises:
+      ConfigError: the folder's tensors do not map onto the plan's parameters (:meth:`HFCheckpoint.check`).
+    """
+    checkpoint = HFCheckpoint(folder)
+    layers = next((t.shape[0] for t in plan.tensors if t.path.startswith("layers/")), 0)
+    checkpoint.check({t.path: t.shape for t in plan.tensors}, layers)
+    read = {t.path: slice_of(checkpoint, t.path, layers, FLOAT32) for t in plan.tensors}
+    arrays = [jax.make_array_from_callback(t.shape, NamedSharding(plan.mesh, t.param_spec), read[t.path]) for t in plan.tensors]
+    return jax.tree.unflatten(jax.tree.structure(plan.params), arrays)

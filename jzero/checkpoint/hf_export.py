@@ -1,0 +1,214 @@
+"""``jzero checkpoint export RUN_DIR --format hf --out DIR``: a Llama run as a Hugging Face folder.
+
+The folder is what ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads: ``config.json``,
+the weights in PyTorch's naming and layout (:data:`jzero.checkpoint.hf.NAMES`), one
+``model.safetensors`` or, over :data:`SHARD_BYTES`, numbered files and their index, and the run's
+``tokenizer.json`` when it has one. It works from a run at any stage and mesh: each parameter is
+read whole from the sharded checkpoint (one stacked parameter at a time: all layers of one matrix),
+its layers written as tensors of their own, then dropped.
+
+The folder is written under a hidden name beside ``--out`` and renamed into place once complete, so
+a partial export never looks like one; an existing ``--out`` is refused unless ``force``, and then
+replaced only once the new folder is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jzero.checkpoint.export import (
+    NUMPY_DTYPES,
+    SAFETENSORS_DTYPES,
+    parameter_arrays,
+    restore_numpy,
+    safetensors_header,
+    write_safetensors,
+)
+from jzero.checkpoint.hf import CONFIG, INDEX, NAMES, SINGLE, TOKENIZER, hf_config, hf_names
+from jzero.checkpoint.quiet import failure_reported
+from jzero.checkpoint.runs import array_metadata, read_newest, verify_step
+from jzero.config.loading import load_config
+from jzero.config.rundir import RunDir
+from jzero.config.schema import EXPORT_DTYPES
+from jzero.errors import CheckpointError, ConfigError, checked_path, error_line, path_error, show_value
+from jzero.models.names import LLAMA
+
+__all__ = ["SHARD_BYTES", "export_hf"]
+
+SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
+
+
+def export_hf(
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    dtype: str = "float32",
+    *,
+    force: bool = False,
+    shard_bytes: int = SHARD_BYTES,
+    warn: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Write a Llama run's committed step as a Hugging Face folder.
+
+    Args:
+      run_dir: the run's folder; its ``config.yaml`` must say ``model.name: llama``.
+      out: the folder to write; it must not exist unless ``force``; its parent must.
+      step: the committed step (default: the newest).
+      dtype: the weights' dtype, ``float32`` or ``bfloat16``.
+      force: replace an existing ``out`` (once the new folder is complete).
+      shard_bytes: the most bytes of weights in one file.
+      warn: told, in one line, of a step written before manifests (unverifiable).
+
+    Returns:
+      ``step``, ``tensors``, ``files``, ``bytes``, ``out`` and ``dtype``.
+
+    Raises:
+      ConfigError: ``--dtype``, ``--out`` or the run's model (``model.name``) refused; nothing is written.
+      CheckpointError: the run has no committed checkpoint, or it cannot be read.
+    """
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError("--dtype", f"must be one of {', '.join(EXPORT_DTYPES)}, got {show_value(dtype)}")
+    out = checked_path("--out", out)
+    if out.exists() and not force:
+        raise ConfigError("--out", f"{out} exists; not overwritten (--force replaces it)")
+    if not out.parent.is_dir():
+        raise ConfigError("--out", f"folder {out.parent} does not exist")
+    folder = RunDir(Path(run_dir))
+    config = load_config(folder.config)
+    if config.model.name != LLAMA:
+        raise ConfigError("--format", f"hf writes jzero's Llama; {run_dir} trained model.name: {config.model.name}")
+    files = {CONFIG: json.dumps(hf_config(config.model, dtype), indent=2) + "\n"}
+    tokenizer = folder.tokenizer if folder.tokenizer.is_file() else None
+    step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer)
+    return read_newest(run_dir, step, lambda step_dir: step_export.write(step_dir, out, force, warn))
+
+
+class _StepExport:
+    """One committed step written as the folder :func:`export_hf` describes."""
+
+    def __init__(self, layers: int, dtype: str, shard_bytes: int, files: dict[str, str], tokenizer: Path | None):
+        self.layers, self.dtype, self.shard_bytes, self.files, self.tokenizer = layers, dtype, shard_bytes, files, tokenizer
+
+    def write(self, step_dir: Path, out: Path, force: bool, warn: Callable[[str], None]) -> dict[str, Any]:
+        verify_step(step_dir, warn)
+        state_dir = step_dir / "state"
+        try:
+            prefix, params = parameter_arrays(array_metadata(state_dir))
+        except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
+            raise _unreadable(step_dir, err) from None
+        tensors = self._tensors(params)
+        shards = _shards(tensors, NUMPY_DTYPES[SAFETENSORS_DTYPES[self.dtype]].itemsize, self.shard_bytes)
+        tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
+        try:
+            tmp.mkdir()
+            written = self._fill(tmp, state_dir, prefix, tensors, shards, int(step_dir.name))
+            _publish(tmp, out, force)
+        except OSError as err:
+            raise path_error("--out", out, err, "write") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return {"step": int(step_dir.name), "tensors": len(tensors), "files": len(shards), "bytes": written, "out": str(out),
+                "dtype": self.dtype}  # fmt: skip
+
+    def _tensors(self, params: dict[str, tuple]) -> list[tuple[str, tuple[int, ...], str]]:
+        """``(hf_name, shape, jzero_path)``, each parameter's layers together (one read per parameter)."""
+        tensors = []
+        for path in sorted(params):
+            if path not in NAMES:
+                raise CheckpointError(path, "is not a parameter of jzero's Llama")
+            shape, (name, transposed) = tuple(params[path][0]), NAMES[path]
+            one = shape[1:] if "{}" in name else shape
+            tensors += [(hf, tuple(reversed(one)) if transposed else one, path) for hf in hf_names(path, self.layers)]
+        return tensors
+
+    def _fill(self, tmp: Path, state_dir: Path, prefix: str, tensors: list, shards: list[list[int]], step: int) -> int:
+        """Write the weights, the index, config.json and the tokenizer into ``tmp``; the weights' bytes
+        (the index's ``total_size``: tensors only, no headers)."""
+        source = _Source(state_dir, prefix, self.layers)
+        count = len(shards)
+        names = [SINGLE] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+        written, weight_map = 0, {}
+        for name, members in zip(names, shards, strict=True):
+            chosen = [tensors[i] for i in members]
+            header = [(hf, shape, self.dtype) for hf, shape, _ in chosen]
+            paths = {hf: path for hf, _, path in chosen}
+            write_safetensors(tmp / name, header, partial(_produce, source, paths), {"format": "pt"})
+            found, _ = safetensors_header(tmp / name, "--out")  # read back: every tensor, its shape
+            if [(n, tuple(found[n]["shape"])) for n, _, _ in header] != [(n, s) for n, s, _ in header]:
+                raise ConfigError("--out", f"writing {name} failed: the file read back does not match")
+            written += sum(end - begin for begin, end in (info["data_offsets"] for info in found.values()))
+            weight_map.update(dict.fromkeys(paths, name))
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": written}, "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        for name, text in self.files.items():
+            (tmp / name).write_text(text)
+        if self.tokenizer is not None:
+            shutil.copyfile(self.tokenizer, tmp / TOKENIZER)
+        return written
+
+
+class _Source:
+    """Reads one jzero parameter at a time from the checkpoint and hands out its layers."""
+
+    def __init__(self, state_dir: Path, prefix: str, layers: int):
+        self.state_dir, self.prefix, self.layers = state_dir, prefix, layers
+        self.path, self.array = None, None
+
+    def read(self, path: str, hf: str) -> np.ndarray:
+        if path != self.path:
+            self.array = None  # drop the last one before reading the next
+            try:
+                self.array = restore_numpy(self.state_dir, [self.prefix + path])[self.prefix + path]
+            except Exception as err:
+                raise _unreadable(self.state_dir.parent, err) from None
+            self.path = path
+        name, transposed = NAMES[path]
+        array = self.array[hf_names(path, self.layers).index(hf)] if "{}" in name else self.array
+        return array.T if transposed else array
+
+
+def _produce(source: _Source, paths: dict[str, str], hf: str) -> np.ndarray:
+    return source.read(paths[hf], hf)
+
+
+def _unreadable(step_dir: Path, err: Exception) -> CheckpointError:
+    failure_reported()
+    return CheckpointError(str(step_dir), f"is unreadable ({error_line(err)})")
+
+
+def _shards(tensors: list[tuple[str, tuple[int, ...], str]], itemsize: int, limit: int) -> list[list[int]]:
+    """The tensors' indices grouped into files of at most ``limit`` bytes (a larger tensor alone)."""
+    shards: list[list[int]] = [[]]
+    size = 0
+    for i, (_, shape, _) in enumerate(tensors):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(i)
+        size += nbytes
+    return shards
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Rename the complete folder into place; an existing ``out`` (``force``) is moved aside first
+    and deleted after."""
+    aside = None
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise ConfigError("--out", f"{out} exists; not overwritten (--force replaces it)")
+        aside = out.with_name(f".{out.name[:200]}.jzero-replaced-{secrets.token_hex(6)}")
+        os.replace(out, aside)
+    os.replace(tmp, out)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True) if aside.is_dir() else aside.unlink()
