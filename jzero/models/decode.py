@@ -1,16 +1,20 @@
-"""Text from jzero's GPT (:class:`jzero.models.gpt.GPT`): KV-cache decoding in one compiled loop.
+"""Text from jzero's GPT and Llama (:mod:`jzero.models.gpt`, :mod:`jzero.models.llama`): KV-cache
+decoding in one compiled loop.
 
 :func:`generate` runs the prompt through the model once (:func:`prefill`), keeping every layer's
 keys and values in a :class:`KVCache`, then makes each new token inside one ``jax.lax.while_loop``
 under ``jit``: a one-token forward (:func:`decode_step`) attends to the cache and appends its own key
 and value, so no step recomputes the prefix.
 
-The forward here is a function of the params tree of ``GPT.init`` (boxed or not) that reuses the
-GPT's own pieces: its LayerNorm and Dense modules, :func:`jzero.models.layers.rotary` at the tokens'
-positions and :func:`jzero.models.layers.attend`. ``tests/training/test_sample.py`` checks its logits against
-``GPT.apply`` on the whole prefix. :func:`decode_loop` is the loop alone: another model is decoded
-by it given the same two calls, a prefill that returns the last logits and a cache, and a one-token
-step at a position that returns the next logits and the cache.
+The forward here is a function of the params tree of ``GPT.init`` or ``Llama.init`` (boxed or not)
+that reuses the models' own pieces: their norms and Dense modules, :func:`jzero.models.layers.rotary`
+at the tokens' positions and :func:`jzero.models.layers.attend` (each key and value head repeated
+over its group of query heads, for the Llama's grouped-query attention).
+``tests/training/test_sample.py`` checks its logits against each model's ``apply`` on the whole
+prefix, and ``tests/models/test_llama.py`` its greedy tokens against transformers' ``generate``.
+:func:`decode_loop` is the loop alone: another model is decoded by it given the same two calls, a
+prefill that returns the last logits and a cache, and a one-token step at a position that returns
+the next logits and the cache.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import numpy as np
 from jax.experimental import io_callback
 
 from jzero.models.gpt import GPT, _layer_norm
-from jzero.models.layers import attend, rotary
+from jzero.models.layers import attend, rope_frequencies, rotary
+from jzero.models.llama import Llama, RMSNorm
 
 __all__ = ["KVCache", "OnToken", "decode_loop", "decode_step", "forward", "generate", "init_cache", "next_token", "prefill"]
 
@@ -41,9 +46,16 @@ class KVCache(NamedTuple):
     v: jax.Array
 
 
-def init_cache(model: GPT, batch: int, max_len: int) -> KVCache:
-    """An empty cache for ``batch`` sequences of up to ``max_len`` tokens (at most ``model.seq_len``)."""
-    shape = (model.n_layers, batch, max_len, model.n_heads, model.d_model // model.n_heads)
+Model = GPT | Llama
+# Where each model keeps its token embedding, its stacked layers and its final norm.
+_PARTS = {GPT: ("embed", "blocks", "ln_f"), Llama: ("embed_tokens", "layers", "norm")}
+
+
+def init_cache(model: Model, batch: int, max_len: int) -> KVCache:
+    """An empty cache for ``batch`` sequences of up to ``max_len`` tokens (at most ``model.seq_len``):
+    one entry per key and value head (the Llama's ``n_kv_heads``)."""
+    heads = model.n_kv_heads if isinstance(model, Llama) else model.n_heads
+    shape = (model.n_layers, batch, max_len, heads, model.d_model // model.n_heads)
     return KVCache(jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype))
 
 
@@ -55,7 +67,18 @@ def _linear(p: dict, x: jax.Array, dtype: jnp.dtype) -> jax.Array:
     return nn.Dense(p["kernel"].shape[-1], use_bias="bias" in p, dtype=dtype).apply({"params": p}, x)
 
 
-def _block(model: GPT, p: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array):
+def _cached_attention(q, k, v, k_cache, v_cache, start, positions, dtype):
+    """``q`` over the cache, after writing ``k`` and ``v`` (rotated) into it at ``start``: causal, and
+    nothing past the new tokens. Grouped-query attention repeats each cached head over its group."""
+    k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
+    v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
+    sees = jnp.arange(k_cache.shape[1])[None, :] <= positions[:, None]
+    group = q.shape[2] // k_cache.shape[2]
+    keys, values = (jnp.repeat(c, group, axis=2) if group > 1 else c for c in (k_cache, v_cache))
+    return attend(q, keys, values, sees, dtype), k_cache, v_cache
+
+
+def _gpt_block(model: GPT, p: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array):
     """One block (:class:`jzero.models.gpt.Block`'s math) on ``x`` [batch, length, d_model] at positions
     ``start ..``: its keys and values are written into the layer's cache, and it attends to the cache."""
     batch, length, _ = x.shape
@@ -64,20 +87,42 @@ def _block(model: GPT, p: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.A
     h = _norm(p["ln_attn"], x, dtype)
     q, k, v = (_linear(p[n], h, dtype).reshape(batch, length, heads, -1) for n in ("query", "key", "value"))
     q, k = rotary(q, positions), rotary(k, positions)
-    k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
-    v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
-    sees = jnp.arange(k_cache.shape[1])[None, :] <= positions[:, None]  # causal, and nothing past the new tokens
-    attn = attend(q, k_cache, v_cache, sees, dtype).reshape(batch, length, model.d_model)
-    x = x + _linear(p["attn_out"], attn, dtype)
+    attn, k_cache, v_cache = _cached_attention(q, k, v, k_cache, v_cache, start, positions, dtype)
+    x = x + _linear(p["attn_out"], attn.reshape(batch, length, model.d_model), dtype)
     h = nn.gelu(_linear(p["mlp_in"], _norm(p["ln_mlp"], x, dtype), dtype))
     return x + _linear(p["mlp_out"], h, dtype), k_cache, v_cache
 
 
-def forward(model: GPT, params: Any, tokens: jax.Array, cache: KVCache, start: jax.Array | int) -> tuple[jax.Array, KVCache]:
-    """The GPT on ``tokens`` at positions ``start .. start + length - 1``, given the cache of the tokens before.
+def _llama_block(model: Llama, p: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array):
+    """One layer (:class:`jzero.models.llama.LlamaBlock`'s math), as :func:`_gpt_block`."""
+    batch, length, _ = x.shape
+    dtype, head_dim = model.dtype, model.d_model // model.n_heads
+    positions = start + jnp.arange(length)
+    h = _rms_norm(model, p["input_layernorm"], x)
+    q = _linear(p["q_proj"], h, dtype).reshape(batch, length, model.n_heads, head_dim)
+    k, v = (_linear(p[n], h, dtype).reshape(batch, length, model.n_kv_heads, head_dim) for n in ("k_proj", "v_proj"))
+    freq = rope_frequencies(head_dim, model.rope_theta, dict(model.rope_scaling) if model.rope_scaling else None)
+    q, k = rotary(q, positions, freq), rotary(k, positions, freq)
+    attn, k_cache, v_cache = _cached_attention(q, k, v, k_cache, v_cache, start, positions, dtype)
+    x = x + _linear(p["o_proj"], attn.reshape(batch, length, model.d_model), dtype)
+    h = _rms_norm(model, p["post_attention_layernorm"], x)
+    mlp = nn.silu(_linear(p["gate_proj"], h, dtype)) * _linear(p["up_proj"], h, dtype)
+    return x + _linear(p["down_proj"], mlp, dtype), k_cache, v_cache
+
+
+def _rms_norm(model: Llama, p: dict, x: jax.Array) -> jax.Array:
+    return RMSNorm(model.rms_norm_eps, model.dtype).apply({"params": p}, x)
+
+
+def _final_norm(model: Model, p: dict, x: jax.Array) -> jax.Array:
+    return _rms_norm(model, p, x) if isinstance(model, Llama) else _norm(p, x, model.dtype)
+
+
+def forward(model: Model, params: Any, tokens: jax.Array, cache: KVCache, start: jax.Array | int) -> tuple[jax.Array, KVCache]:
+    """The model on ``tokens`` at positions ``start .. start + length - 1``, given the cache of the tokens before.
 
     Args:
-      model: the GPT whose ``params`` these are (its shape and dtype).
+      model: the GPT or Llama whose ``params`` these are (its shape and dtype).
       params: the params tree of ``model.init`` (boxed with logical names or not).
       tokens: ``[batch, length]`` int token ids.
       cache: the keys and values of positions ``0 .. start - 1`` (:func:`init_cache`).
@@ -89,30 +134,32 @@ def forward(model: GPT, params: Any, tokens: jax.Array, cache: KVCache, start: j
     """
     params = nn.unbox(params)
     start = jnp.asarray(start, jnp.int32)
-    x = jnp.take(params["embed"]["embedding"], tokens, axis=0).astype(model.dtype)
+    embed, layers, final = _PARTS[type(model)]
+    block = _llama_block if isinstance(model, Llama) else _gpt_block
+    x = jnp.take(params[embed]["embedding"], tokens, axis=0).astype(model.dtype)
 
     def layer(x, inputs):
         p, k_cache, v_cache = inputs
-        x, k_cache, v_cache = _block(model, p, x, k_cache, v_cache, start)
+        x, k_cache, v_cache = block(model, p, x, k_cache, v_cache, start)
         return x, (k_cache, v_cache)
 
-    x, (k, v) = jax.lax.scan(layer, x, (params["blocks"], cache.k, cache.v))
-    x = _norm(params["ln_f"], x, model.dtype)
+    x, (k, v) = jax.lax.scan(layer, x, (params[layers], cache.k, cache.v))
+    x = _final_norm(model, params[final], x)
     if model.tie_embeddings:
-        logits = jnp.einsum("ble,ve->blv", x, params["embed"]["embedding"].astype(model.dtype))
+        logits = jnp.einsum("ble,ve->blv", x, params[embed]["embedding"].astype(model.dtype))
     else:
         logits = _linear(params["lm_head"], x, model.dtype)
     return logits.astype(jnp.float32), KVCache(k, v)
 
 
-def prefill(model: GPT, params: Any, prompt: jax.Array, max_len: int) -> tuple[jax.Array, KVCache]:
+def prefill(model: Model, params: Any, prompt: jax.Array, max_len: int) -> tuple[jax.Array, KVCache]:
     """The prompt ``[batch, length]`` in one pass: its last position's logits ``[batch, vocab]`` and a
     cache of ``max_len`` positions holding its keys and values."""
     logits, cache = forward(model, params, prompt, init_cache(model, prompt.shape[0], max_len), 0)
     return logits[:, -1], cache
 
 
-def decode_step(model: GPT, params: Any, token: jax.Array, cache: KVCache, position: jax.Array) -> tuple[jax.Array, KVCache]:
+def decode_step(model: Model, params: Any, token: jax.Array, cache: KVCache, position: jax.Array) -> tuple[jax.Array, KVCache]:
     """One token per sequence (``token`` [batch]) at ``position``: the next logits ``[batch, vocab]`` and the cache."""
     logits, cache = forward(model, params, token[:, None], cache, position)
     return logits[:, 0], cache
@@ -131,7 +178,7 @@ def next_token(logits: jax.Array, key: jax.Array, temperature: float, top_k: int
 
 
 def generate(
-    model: GPT,
+    model: Model,
     params: Any,
     prompt: jax.Array,
     key: jax.Array,
@@ -143,11 +190,11 @@ def generate(
     on_token: OnToken | None = None,
     compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Continue ``prompt`` with jzero's GPT by up to ``max_tokens`` tokens: :func:`decode_loop` with
+    """Continue ``prompt`` with jzero's GPT or Llama by up to ``max_tokens`` tokens: :func:`decode_loop` with
     :func:`prefill` and :func:`decode_step`.
 
     Args:
-      model: the GPT (:class:`jzero.models.gpt.GPT`).
+      model: the GPT or Llama (:mod:`jzero.models.gpt`, :mod:`jzero.models.llama`).
       params: its params tree, on the device to decode on.
       prompt: ``[batch, length]`` int token ids, at least one per row.
       key: the PRNG key.

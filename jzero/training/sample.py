@@ -1,8 +1,9 @@
-"""``jzero sample RUN_DIR``: continue a prompt with a run's trained GPT, streamed to stdout.
+"""``jzero sample RUN_DIR``: continue a prompt with a run's trained GPT or Llama, streamed to stdout.
 
-It reads the run's ``config.yaml`` and tokenizer: a run whose config names a token folder
-(``data.tokens``) is BPE, and decodes with its own copy of the folder's ``tokenizer.json`` (never
-bytes: a missing file is one line naming it); any other run is bytes. It checks a committed
+It reads the run's ``config.yaml`` and tokenizer: a run with its own ``tokenizer.json`` decodes with
+it (a run on a token folder, ``data.tokens``, has a copy of the folder's, and one without it is
+refused in one line, never decoded as bytes; ``jzero checkpoint import`` copies a Hugging Face
+folder's); any other run is bytes. It checks a committed
 checkpoint against its manifest, reads only its parameters (not the optimizer state) whole onto
 this host's first device, whatever mesh and stage wrote them, and decodes with
 :func:`jzero.models.decode.generate`: a KV cache inside one compiled loop. Only the continuation
@@ -52,10 +53,8 @@ from jzero.errors import (
     show_value,
 )
 from jzero.models.decode import generate
-from jzero.models.gpt import GPT
-from jzero.models.names import AUTO_ATTENTION
-from jzero.models.names import GPT as GPT_NAME
-from jzero.training.job import build_model, build_precision, check_options, compiler_options
+from jzero.models.names import AUTO_ATTENTION, GPT, LLAMA
+from jzero.training.job import Model, build_model, build_precision, check_options, compiler_options
 from jzero.trees import tree_paths
 
 __all__ = ["run_config", "sample", "sample_command"]
@@ -121,7 +120,7 @@ def run_config(run_dir: str | Path) -> Config:
 class _Request:
     """What :func:`sample` was asked for, checked: the model, the tokenizer and the prompt's ids."""
 
-    model: GPT
+    model: Model
     tokenizer: Tokenizer
     ids: list[int]
     max_tokens: int
@@ -202,9 +201,10 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
         raise ConfigError("--temperature", f"must be 0 (greedy) or more, not {temperature}")
     config = run_config(run_dir)
     m = config.model
-    if m.name != GPT_NAME:
+    if m.name not in (GPT, LLAMA):
         yours = "jzero.models.decode.decode_loop decodes yours"
-        raise ConfigError("model.name", f"{run_dir} trained a model of your own; jzero sample decodes jzero's GPT, {yours}")
+        ours = "jzero sample decodes jzero's GPT and Llama"
+        raise ConfigError("model.name", f"{run_dir} trained a model of your own; {ours}, {yours}")
     if top_k is not None and not 1 <= top_k <= m.vocab_size:
         raise ConfigError("--top-k", f"must be from 1 to the vocabulary's {m.vocab_size}, not {top_k}")
     tokenizer = _tokenizer(run_dir, config)
@@ -227,15 +227,16 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
 
 
 def _tokenizer(run_dir: str | Path, config: Config) -> Tokenizer:
-    """Bytes, or for a run on a token folder (``data.tokens``: BPE) the run's copy of its tokenizer."""
-    if config.data.tokens is None:
-        return BYTES
+    """The run's own ``tokenizer.json`` when it has one (a run on a token folder, ``data.tokens``, or
+    one imported from Hugging Face with its tokenizer), else bytes; a token-folder run without it is refused."""
     path = RunDir(Path(run_dir)).tokenizer
-    if not path.exists():
+    if path.exists():
+        return load_tokenizer(path, key=str(path))
+    if config.data.tokens is not None:
         given = Path(config.data.tokens) / TOKENIZER_FILE
         why = f"the run trained on the BPE token folder data.tokens={config.data.tokens}, and decodes with its tokenizer"
         raise ConfigError(str(path), f"is missing: {why}; copy {given} there")
-    return load_tokenizer(path, key=str(path))
+    return BYTES
 
 
 def _start(tokenizer: Tokenizer) -> list[int]:
@@ -243,7 +244,7 @@ def _start(tokenizer: Tokenizer) -> list[int]:
     return [tokenizer.eos_id] if tokenizer.eos_id is not None else tokenizer.encode("\n")
 
 
-def _restore_params(run_dir: str | Path, model: GPT, step: int | None, warn: Callable[[str], None]) -> Any:
+def _restore_params(run_dir: str | Path, model: Model, step: int | None, warn: Callable[[str], None]) -> Any:
     """The parameters of ``step`` (or of the newest step that reads back) on this host's first device."""
     steps = committed_steps(run_dir, step)
     if not steps:

@@ -4,11 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support.hf_llama import SHAPE, hf_logits, write_hf_llama
+from support.cli import sets
+from support.hf_llama import SHAPE, hf_greedy, hf_logits, write_hf_llama, write_tokenizer
 from support.reference import MARGIN, ULPS
 
 from jzero.checkpoint.hf import HFCheckpoint, model_section, placed_params
+from jzero.cli.main import main
 from jzero.config.loading import load_config
+from jzero.data.tokenizer import load_tokenizer
 from jzero.models.layers import rope_frequencies
 from jzero.models.llama import Llama
 from jzero.models.sizes import flops_per_token, param_count
@@ -92,3 +95,22 @@ def test_a_llama_config_builds_jzeros_llama_and_refuses_what_it_does_not_read():
     assert isinstance(job.model, Llama) and job.model.mlp_hidden == 256  # Meta's rule: 8/3 x 32 up to 256
     kv = next(t for t in job.plan.tensors if t.path == "layers/k_proj/kernel")
     assert kv.shape == (2, 32, 16)  # [layers, d_model, n_kv_heads x head_dim]
+
+
+def test_greedy_sampling_gives_transformers_tokens(devices, tmp_path, capsys):
+    """``jzero sample --temperature 0`` of an imported run prints what transformers' greedy
+    ``generate`` makes, 32 tokens (or up to the end-of-document token) after a prompt. The weights'
+    scale (initializer_range 0.2) makes each step's largest logit stand clear of the next."""
+    hf = write_hf_llama(tmp_path / "hf", seed=2, initializer_range=0.2)
+    eos = write_tokenizer(hf, SHAPE["vocab_size"])
+    run = tmp_path / "run"
+    small = sets("train.global_batch_size=8", "data.max_bytes=200000")
+    assert main(["checkpoint", "import", str(hf), "--out", str(run), *small]) == 0
+    assert "its tokenizer" in capsys.readouterr().out
+    tokenizer = load_tokenizer(hf / "tokenizer.json")
+    prompt = "def wrap(text, width):"
+    want = hf_greedy(hf, tokenizer.encode(prompt), 32, eos)
+    assert len(want) >= 8  # a continuation worth comparing
+    assert main(["sample", str(run), "--prompt", prompt, "--temperature", "0", "--max-tokens", "32"]) == 0
+    got = capsys.readouterr().out
+    assert got == tokenizer.decode(want) + "\n"  # the command ends its output with a newline

@@ -52,12 +52,28 @@ def hf_logits(folder: Path, tokens: np.ndarray) -> np.ndarray:
         return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
 
 
-def hf_greedy(folder: Path, prompt: list[int], tokens: int) -> list[int]:
-    """``transformers``' greedy ``generate``: the ``tokens`` ids after ``prompt``."""
+def write_tokenizer(folder: Path, vocab_size: int) -> int:
+    """A byte-level BPE of ``vocab_size`` ids (:func:`jzero.data.tokenizer.train_bpe` on a few of the
+    standard library's sources) as the folder's ``tokenizer.json``; its end-of-document id."""
+    import sysconfig
+
+    from jzero.data.tokenizer import EOS, train_bpe
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "shlex.py")]
+    hf = train_bpe(texts, vocab_size)
+    hf.save(str(folder / "tokenizer.json"))
+    return hf.token_to_id(EOS)
+
+
+def hf_greedy(folder: Path, prompt: list[int], tokens: int, eos_id: int) -> list[int]:
+    """``transformers``' greedy ``generate``: up to ``tokens`` ids after ``prompt``, up to ``eos_id`` (left out)."""
     import torch
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model.generate(torch.as_tensor([prompt]), max_new_tokens=tokens, do_sample=False, min_new_tokens=tokens)
-    return out[0, len(prompt) :].tolist()
+        out = model.generate(torch.as_tensor([prompt]), max_new_tokens=tokens, do_sample=False, eos_token_id=eos_id,
+                             pad_token_id=eos_id, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))  # fmt: skip
+    made = out[0, len(prompt) :].tolist()
+    return made[: made.index(eos_id)] if eos_id in made else made

@@ -18,6 +18,7 @@ from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
 from jzero.models.decode import decode_loop, decode_step, prefill
 from jzero.models.gpt import GPT
+from jzero.models.llama import Llama
 from jzero.training.loop import train
 from jzero.training.sample import sample
 
@@ -28,16 +29,27 @@ PROMPT, CONTINUATION = "the quick brown fox ", "jumps over t"  # 20 + 12 bytes: 
 STEPS = 100
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["lm_head", "tied"])
-def test_kv_cache_decoding_gives_the_models_logits(devices, tie):
-    """A prefill of 5 tokens, then one cached step per token, against ``GPT.apply`` on the whole prefix.
+SCALING = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0), ("original_max_position_embeddings", 8),
+           ("rope_type", "llama3"))  # fmt: skip
+MODELS = {
+    "lm_head": GPT(vocab_size=256, d_model=32, n_layers=2, n_heads=2, seq_len=16, remat="none"),
+    "tied": GPT(vocab_size=256, d_model=32, n_layers=2, n_heads=2, seq_len=16, remat="none", tie_embeddings=True),
+    # grouped-query attention (4 query heads, 2 key/value heads) and Llama 3's rope scaling
+    "llama": Llama(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=48, seq_len=16,
+                   rope_scaling=SCALING, remat="none"),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_kv_cache_decoding_gives_the_models_logits(devices, name):
+    """A prefill of 5 tokens, then one cached step per token, against ``apply`` on the whole prefix.
 
     The floor is the same model on the same tokens summed in other orders: the logits of a shorter
     prefix (causal, so the same values) and of one row alone. Measured with ``JZERO_FLOOR_LOG``:
     cache gaps 8.9e-8 (lm_head and tied) against floors of 4.5e-8 and 6.0e-8, so 0.13 and 0.09 of
     the tolerance (10 x floor + 4 ulps of the largest logit, as conftest's); logits one position
     off are 0.71 and 1.2 away, about 1e6 times it."""
-    model = GPT(vocab_size=256, d_model=32, n_layers=2, n_heads=2, seq_len=16, remat="none", tie_embeddings=tie)
+    model = MODELS[name]
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
     params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
     apply = jax.jit(lambda p, t: model.apply({"params": p}, t))
