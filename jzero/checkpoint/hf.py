@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from jzero.checkpoint.export import read_safetensors
-from jzero.data.tokens import release_pages
+from jzero.data.tokens import TOKENIZER_FILE, release_pages
 from jzero.errors import ConfigError, clip, show_value
 from jzero.models.sizes import kv_heads, mlp_units
 from jzero.sharding.plan import Plan
@@ -44,7 +44,8 @@ __all__ = [
     "slice_of",
 ]
 
-CONFIG, INDEX, SINGLE, TOKENIZER = "config.json", "model.safetensors.index.json", "model.safetensors", "tokenizer.json"
+CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
+TOKENIZER = TOKENIZER_FILE  # the tokenizer's file, as in a token folder
 ARCHITECTURE = "LlamaForCausalLM"
 FLOAT32 = np.dtype(np.float32)  # what a run starts from (its master copy, when it keeps one)
 MAX_SEQ_LEN = 4096  # model.seq_len from max_position_embeddings, at most this (--set model.seq_len=N)

@@ -38,7 +38,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 
 from jzero.config.runlock import process_alive
 from jzero.data.sources import Documents
-from jzero.data.tokenizer import EOS, MIN_BPE_VOCAB, SPECIAL_TOKENS, BpeTokenizer, train_bpe
+from jzero.data.tokenizer import EOS_TOKENS, MIN_BPE_VOCAB, SPECIAL_TOKENS, BpeTokenizer, train_bpe
 from jzero.data.tokens import TOKENIZER_FILE, TokenHeader, TokenWriter
 from jzero.errors import ConfigError, checked_path, path_error
 
@@ -98,10 +98,16 @@ def _check_out(out: Path) -> None:
         raise ConfigError("--out", f"{out} exists and is not a folder")
 
 
-def _given_tokenizer(path: str | Path) -> BpeTokenizer:
+def _given_tokenizer(path: Path) -> BpeTokenizer:
+    """``--tokenizer``: a ``tokenizer.json``, or a Hugging Face model's folder holding one."""
+    if path.is_dir():
+        if not (path / TOKENIZER_FILE).is_file():
+            raise ConfigError("--tokenizer", f"{path} is a folder without a {TOKENIZER_FILE}")
+        path = path / TOKENIZER_FILE
     tok = BpeTokenizer(path, "--tokenizer")
     if tok.eos_id is None:
-        raise ConfigError("--tokenizer", f"{path} has no {EOS} token, which ends every document in a token file")
+        ends = ", ".join(EOS_TOKENS)
+        raise ConfigError("--tokenizer", f"{path} has none of the end-of-document tokens {ends}: one ends every document")
     if tok.vocab_size > MAX_VOCAB:
         raise ConfigError("--tokenizer", f"{path} has {tok.vocab_size:,} ids, over {MAX_VOCAB:,}")
     return tok
@@ -233,7 +239,8 @@ def prepare(
       sources: text files, folders, globs or ``.jsonl`` files (:mod:`jzero.data.sources`).
       out: the folder to write: it must not exist, or be empty.
       vocab_size: train a byte-level BPE of at most this many ids on the sources.
-      tokenizer: or use this ``tokenizer.json`` (it must have the ``<|endoftext|>`` token); it is copied.
+      tokenizer: or use this ``tokenizer.json``, or a Hugging Face model folder's (it must have an
+        end-of-document token, :data:`jzero.data.tokenizer.EOS_TOKENS`); it is copied.
       eval_fraction: the share of documents held out for validation, in (0, 1).
       progress: draw a bar per pass on stderr.
 

@@ -13,6 +13,7 @@ from jzero.errors import ConfigError
 __all__ = [
     "BYTES",
     "EOS",
+    "EOS_TOKENS",
     "MIN_BPE_VOCAB",
     "PAD",
     "SPECIAL_TOKENS",
@@ -23,7 +24,9 @@ __all__ = [
     "train_bpe",
 ]
 
-EOS = "<|endoftext|>"  # ends every document in a token file
+EOS = "<|endoftext|>"  # ends every document in a token file jzero's BPE writes
+# A given tokenizer's end of document: the first of these it has (GPT-2's and jzero's, Llama 3's, Llama 2's).
+EOS_TOKENS = (EOS, "<|end_of_text|>", "</s>")
 PAD = "<|pad|>"
 SPECIAL_TOKENS = (EOS, PAD)
 MIN_BPE_VOCAB = 256 + len(SPECIAL_TOKENS)  # a byte-level BPE always holds every byte, then the special tokens
@@ -82,7 +85,7 @@ class BpeTokenizer(Tokenizer):
             raise ConfigError(key, f"{path} is not a tokenizers tokenizer.json: {str(err).splitlines()[0]}") from None
         self.path = path
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
-        self.eos_id = self.hf.token_to_id(EOS)
+        self.eos_id = next((i for i in map(self.hf.token_to_id, EOS_TOKENS) if i is not None), None)
         self.digest = hashlib.sha256(raw).hexdigest()
 
     def encode(self, text: str) -> list[int]:

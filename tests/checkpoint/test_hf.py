@@ -2,12 +2,14 @@
 
 import json
 import shutil
+import sysconfig
+from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from support.cli import one_line_error, sets
-from support.hf_llama import hf_logits, write_hf_llama
+from support.hf_llama import hf_logits, write_hf_llama, write_tokenizer
 
 from jzero.checkpoint.hf import INDEX, SINGLE
 from jzero.checkpoint.hf_export import export_hf
@@ -170,4 +172,20 @@ def test_fine_tuning_from_the_import_lowers_the_loss(hf_dir, devices, tmp_path, 
                                              "zero.stage=1", "mesh.axes={data: 4, model: 2}"])  # fmt: skip
     first = train(fresh, progress=False).history[0]["loss"]
     assert first == pytest.approx(losses[0], rel=1e-5)  # the same weights, the same first batch
+    capsys.readouterr()
+
+
+def test_the_models_own_tokenizer_prepares_the_data_it_fine_tunes_on(devices, tmp_path, capsys):
+    """``jzero data prepare --tokenizer HF_DIR``, then the imported run trains on that token folder."""
+    hf = write_hf_llama(tmp_path / "hf", seed=3)
+    write_tokenizer(hf, 320)
+    for name in ("textwrap.py", "shlex.py"):
+        shutil.copy(Path(sysconfig.get_paths()["stdlib"]) / name, tmp_path / name)
+    tokens, run = tmp_path / "tokens", tmp_path / "run"
+    assert main(["data", "prepare", str(tmp_path / "*.py"), "--tokenizer", str(hf), "--out", str(tokens), "--quiet"]) == 0
+    assert (tokens / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
+    assert main(["checkpoint", "import", str(hf), "--out", str(run), *sets(*SMALL)]) == 0
+    config = load_config(RunDir(run).config, [f"data.tokens={tokens}", "data.path=null", "train.steps=3", "run.log_every=1"])
+    losses = [r["loss"] for r in train(config, progress=False).history if "loss" in r]
+    assert len(losses) == 3 and all(np.isfinite(losses))
     capsys.readouterr()

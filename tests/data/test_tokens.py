@@ -149,9 +149,35 @@ def test_a_tokenizer_without_eos_is_refused(tmp_path):
 
     Tokenizer(models.BPE()).save(str(tmp_path / "plain.json"))
     (tmp_path / "a.txt").write_text("text")
-    with pytest.raises(ConfigError, match=f"--tokenizer: .*plain.json has no {EOS} token"):
+    with pytest.raises(ConfigError, match="--tokenizer: .*plain.json has none of the end-of-document tokens <|endoftext|>, "):
         prepare([str(tmp_path / "a.txt")], tmp_path / "out", tokenizer=tmp_path / "plain.json", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_hugging_face_folders_tokenizer_ends_documents_with_its_own_token(tmp_path):
+    """``--tokenizer HF_DIR``: the folder's ``tokenizer.json``, whose end of document is Llama 2's ``</s>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=alphabet)
+    docs = ["def f(x):\n    return x\n", "class A:\n    pass\n"] * 20
+    hf.train_from_iterator(docs, trainer=trainer)
+    folder = tmp_path / "Llama-2"
+    folder.mkdir()
+    hf.save(str(folder / TOKENIZER_FILE))
+    for i, doc in enumerate(docs):
+        (tmp_path / f"{i:02d}.txt").write_text(doc)
+    header = prepare([str(tmp_path / "*.txt")], tmp_path / "out", tokenizer=folder, eval_fraction=0.1, progress=False)
+    assert header.eos_id == hf.token_to_id("</s>") == 1
+    ids = np.fromfile(tmp_path / "out" / "tokens.bin", np.dtype(header.dtype))
+    assert ids[-1] == 1 and (ids == 1).sum() == header.splits["train"].documents
+    assert (tmp_path / "out" / TOKENIZER_FILE).read_bytes() == (folder / TOKENIZER_FILE).read_bytes()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="--tokenizer: .*empty is a folder without a tokenizer.json"):
+        prepare([str(tmp_path / "*.txt")], tmp_path / "out2", tokenizer=tmp_path / "empty", progress=False)
+    assert not (tmp_path / "out2").exists()
 
 
 def test_an_out_that_holds_something_is_kept(corpus, tmp_path, capsys):
