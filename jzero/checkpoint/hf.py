@@ -78,6 +78,8 @@ _KEYS = {
     "rms_norm_eps": "rms_norm_eps",
     "tie_word_embeddings": "tie_embeddings",
 }
+# What transformers' LlamaConfig takes when config.json leaves a key out (num_key_value_heads: the heads).
+_HF_DEFAULTS = {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 _SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -113,9 +115,10 @@ def model_section(folder: str | Path) -> dict[str, Any]:
     if ARCHITECTURE not in (raw.get("architectures") or []) and raw.get("model_type") != "llama":
         got = show_value(raw.get("architectures") or raw.get("model_type"))
         raise bad("architectures", f"jzero reads {ARCHITECTURE} (model_type llama), got {got}")
-    missing = [k for k in _KEYS if k not in raw and k not in ("num_key_value_heads", "rope_theta", "tie_word_embeddings")]
+    missing = [k for k in _KEYS if k not in raw and k not in (*_HF_DEFAULTS, "num_key_value_heads")]
     if missing:
         raise bad(missing[0], "is missing")
+    raw = {**_HF_DEFAULTS, **raw}
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if raw.get(key, want) != want:
             raise bad(key, f"jzero's Llama has {json.dumps(want)}, got {clip(json.dumps(raw[key]))}")
@@ -133,15 +136,19 @@ def model_section(folder: str | Path) -> dict[str, Any]:
     return section
 
 
-def hf_config(model: Any, dtype: str) -> dict[str, Any]:
-    """``config.json`` for a ``model:`` section of ``name: llama`` (its fields resolved), weights in ``dtype``."""
+def hf_config(model: Any, dtype: str, imported: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``config.json`` for a ``model:`` section of ``name: llama`` (its fields resolved), weights in
+    ``dtype``: the ``config.json`` it was ``imported`` from (its token ids, its names), with the shape
+    and dtype the run has."""
     out: dict[str, Any] = {
+        **(imported or {}),
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "max_position_embeddings": model.seq_len,
+        # the positions the model knows: the original's, or more if the run trained longer
+        "max_position_embeddings": max(model.seq_len, int((imported or {}).get("max_position_embeddings", 0))),
         "torch_dtype": dtype,
         "head_dim": model.d_model // model.n_heads,
     }

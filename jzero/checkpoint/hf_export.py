@@ -86,7 +86,8 @@ def export_hf(
     config = load_config(folder.config)
     if config.model.name != LLAMA:
         raise ConfigError("--format", f"hf writes jzero's Llama; {run_dir} trained model.name: {config.model.name}")
-    files = {CONFIG: json.dumps(hf_config(config.model, dtype), indent=2) + "\n"}
+    imported = json.loads(folder.hf_config.read_text()) if folder.hf_config.is_file() else None
+    files = {CONFIG: json.dumps(hf_config(config.model, dtype, imported), indent=2) + "\n"}
     tokenizer = folder.tokenizer if folder.tokenizer.is_file() else None
     step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer)
     return read_newest(run_dir, step, lambda step_dir: step_export.write(step_dir, out, force, warn))

@@ -63,6 +63,12 @@ class RunDir:
         return self.path / "tokenizer.json"
 
     @property
+    def hf_config(self) -> Path:
+        """The Hugging Face ``config.json`` a run imported from (``jzero checkpoint import``): what an
+        export keeps of it beyond the model's shape (token ids, names)."""
+        return self.path / "hf_config.json"
+
+    @property
     def profile(self) -> Path:
         """The ``jax.profiler`` trace of ``run.profile``'s steps."""
         return self.path / "profile"

@@ -4,9 +4,10 @@ The run's config is the defaults, the model's shape from ``config.json``
 (:func:`jzero.checkpoint.hf.model_section`), ``train.init_from: HF_DIR`` and the ``--set`` overrides
 (the stage and the mesh among them). Its weights stream from the safetensors files into the
 shards of that stage and mesh (:func:`jzero.checkpoint.hf.placed_params`), and the state (a fresh
-optimizer around them) is written as the run's step-0 checkpoint, with ``config.yaml`` and the
-checkpoint's ``tokenizer.json``. Everything that can refuse the import (the folder, its names and
-shapes, the config, an ``--out`` that holds a run) does so before anything is written.
+optimizer around them) is written as the run's step-0 checkpoint, with ``config.yaml``, the
+checkpoint's ``tokenizer.json`` and its ``config.json`` (as ``hf_config.json``: what an export
+keeps). Everything that can refuse the import (the folder, its names and shapes, the config, an
+``--out`` that holds a run) does so before anything is written.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def import_checkpoint(hf_dir: str | Path, out: str | Path, sets: list[str] | tup
             if tokenizer.is_file():  # the run's own copy: jzero sample decodes with it
                 with writing(run.folder.tokenizer):
                     shutil.copyfile(tokenizer, run.folder.tokenizer)
+            with writing(run.folder.hf_config):  # what an export keeps beyond the shape
+                shutil.copyfile(hf_dir / CONFIG, run.folder.hf_config)
             run.checkpoints.save(0, run.state, data.state(0), run.meta)
             run.checkpoints.wait()
     mesh = " x ".join(f"{k}={v}" for k, v in job.mesh.shape.items())

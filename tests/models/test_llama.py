@@ -114,3 +114,17 @@ def test_greedy_sampling_gives_transformers_tokens(devices, tmp_path, capsys):
     assert main(["sample", str(run), "--prompt", prompt, "--temperature", "0", "--max-tokens", "32"]) == 0
     got = capsys.readouterr().out
     assert got == tokenizer.decode(want) + "\n"  # the command ends its output with a newline
+
+
+def test_keys_config_json_leaves_out_take_transformers_defaults(tmp_path):
+    """A Llama 2-era config.json without rope_theta, rms_norm_eps, num_key_value_heads or
+    tie_word_embeddings reads as transformers' LlamaConfig reads it: 10000, 1e-6, n_heads, untied."""
+    import json
+
+    shape = {"architectures": ["LlamaForCausalLM"], "vocab_size": 320, "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    section = model_section(tmp_path)
+    assert (section["rope_theta"], section["rms_norm_eps"], section["tie_embeddings"]) == (10_000.0, 1e-6, False)
+    model = load_config(None, [f"model.{k}={json.dumps(v)}" for k, v in section.items()]).model
+    assert model.n_kv_heads is None and param_count(model) == 2 * 320 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 96 + 2 * 64) + 64
