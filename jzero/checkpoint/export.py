@@ -52,6 +52,7 @@ __all__ = [
     "parameter_arrays",
     "read_safetensors",
     "restore_numpy",
+    "unreadable_step",
     "safetensors_header",
     "write_safetensors",
 ]
@@ -252,15 +253,10 @@ def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], No
     step = int(step_dir.name)
     state_dir = step_dir / "state"
     verify_step(step_dir, warn)
-
-    def unreadable(err: Exception) -> CheckpointError:
-        failure_reported()
-        return CheckpointError(str(step_dir), f"is unreadable ({error_line(err)})")
-
     try:
         prefix, params = parameter_arrays(array_metadata(state_dir))
     except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
-        raise unreadable(err) from None
+        raise unreadable_step(step_dir, err) from None
     if not params:
         raise CheckpointError(str(state_dir), "holds no parameters")
     tensors = [(name, params[name][0], dtype) for name in sorted(params)]
@@ -270,7 +266,7 @@ def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], No
         try:
             return restore_numpy(state_dir, [prefix + name])[prefix + name]
         except Exception as err:
-            raise unreadable(err) from None
+            raise unreadable_step(step_dir, err) from None
 
     # From here an OSError is about --out (a full disk, a read-only folder): reading the checkpoint
     # raises CheckpointErrors naming it.
@@ -287,6 +283,12 @@ def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], No
             tmp.unlink(missing_ok=True)
     source = prefix.rstrip("/")
     return {"step": step, "source": source, "tensors": len(tensors), "bytes": written, "out": str(out), "dtype": dtype}
+
+
+def unreadable_step(step_dir: Path, err: Exception) -> CheckpointError:
+    """The one line for a committed step whose arrays cannot be read (Orbax's leftovers quieted)."""
+    failure_reported()
+    return CheckpointError(str(step_dir), f"is unreadable ({error_line(err)})")
 
 
 def _new_temporary(out: Path) -> Path:

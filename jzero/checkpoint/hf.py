@@ -38,6 +38,7 @@ __all__ = [
     "HFCheckpoint",
     "hf_config",
     "hf_names",
+    "hf_tensors",
     "is_hf_folder",
     "model_section",
     "placed_params",
@@ -165,6 +166,16 @@ def hf_names(path: str, layers: int) -> list[str]:
     return [name.format(i) for i in range(layers)] if "{}" in name else [name]
 
 
+def hf_tensors(path: str, shape: tuple[int, ...], layers: int) -> list[tuple[str, tuple[int, ...], int | None]]:
+    """``(name, shape, layer)`` of each of Hugging Face's tensors for jzero's parameter ``path`` of
+    ``shape``: one per layer of a stacked one (``layer`` None for the others), matrices transposed."""
+    name, transposed = NAMES[path]
+    stacked = "{}" in name
+    one = tuple(shape[1:] if stacked else shape)
+    one = tuple(reversed(one)) if transposed else one
+    return [(hf, one, i if stacked else None) for i, hf in enumerate(hf_names(path, layers))]
+
+
 class HFCheckpoint:
     """A Hugging Face folder's tensors, memory-mapped: nothing is read until sliced.
 
@@ -205,12 +216,9 @@ class HFCheckpoint:
         """
         want = {}
         for path, shape in shapes.items():
-            name, transposed = NAMES.get(path, (None, False))
-            if name is None:
+            if path not in NAMES:
                 raise ConfigError(path, "is not a parameter of jzero's Llama")
-            one = shape[1:] if "{}" in name else shape
-            for hf in hf_names(path, layers):
-                want[hf] = tuple(reversed(one)) if transposed else tuple(one)
+            want |= {hf: one for hf, one, _ in hf_tensors(path, shape, layers)}
         unmapped = sorted(set(self.tensors) - set(want))
         if unmapped:
             raise ConfigError(f"{self.folder}: {unmapped[0]}", "maps to no parameter of jzero's Llama (config.json's shape)")

@@ -31,15 +31,15 @@ from jzero.checkpoint.export import (
     parameter_arrays,
     restore_numpy,
     safetensors_header,
+    unreadable_step,
     write_safetensors,
 )
-from jzero.checkpoint.hf import CONFIG, INDEX, NAMES, SINGLE, TOKENIZER, hf_config, hf_names
-from jzero.checkpoint.quiet import failure_reported
+from jzero.checkpoint.hf import CONFIG, INDEX, NAMES, SINGLE, TOKENIZER, hf_config, hf_tensors
 from jzero.checkpoint.runs import array_metadata, read_newest, verify_step
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES
-from jzero.errors import CheckpointError, ConfigError, checked_path, error_line, path_error, show_value
+from jzero.errors import CheckpointError, ConfigError, checked_path, path_error, show_value
 from jzero.models.names import LLAMA
 
 __all__ = ["SHARD_BYTES", "export_hf"]
@@ -105,13 +105,13 @@ class _StepExport:
         try:
             prefix, params = parameter_arrays(array_metadata(state_dir))
         except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
-            raise _unreadable(step_dir, err) from None
+            raise unreadable_step(step_dir, err) from None
         tensors = self._tensors(params)
         shards = _shards(tensors, NUMPY_DTYPES[SAFETENSORS_DTYPES[self.dtype]].itemsize, self.shard_bytes)
         tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
         try:
             tmp.mkdir()
-            written = self._fill(tmp, state_dir, prefix, tensors, shards, int(step_dir.name))
+            written = self._fill(tmp, state_dir, prefix, tensors, shards)
             _publish(tmp, out, force)
         except OSError as err:
             raise path_error("--out", out, err, "write") from None
@@ -120,34 +120,32 @@ class _StepExport:
         return {"step": int(step_dir.name), "tensors": len(tensors), "files": len(shards), "bytes": written, "out": str(out),
                 "dtype": self.dtype}  # fmt: skip
 
-    def _tensors(self, params: dict[str, tuple]) -> list[tuple[str, tuple[int, ...], str]]:
-        """``(hf_name, shape, jzero_path)``, each parameter's layers together (one read per parameter)."""
+    def _tensors(self, params: dict[str, tuple]) -> list[tuple[str, tuple[int, ...], str, int | None]]:
+        """``(hf_name, shape, jzero_path, layer)``, each parameter's layers together (one read per parameter)."""
         tensors = []
         for path in sorted(params):
             if path not in NAMES:
                 raise CheckpointError(path, "is not a parameter of jzero's Llama")
-            shape, (name, transposed) = tuple(params[path][0]), NAMES[path]
-            one = shape[1:] if "{}" in name else shape
-            tensors += [(hf, tuple(reversed(one)) if transposed else one, path) for hf in hf_names(path, self.layers)]
+            tensors += [(hf, one, path, layer) for hf, one, layer in hf_tensors(path, tuple(params[path][0]), self.layers)]
         return tensors
 
-    def _fill(self, tmp: Path, state_dir: Path, prefix: str, tensors: list, shards: list[list[int]], step: int) -> int:
+    def _fill(self, tmp: Path, state_dir: Path, prefix: str, tensors: list, shards: list[list[int]]) -> int:
         """Write the weights, the index, config.json and the tokenizer into ``tmp``; the weights' bytes
         (the index's ``total_size``: tensors only, no headers)."""
-        source = _Source(state_dir, prefix, self.layers)
+        source = _Source(state_dir, prefix)
         count = len(shards)
         names = [SINGLE] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
         written, weight_map = 0, {}
         for name, members in zip(names, shards, strict=True):
             chosen = [tensors[i] for i in members]
-            header = [(hf, shape, self.dtype) for hf, shape, _ in chosen]
-            paths = {hf: path for hf, _, path in chosen}
-            write_safetensors(tmp / name, header, partial(_produce, source, paths), {"format": "pt"})
+            header = [(hf, shape, self.dtype) for hf, shape, _, _ in chosen]
+            places = {hf: (path, layer) for hf, _, path, layer in chosen}
+            write_safetensors(tmp / name, header, partial(_produce, source, places), {"format": "pt"})
             found, _ = safetensors_header(tmp / name, "--out")  # read back: every tensor, its shape
             if [(n, tuple(found[n]["shape"])) for n, _, _ in header] != [(n, s) for n, s, _ in header]:
                 raise ConfigError("--out", f"writing {name} failed: the file read back does not match")
             written += sum(end - begin for begin, end in (info["data_offsets"] for info in found.values()))
-            weight_map.update(dict.fromkeys(paths, name))
+            weight_map.update(dict.fromkeys(places, name))
         if len(shards) > 1:
             index = {"metadata": {"total_size": written}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -161,37 +159,32 @@ class _StepExport:
 class _Source:
     """Reads one jzero parameter at a time from the checkpoint and hands out its layers."""
 
-    def __init__(self, state_dir: Path, prefix: str, layers: int):
-        self.state_dir, self.prefix, self.layers = state_dir, prefix, layers
+    def __init__(self, state_dir: Path, prefix: str):
+        self.state_dir, self.prefix = state_dir, prefix
         self.path, self.array = None, None
 
-    def read(self, path: str, hf: str) -> np.ndarray:
+    def read(self, path: str, layer: int | None) -> np.ndarray:
+        """Layer ``layer`` of jzero's parameter ``path`` (the whole of it for None), in Hugging Face's layout."""
         if path != self.path:
             self.array = None  # drop the last one before reading the next
             try:
                 self.array = restore_numpy(self.state_dir, [self.prefix + path])[self.prefix + path]
             except Exception as err:
-                raise _unreadable(self.state_dir.parent, err) from None
+                raise unreadable_step(self.state_dir.parent, err) from None
             self.path = path
-        name, transposed = NAMES[path]
-        array = self.array[hf_names(path, self.layers).index(hf)] if "{}" in name else self.array
-        return array.T if transposed else array
+        array = self.array if layer is None else self.array[layer]
+        return array.T if NAMES[path][1] else array
 
 
-def _produce(source: _Source, paths: dict[str, str], hf: str) -> np.ndarray:
-    return source.read(paths[hf], hf)
+def _produce(source: _Source, places: dict[str, tuple[str, int | None]], hf: str) -> np.ndarray:
+    return source.read(*places[hf])
 
 
-def _unreadable(step_dir: Path, err: Exception) -> CheckpointError:
-    failure_reported()
-    return CheckpointError(str(step_dir), f"is unreadable ({error_line(err)})")
-
-
-def _shards(tensors: list[tuple[str, tuple[int, ...], str]], itemsize: int, limit: int) -> list[list[int]]:
+def _shards(tensors: list[tuple[str, tuple[int, ...], str, int | None]], itemsize: int, limit: int) -> list[list[int]]:
     """The tensors' indices grouped into files of at most ``limit`` bytes (a larger tensor alone)."""
     shards: list[list[int]] = [[]]
     size = 0
-    for i, (_, shape, _) in enumerate(tensors):
+    for i, (_, shape, _, _) in enumerate(tensors):
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
         if shards[-1] and size + nbytes > limit:
             shards.append([])

@@ -47,14 +47,12 @@ class KVCache(NamedTuple):
 
 
 Model = GPT | Llama
-# Where each model keeps its token embedding, its stacked layers and its final norm.
-_PARTS = {GPT: ("embed", "blocks", "ln_f"), Llama: ("embed_tokens", "layers", "norm")}
 
 
 def init_cache(model: Model, batch: int, max_len: int) -> KVCache:
     """An empty cache for ``batch`` sequences of up to ``max_len`` tokens (at most ``model.seq_len``):
     one entry per key and value head (the Llama's ``n_kv_heads``)."""
-    heads = model.n_kv_heads if isinstance(model, Llama) else model.n_heads
+    heads = getattr(model, "n_kv_heads", model.n_heads)  # the GPT has as many as query heads
     shape = (model.n_layers, batch, max_len, heads, model.d_model // model.n_heads)
     return KVCache(jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype))
 
@@ -114,8 +112,21 @@ def _rms_norm(model: Llama, p: dict, x: jax.Array) -> jax.Array:
     return RMSNorm(model.rms_norm_eps, model.dtype).apply({"params": p}, x)
 
 
-def _final_norm(model: Model, p: dict, x: jax.Array) -> jax.Array:
-    return _rms_norm(model, p, x) if isinstance(model, Llama) else _norm(p, x, model.dtype)
+class _Parts(NamedTuple):
+    """Where a model keeps its token embedding, its stacked layers and its final norm, and how a
+    layer and that norm run."""
+
+    embed: str
+    layers: str
+    final: str
+    block: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+    norm: Callable[[Any, dict, jax.Array], jax.Array]
+
+
+_PARTS = {
+    GPT: _Parts("embed", "blocks", "ln_f", _gpt_block, lambda model, p, x: _norm(p, x, model.dtype)),
+    Llama: _Parts("embed_tokens", "layers", "norm", _llama_block, _rms_norm),
+}
 
 
 def forward(model: Model, params: Any, tokens: jax.Array, cache: KVCache, start: jax.Array | int) -> tuple[jax.Array, KVCache]:
@@ -134,19 +145,18 @@ def forward(model: Model, params: Any, tokens: jax.Array, cache: KVCache, start:
     """
     params = nn.unbox(params)
     start = jnp.asarray(start, jnp.int32)
-    embed, layers, final = _PARTS[type(model)]
-    block = _llama_block if isinstance(model, Llama) else _gpt_block
-    x = jnp.take(params[embed]["embedding"], tokens, axis=0).astype(model.dtype)
+    parts = _PARTS[type(model)]
+    x = jnp.take(params[parts.embed]["embedding"], tokens, axis=0).astype(model.dtype)
 
     def layer(x, inputs):
         p, k_cache, v_cache = inputs
-        x, k_cache, v_cache = block(model, p, x, k_cache, v_cache, start)
+        x, k_cache, v_cache = parts.block(model, p, x, k_cache, v_cache, start)
         return x, (k_cache, v_cache)
 
-    x, (k, v) = jax.lax.scan(layer, x, (params[layers], cache.k, cache.v))
-    x = _final_norm(model, params[final], x)
+    x, (k, v) = jax.lax.scan(layer, x, (params[parts.layers], cache.k, cache.v))
+    x = parts.norm(model, params[parts.final], x)
     if model.tie_embeddings:
-        logits = jnp.einsum("ble,ve->blv", x, params[embed]["embedding"].astype(model.dtype))
+        logits = jnp.einsum("ble,ve->blv", x, params[parts.embed]["embedding"].astype(model.dtype))
     else:
         logits = _linear(params["lm_head"], x, model.dtype)
     return logits.astype(jnp.float32), KVCache(k, v)

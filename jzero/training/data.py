@@ -150,7 +150,10 @@ class TextBatches:
         }
 
     def check_state(self, saved: dict[str, int]) -> int:
-        """The step a saved :meth:`state` continues at; a state from another order is refused."""
+        """The step a saved :meth:`state` continues at; a state from another order is refused, unless
+        it is before the first batch (``jzero checkpoint import``'s step 0): no order has begun."""
+        if saved.get("next_step") == 0:
+            return 0
         keys = {"seed": "seed", "global_batch_size": "train.global_batch_size", "seq_len": "model.seq_len",
                 "num_windows": self.key}  # fmt: skip
         for name, key in keys.items():

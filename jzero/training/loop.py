@@ -80,8 +80,7 @@ def initial_state(
     else a fresh init. Returns the state and the step it is at."""
     restored = checkpoints.restore_latest(job.abstract_state(), warn=note) if checkpoints is not None else None
     if restored is not None:
-        # A step-0 checkpoint (jzero checkpoint import's) has read no batch: any data order starts there.
-        start = data.check_state(restored.data) if restored.step else 0
+        start = data.check_state(restored.data)
         changed = changes(restored.meta, mesh_shape(job.mesh), job.plan.zero.stage)
         note(f"resumed from {checkpoints.step_dir(restored.step)}" + (f" ({changed})" if changed else ""))
         return restored.state, start
