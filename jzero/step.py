@@ -37,6 +37,7 @@ from jzero.sharding.axes import LAYERS
 from jzero.sharding.gathers import LossFn, unit_loss
 from jzero.sharding.plan import Plan
 from jzero.sharding.state import TrainState
+from jzero.sharding.trainable import frozen_out, merged
 
 __all__ = ["LossFn", "activation_rules", "make_eval_step", "make_train_step"]
 _MOVED = {
@@ -200,7 +201,9 @@ def _params_for_forward(plan: Plan, in_loop: Any, params: Any) -> Any:
 def _guarded_update(
     tx: optax.GradientTransformation, plan: Plan, precision: Precision, state: TrainState, grads: Any, scale: jax.Array | None
 ) -> tuple[Any, Any, jax.Array, jax.Array]:
-    """Unscale, take the norm and, only if it is finite, update: ``(new_params, opt_state, grad_norm, finite)``, at rest."""
+    """Unscale, take the norm and, only if it is finite, update: ``(new_params, opt_state, grad_norm, finite)``, at rest.
+    ``plan`` is the trainable view (:meth:`jzero.sharding.plan.Plan.trainable_view`): its trees hold
+    the parameters that train, and so do ``grads``, the optimizer state and ``new_params``."""
     grads = cast(grads, precision.master_dtype)  # the update runs in master precision
     if scale is not None:
         grads = jax.tree.map(lambda g: g / scale, grads)
@@ -209,7 +212,8 @@ def _guarded_update(
     grads = _constrain(grads, plan.optimizer)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
-    params = _constrain(to_device(state.params) if plan.zero.offload_params else state.params, plan.optimizer)
+    resting = frozen_out(state.params, plan.trainable_mask()) if plan.trainable is not None else state.params
+    params = _constrain(to_device(resting) if plan.zero.offload_params else resting, plan.optimizer)
     # Offloaded optimizer state streams in for the update and back out after it.
     opt_state = to_device(state.opt_state) if plan.zero.offload_optimizer else state.opt_state
     # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
@@ -223,6 +227,14 @@ def _guarded_update(
     new_params = to_host(new_params) if plan.zero.offload_params else new_params
     opt_state = to_host(opt_state) if plan.zero.offload_optimizer else opt_state
     return new_params, opt_state, grad_norm, finite
+
+
+def _differentiated(compute_loss: LossFn, plan: Plan, params: Any) -> tuple[LossFn, Any]:
+    """The loss of the parameters that train, and those parameters: the frozen ones enter the loss
+    as constants, so autodiff makes no gradient for them (``train.trainable``)."""
+    if plan.trainable is None:
+        return compute_loss, params
+    return (lambda trained, batch: compute_loss(merged(trained, params), batch)), frozen_out(params, plan.trainable_mask())
 
 
 def _gather_updated(plan: Plan, new_params: Any) -> Any:
@@ -315,12 +327,16 @@ def make_train_step(
     compute_loss = _loss_in_f32(loss_fn, plan, precision)
     in_loop = _fetched_in_loop(plan, fetched_by_model)
 
+    trained = plan.trainable_view()
+
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         scale = state.loss_scale.scale if state.loss_scale is not None else None
         with activation_rules(plan):
             params = _params_for_forward(plan, in_loop, state.params)
-            loss, grads = _grads_and_loss(compute_loss, plan, precision, microbatches, params, batch, scale)
-            new_params, opt_state, grad_norm, finite = _guarded_update(tx, plan, precision, state, grads, scale)
+            loss_of, params = _differentiated(compute_loss, plan, params)
+            loss, grads = _grads_and_loss(loss_of, trained, precision, microbatches, params, batch, scale)
+            new_params, opt_state, grad_norm, finite = _guarded_update(tx, trained, precision, state, grads, scale)
+        new_params = merged(new_params, state.params) if plan.trainable is not None else new_params
         return _step_outputs(state, new_params, opt_state, loss, grad_norm, finite, precision, scale)
 
     return jax.jit(

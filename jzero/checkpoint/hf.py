@@ -255,17 +255,28 @@ def slice_of(checkpoint: HFCheckpoint, path: str, layers: int, dtype: Any) -> Ca
     return read
 
 
-def placed_params(folder: str | Path, plan: Plan) -> Any:
+def placed_params(folder: str | Path, plan: Plan, given: Mapping[str, jax.Array] | None = None) -> Any:
     """A Hugging Face Llama's weights as ``plan``'s float32 parameters, each device's shard read
     from the files by itself (``jax.make_array_from_callback``): a process reads only what its
     devices hold.
 
+    Args:
+      folder: the Hugging Face folder.
+      plan: the parameters' paths, shapes and shardings.
+      given: parameters already placed, by path, which the folder does not hold (LoRA's adapters).
+
     Raises:
       ConfigError: the folder's tensors do not map onto the plan's parameters (:meth:`HFCheckpoint.check`).
     """
+    given = given or {}
     checkpoint = HFCheckpoint(folder)
     layers = next((t.shape[0] for t in plan.tensors if t.path.startswith("layers/")), 0)
-    checkpoint.check({t.path: t.shape for t in plan.tensors}, layers)
-    read = {t.path: slice_of(checkpoint, t.path, layers, FLOAT32) for t in plan.tensors}
-    arrays = [jax.make_array_from_callback(t.shape, NamedSharding(plan.mesh, t.param_spec), read[t.path]) for t in plan.tensors]
-    return jax.tree.unflatten(jax.tree.structure(plan.params), arrays)
+    read = [t for t in plan.tensors if t.path not in given]
+    checkpoint.check({t.path: t.shape for t in read}, layers)
+    arrays = {
+        t.path: jax.make_array_from_callback(
+            t.shape, NamedSharding(plan.mesh, t.param_spec), slice_of(checkpoint, t.path, layers, FLOAT32)
+        )
+        for t in read
+    }
+    return jax.tree.unflatten(jax.tree.structure(plan.params), [given.get(t.path, arrays.get(t.path)) for t in plan.tensors])

@@ -40,11 +40,15 @@ from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, checked_path, path_error, show_value
+from jzero.models.lora import A, B, adapted_kernels, is_adapter, lora_spec, merged_adapters
 from jzero.models.names import LLAMA
 
-__all__ = ["SHARD_BYTES", "export_hf"]
+__all__ = ["ADAPTER_FOLDER", "SHARD_BYTES", "export_hf"]
 
 SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
+ADAPTER_FOLDER = "lora"  # an unmerged LoRA run's adapters, in PEFT's layout, under the exported folder
+ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # PEFT's file names
+PEFT_PREFIX = "base_model.model."  # PEFT's name for the model it wraps
 
 
 def export_hf(
@@ -54,10 +58,15 @@ def export_hf(
     dtype: str = "float32",
     *,
     force: bool = False,
+    merge_lora: bool = False,
     shard_bytes: int = SHARD_BYTES,
     warn: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Write a Llama run's committed step as a Hugging Face folder.
+
+    A LoRA run's adapters are folded into their kernels (``merge_lora``: the folder is the model the
+    run trained, in plain Llama weights), or written on their own in PEFT's layout, in ``lora/``
+    under the folder (:data:`ADAPTER_FOLDER`), beside the weights they adapt.
 
     Args:
       run_dir: the run's folder; its ``config.yaml`` must say ``model.name: llama``.
@@ -65,11 +74,13 @@ def export_hf(
       step: the committed step (default: the newest).
       dtype: the weights' dtype, ``float32`` or ``bfloat16``.
       force: replace an existing ``out`` (once the new folder is complete).
+      merge_lora: fold LoRA's adapters into the weights instead of writing them on their own.
       shard_bytes: the most bytes of weights in one file.
       warn: told, in one line, of a step written before manifests (unverifiable).
 
     Returns:
-      ``step``, ``tensors``, ``files``, ``bytes``, ``out`` and ``dtype``.
+      ``step``, ``tensors``, ``files``, ``bytes``, ``out``, ``dtype`` and ``adapters`` (the adapter
+      tensors written on their own, 0 when merged or without LoRA).
 
     Raises:
       ConfigError: ``--dtype``, ``--out`` or the run's model (``model.name``) refused; nothing is written.
@@ -89,15 +100,21 @@ def export_hf(
     imported = json.loads(folder.hf_config.read_text()) if folder.hf_config.is_file() else None
     files = {CONFIG: json.dumps(hf_config(config.model, dtype, imported), indent=2) + "\n"}
     tokenizer = folder.tokenizer if folder.tokenizer.is_file() else None
-    step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer)
+    lora = lora_spec(config.lora)
+    if merge_lora and lora is None:
+        raise ConfigError("--merge-lora", f"{run_dir} trained no adapters (lora.rank is 0)")
+    step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer, lora, merge_lora)
     return read_newest(run_dir, step, lambda step_dir: step_export.write(step_dir, out, force, warn))
 
 
 class _StepExport:
     """One committed step written as the folder :func:`export_hf` describes."""
 
-    def __init__(self, layers: int, dtype: str, shard_bytes: int, files: dict[str, str], tokenizer: Path | None):
+    def __init__(
+        self, layers: int, dtype: str, shard_bytes: int, files: dict[str, str], tokenizer: Path | None, lora: Any, merge: bool
+    ):
         self.layers, self.dtype, self.shard_bytes, self.files, self.tokenizer = layers, dtype, shard_bytes, files, tokenizer
+        self.lora, self.merge = lora, merge
 
     def write(self, step_dir: Path, out: Path, force: bool, warn: Callable[[str], None]) -> dict[str, Any]:
         verify_step(step_dir, warn)
@@ -106,19 +123,23 @@ class _StepExport:
             prefix, params = parameter_arrays(array_metadata(state_dir))
         except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
             raise unreadable_step(step_dir, err) from None
-        tensors = self._tensors(params)
+        tensors = self._tensors({p: v for p, v in params.items() if not is_adapter(p)})
+        adapted = adapted_kernels(list(params))
         shards = _shards(tensors, NUMPY_DTYPES[SAFETENSORS_DTYPES[self.dtype]].itemsize, self.shard_bytes)
         tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
         try:
             tmp.mkdir()
-            written = self._fill(tmp, state_dir, prefix, tensors, shards)
+            source = _Source(state_dir, prefix, self.lora.scale if self.merge else None, adapted)
+            written = self._fill(tmp, source, tensors, shards)
+            shapes = {p: tuple(params[p][0]) for p in params if is_adapter(p)}
+            adapters = 0 if self.merge or not adapted else _write_adapters(tmp / ADAPTER_FOLDER, source, self, shapes)
             _publish(tmp, out, force)
         except OSError as err:
             raise path_error("--out", out, err, "write") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return {"step": int(step_dir.name), "tensors": len(tensors), "files": len(shards), "bytes": written, "out": str(out),
-                "dtype": self.dtype}  # fmt: skip
+                "dtype": self.dtype, "adapters": adapters}  # fmt: skip
 
     def _tensors(self, params: dict[str, tuple]) -> list[tuple[str, tuple[int, ...], str, int | None]]:
         """``(hf_name, shape, jzero_path, layer)``, each parameter's layers together (one read per parameter)."""
@@ -129,10 +150,9 @@ class _StepExport:
             tensors += [(hf, one, path, layer) for hf, one, layer in hf_tensors(path, tuple(params[path][0]), self.layers)]
         return tensors
 
-    def _fill(self, tmp: Path, state_dir: Path, prefix: str, tensors: list, shards: list[list[int]]) -> int:
+    def _fill(self, tmp: Path, source: _Source, tensors: list, shards: list[list[int]]) -> int:
         """Write the weights, the index, config.json and the tokenizer into ``tmp``; the weights' bytes
         (the index's ``total_size``: tensors only, no headers)."""
-        source = _Source(state_dir, prefix)
         count = len(shards)
         names = [SINGLE] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
         written, weight_map = 0, {}
@@ -157,23 +177,67 @@ class _StepExport:
 
 
 class _Source:
-    """Reads one jzero parameter at a time from the checkpoint and hands out its layers."""
+    """Reads one jzero parameter at a time from the checkpoint and hands out its layers; with
+    ``merge`` (LoRA's scale), an adapted kernel comes with its adapter folded in."""
 
-    def __init__(self, state_dir: Path, prefix: str):
-        self.state_dir, self.prefix = state_dir, prefix
+    def __init__(self, state_dir: Path, prefix: str, merge: float | None = None, adapted: list[str] = ()):
+        self.state_dir, self.prefix, self.merge, self.adapted = state_dir, prefix, merge, set(adapted)
         self.path, self.array = None, None
 
     def read(self, path: str, layer: int | None) -> np.ndarray:
         """Layer ``layer`` of jzero's parameter ``path`` (the whole of it for None), in Hugging Face's layout."""
+        array = self.whole(path)
+        array = array if layer is None else array[layer]
+        return array.T if NAMES.get(path, ("", True))[1] else array
+
+    def whole(self, path: str) -> np.ndarray:
+        """jzero's parameter ``path`` as saved (merged with its adapter when asked)."""
         if path != self.path:
             self.array = None  # drop the last one before reading the next
-            try:
-                self.array = restore_numpy(self.state_dir, [self.prefix + path])[self.prefix + path]
-            except Exception as err:
-                raise unreadable_step(self.state_dir.parent, err) from None
+            self.array = self._merged(path) if self.merge is not None and path in self.adapted else self._read([path])[path]
             self.path = path
-        array = self.array if layer is None else self.array[layer]
-        return array.T if NAMES[path][1] else array
+        return self.array
+
+    def _merged(self, kernel: str) -> np.ndarray:
+        base = kernel.removesuffix("kernel")
+        saved = self._read([kernel, base + A, base + B])
+        merged = merged_adapters({"k": {"kernel": saved[kernel], A: saved[base + A], B: saved[base + B]}}, self.merge)
+        return np.asarray(merged["k"]["kernel"])
+
+    def _read(self, paths: list[str]) -> dict[str, np.ndarray]:
+        try:
+            found = restore_numpy(self.state_dir, [self.prefix + p for p in paths])
+        except Exception as err:  # tensorstore raises plain Exceptions for unreadable data
+            raise unreadable_step(self.state_dir.parent, err) from None
+        return {p: found[self.prefix + p] for p in paths}
+
+
+def _write_adapters(folder: Path, source: _Source, export: _StepExport, shapes: dict[str, tuple[int, ...]]) -> int:
+    """LoRA's adapters (``shapes``: their paths and stacked shapes) in PEFT's layout
+    (``adapter_model.safetensors``, ``adapter_config.json``), for ``PeftModel.from_pretrained(model,
+    folder)``: per layer, ``lora_A`` [rank, in] and ``lora_B`` [out, rank] under the name of the
+    module they adapt. Returns the tensors written."""
+    places, header = {}, []
+    for path, shape in sorted(shapes.items()):  # one adapter's layers together: one read each
+        kernel, part = path.rsplit("/", 1)[0] + "/kernel", {A: "lora_A", B: "lora_B"}[path.rsplit("/", 1)[1]]
+        for weight, _, layer in hf_tensors(kernel, shape, export.layers):
+            name = f"{PEFT_PREFIX}{weight.removesuffix('.weight')}.{part}.weight"
+            places[name] = (path, layer)
+            header.append((name, tuple(reversed(shape[1:])), export.dtype))
+    folder.mkdir()
+    def produce(name: str) -> np.ndarray:
+        path, layer = places[name]
+        return source.whole(path)[layer].T
+
+    write_safetensors(folder / ADAPTER_WEIGHTS, header, produce, {"format": "pt"})
+    modules = sorted({name.split(".")[-3] for name in places})  # ...q_proj.lora_A.weight
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": export.lora.rank, "lora_alpha": export.lora.alpha,
+        "target_modules": modules, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+        "base_model_name_or_path": None,
+    }  # fmt: skip
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return len(places)
 
 
 def _produce(source: _Source, places: dict[str, tuple[str, int | None]], hf: str) -> np.ndarray:

@@ -206,6 +206,8 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
         return _export_hf(args)
     if args.force:
         raise ConfigError("--force", "only with --format hf (a safetensors file is never replaced)")
+    if args.merge_lora:
+        raise ConfigError("--merge-lora", "only with --format hf (a safetensors file holds the adapters as they are)")
     with interrupt_raises():  # so that the export removes its temporary file
         done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype, warn=_to_stderr)
     print(
@@ -216,14 +218,18 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
 
 
 def _export_hf(args: argparse.Namespace) -> int:
-    from jzero.checkpoint.hf_export import export_hf
+    from jzero.checkpoint.hf_export import ADAPTER_FOLDER, export_hf
     from jzero.ledger.render import human_bytes
 
     with interrupt_raises():  # so that the export removes its temporary folder
-        done = export_hf(args.run_dir, args.out, args.step, args.dtype, force=args.force, warn=_to_stderr)
+        options = {"force": args.force, "merge_lora": args.merge_lora, "warn": _to_stderr}
+        done = export_hf(args.run_dir, args.out, args.step, args.dtype, **options)
     files = f"{done['files']} safetensors file" + ("s" if done["files"] > 1 else "")
-    print(f"exported step {done['step']} as Hugging Face Llama: {done['tensors']} tensors, {human_bytes(done['bytes'])} "
+    merged = " (LoRA's adapters merged)" if args.merge_lora else ""
+    print(f"exported step {done['step']} as Hugging Face Llama{merged}: {done['tensors']} tensors, {human_bytes(done['bytes'])} "
           f"as {done['dtype']} in {files} to {done['out']}")  # fmt: skip
+    if done["adapters"]:
+        print(f"LoRA's adapters: {done['adapters']} tensors in PEFT's layout in {done['out']}/{ADAPTER_FOLDER}")
     return 0
 
 

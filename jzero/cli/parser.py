@@ -200,6 +200,7 @@ def _add_checkpoint(sub: _Subcommands) -> None:
     export.add_argument("--out", required=True, help="the .safetensors file (--format hf: the folder) to write; must not exist")
     export.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES)
     export.add_argument("--force", action="store_true", help="--format hf: replace --out once the new folder is complete")
+    export.add_argument("--merge-lora", action="store_true", help="fold a LoRA run's adapters into the weights they adapt")
     export.set_defaults(func=cmd_checkpoint_export)
     imp = ckpt_sub.add_parser("import", help="a Hugging Face Llama folder as a run at step 0, at the stage and mesh --set asks")
     imp.add_argument("hf_dir", help="config.json, the safetensors (one file, or an index and its files), tokenizer.json")

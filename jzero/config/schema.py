@@ -148,6 +148,9 @@ class TrainConfig:
     eval_every: int = 0  # validation loss every N steps and at the last step (0: never)
     eval_batches: int = 4  # global batches of the validation split, the same ones each time
     init_from: PathText | None = None  # start from exported (.safetensors) or plain Flax (.msgpack, Orbax dir) params
+    # Path regexes (re.search) of the parameters that train; the rest are frozen: no gradient and no
+    # optimizer state. None: all train (with lora.rank > 0: the adapters only).
+    trainable: list[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +213,16 @@ class RuntimeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """``lora:``: low-rank adapters on the kernels of jzero's models' layers (:mod:`jzero.models.lora`).
+    Rank 0 is off. Only the adapters train unless ``train.trainable`` says otherwise."""
+
+    rank: int = 0
+    alpha: float = 16.0  # the update is alpha / rank times A B
+    targets: list[str] = dataclasses.field(default_factory=lambda: ["kernel"])  # path regexes: every kernel in the layers
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitioningConfig:
     """``rules``: ordered ``[logical_name, mesh_axis | [axes] | null]`` pairs, the first match wins;
     None means the planner's defaults for the mesh (:func:`jzero.sharding.plan.default_rules`)."""
@@ -247,6 +260,7 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     compiler: CompilerConfig = dataclasses.field(default_factory=CompilerConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from jzero.config.schema import (
     CompilerConfig,
     Config,
     DataConfig,
+    LoraConfig,
     MeshConfig,
     ModelConfig,
     OptimizerConfig,
@@ -121,6 +122,7 @@ def validate(config: Config) -> None:
     _check_runtime(config.runtime)
     _check_data(config.data)
     _check_partitioning(config.partitioning, config.mesh.axes)
+    _check_lora(config.lora, config.model.name)
     _check_compiler(config.compiler)
 
 
@@ -286,6 +288,30 @@ def _check_train(train: TrainConfig, axes: dict[str, int]) -> None:
     _positive(train.eval_batches, "train.eval_batches")
     if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later
         check_batch_divides(train.global_batch_size, axes, train.microbatches)
+    _check_regexes(train.trainable or (), "train.trainable")
+
+
+def _check_lora(lora: LoraConfig, model: str) -> None:
+    _at_least_zero(lora.rank, "lora.rank")
+    if not lora.rank:
+        return
+    if model == OWN:
+        raise ConfigError("lora.rank", f"adapters go on jzero's models' layers (model.name gpt or llama), not model.name: {OWN}")
+    _positive(lora.alpha, "lora.alpha", math.inf)
+    if not lora.targets:
+        raise ConfigError("lora.targets", "must name at least one kernel path regex")
+    _check_regexes(lora.targets, "lora.targets")
+
+
+def _check_regexes(patterns: list[str], key: str) -> None:
+    """Each of ``patterns`` is a regex (whether it finds a parameter is the plan's to say)."""
+    for i, pattern in enumerate(patterns):
+        if not isinstance(pattern, str):
+            raise ConfigError(f"{key}[{i}]", f"must be a path regex, got {show_value(pattern)}")
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as err:
+            raise ConfigError(f"{key}[{i}]", f"bad regex {show_value(pattern)}: {clip(str(err))}") from None
 
 
 def _check_run(run: RunConfig) -> None:

@@ -362,7 +362,7 @@ class TensorRow:
       shape: its global shape.
       dtype: the parameter's dtype.
       param_spec: the parameter's ``PartitionSpec``.
-      grad_spec: the gradient's.
+      grad_spec: the gradient's (``frozen`` for a parameter that does not train).
       optimizer_spec: the optimizer state's.
       param_bytes_per_device: the parameter's bytes on one device.
     """
@@ -397,11 +397,13 @@ class PaperTable:
 
     Attributes:
       psi: Ψ, the parameter count.
-      k: K, optimizer-state bytes per parameter.
+      k: K, optimizer-state bytes per parameter that trains.
       param_bytes: bytes per parameter (and per gradient).
       n_d: N_d, the devices a stage partitions over.
       n_m: N_m, the model-parallel ways.
       rows: one row per stage.
+      trainable: the parameters that train (``train.trainable``, LoRA), which alone have gradients
+        and optimizer state: (p Ψ + (g + K) Ψ_t) per row; None when all of them train.
     """
 
     psi: int
@@ -410,6 +412,7 @@ class PaperTable:
     n_d: int
     n_m: int
     rows: list[PaperRow]
+    trainable: int | None = None
 
 
 @_record

@@ -213,8 +213,9 @@ def _collective_lines(report: PlanReport) -> list[str]:
 def _paper_table(report: PlanReport) -> list[str]:
     """The paper's bytes per device at each stage for this model, marking the planned stage."""
     t = report.paper_table
+    trains = f" (Ψ_t = {t.trainable:,} train: grads and K over them)" if t.trainable is not None else ""
     lines = [
-        f"the paper's table for this model: Ψ = {t.psi:,}, {t.param_bytes:g}-byte params and grads, "
+        f"the paper's table for this model: Ψ = {t.psi:,}{trains}, {t.param_bytes:g}-byte params and grads, "
         f"K = {t.k:g}, N_d = {t.n_d}, N_m = {t.n_m}",
         f"  {'stage':<6} {'partitioned':<18} {'bytes per device':>16}",
     ]

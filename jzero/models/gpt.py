@@ -41,6 +41,7 @@ from jzero.models.layers import (
     rotary,
     tied_logits,
 )
+from jzero.models.lora import LoraSpec
 from jzero.models.names import ATTENTION
 
 __all__ = [
@@ -75,6 +76,7 @@ class Block(nn.Module):
     dtype: jnp.dtype = jnp.float32
     partition_activations: bool = False
     attention: str = ATTENTION[0]  # one of ATTENTION
+    lora: LoraSpec | None = None  # low-rank adapters on the kernels it targets
 
     @nn.compact
     def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
@@ -98,7 +100,7 @@ class Block(nn.Module):
         q, k, v = (
             nn.with_logical_constraint(
                 nn.with_logical_constraint(
-                    dense(self.d_model, "embed", "heads", dense_init, n, self.dtype, use_bias=n != "key")(h),
+                    dense(self.d_model, "embed", "heads", dense_init, n, self.dtype, n != "key", self.lora, self.path)(h),
                     ("batch", "length", "heads"),
                 ).reshape(batch, length, self.n_heads, head_dim),
                 heads,
@@ -107,12 +109,12 @@ class Block(nn.Module):
         )
         attn = nn.with_logical_constraint(causal_attention(q, k, v, self.attention), heads)
         attn = attn.reshape(batch, length, self.d_model)
-        x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype)(attn)
+        x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype, True, self.lora, self.path)(attn)
 
         h = _layer_norm(self.dtype, "ln_mlp")(x)
-        h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype)(h)
+        h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype, True, self.lora, self.path)(h)
         h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
-        x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype)(h)
+        x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype, True, self.lora, self.path)(h)
         return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), None
 
 
@@ -132,6 +134,7 @@ class GPT(nn.Module):
     dtype: jnp.dtype = jnp.float32
     attention: str = ATTENTION[0]  # one of ATTENTION: xla, or cudnn's flash kernel on GPUs
     gather: Any = None  # (prefix, params) -> params gathered (jzero.sharding.gathers.model_gather); None: XLA gathers
+    lora: LoraSpec | None = None  # low-rank adapters (jzero.models.lora) on the layers' kernels it targets
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -144,7 +147,7 @@ class GPT(nn.Module):
         # is split at the first block's output anyway).
         x = nn.with_logical_constraint(x, BATCH_ACT)
         shape = (self.d_model, self.n_heads, self.mlp_ratio, self.n_layers)
-        blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, name="blocks")
+        blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, self.lora, name="blocks")
         x, _ = blocks(x, None)
         x = nn.with_logical_constraint(x, BATCH_ACT)
         head = nn.remat(GPT._head, policy=head_policy(self.remat, self.gather))

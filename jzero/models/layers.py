@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jzero.communication.gather import SECONDARY, gathering
 from jzero.memory.offload import fetching
 from jzero.memory.remat import checkpoint_policy, policy_name, remat
+from jzero.models.lora import LoraDense, LoraSpec
 from jzero.models.names import ATTENTION
 
 __all__ = [
@@ -47,18 +48,33 @@ def annotated(init: Any, *names: str) -> Any:
     return nn.with_logical_partitioning(init, names)
 
 
-def dense(features: int, in_name: str, out_name: str, init: Any, name: str, dtype: jnp.dtype, use_bias: bool = True) -> nn.Dense:
-    """A Dense with its kernel annotated ``(in_name, out_name)`` and its bias ``out_name``."""
+def dense(
+    features: int,
+    in_name: str,
+    out_name: str,
+    init: Any,
+    name: str,
+    dtype: jnp.dtype,
+    use_bias: bool = True,
+    lora: LoraSpec | None = None,
+    where: tuple[str, ...] = (),
+) -> nn.Dense:
+    """A Dense with its kernel annotated ``(in_name, out_name)`` and its bias ``out_name``; with a
+    low-rank adapter (:class:`jzero.models.lora.LoraDense`) where ``lora`` targets its kernel's path
+    (``where``: the calling module's path)."""
     # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
     # value, which trips the logical constraints when a mesh is active.
-    return nn.Dense(
-        features,
+    shape = dict(
+        features=features,
         use_bias=use_bias,
         dtype=dtype,
         kernel_init=annotated(init, in_name, out_name),
         bias_init=annotated(nn.initializers.zeros, out_name),
         name=name,
     )
+    if lora is not None and lora.adapts("/".join((*where, name, "kernel"))):
+        return LoraDense(**shape, rank=lora.rank, scale=lora.scale, in_name=in_name, out_name=out_name)
+    return nn.Dense(**shape)
 
 
 def rope_frequencies(head_dim: int, theta: float = ROPE_THETA, scaling: Mapping[str, Any] | None = None) -> jax.Array:

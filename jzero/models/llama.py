@@ -35,6 +35,7 @@ from jzero.models.layers import (
     rope_frequencies,
     tied_logits,
 )
+from jzero.models.lora import LoraSpec
 from jzero.models.names import ATTENTION
 
 __all__ = ["Llama", "LlamaBlock", "RMSNorm", "rope_scaling_pairs"]
@@ -76,6 +77,7 @@ class LlamaBlock(nn.Module):
     dtype: jnp.dtype = jnp.float32
     partition_activations: bool = False
     attention: str = ATTENTION[0]  # one of ATTENTION
+    lora: LoraSpec | None = None  # low-rank adapters on the kernels it targets
 
     @nn.compact
     def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
@@ -86,8 +88,11 @@ class LlamaBlock(nn.Module):
         head_dim = self.d_model // self.n_heads
         h = RMSNorm(self.rms_norm_eps, self.dtype, name="input_layernorm")(x)
 
+        def linear(features: int, in_name: str, out_name: str, name: str) -> nn.Dense:
+            return dense(features, in_name, out_name, _INIT, name, self.dtype, False, self.lora, self.path)
+
         def project(name: str, heads: int, logical: str) -> jax.Array:
-            out = dense(heads * head_dim, "embed", logical, _INIT, name, self.dtype, use_bias=False)(h)
+            out = linear(heads * head_dim, "embed", logical, name)(h)
             out = nn.with_logical_constraint(out, ("batch", "length", logical))
             return nn.with_logical_constraint(out.reshape(batch, length, heads, head_dim), ("batch", "length", logical, "kv"))
 
@@ -96,14 +101,14 @@ class LlamaBlock(nn.Module):
         freq = rope_frequencies(head_dim, self.rope_theta, dict(self.rope_scaling) if self.rope_scaling else None)
         attn = causal_attention(q, k, v, self.attention, freq)
         attn = nn.with_logical_constraint(attn, ("batch", "length", "heads", "kv")).reshape(batch, length, self.d_model)
-        x = x + dense(self.d_model, "heads", "embed", _INIT, "o_proj", self.dtype, use_bias=False)(attn)
+        x = x + linear(self.d_model, "heads", "embed", "o_proj")(attn)
 
         h = RMSNorm(self.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
         gate, up = (
-            nn.with_logical_constraint(dense(self.mlp_hidden, "embed", "mlp", _INIT, n, self.dtype, use_bias=False)(h), MLP_ACT)
+            nn.with_logical_constraint(linear(self.mlp_hidden, "embed", "mlp", n)(h), MLP_ACT)
             for n in ("gate_proj", "up_proj")
         )
-        x = x + dense(self.d_model, "mlp", "embed", _INIT, "down_proj", self.dtype, use_bias=False)(nn.silu(gate) * up)
+        x = x + linear(self.d_model, "mlp", "embed", "down_proj")(nn.silu(gate) * up)
         return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), None
 
 
@@ -127,6 +132,7 @@ class Llama(nn.Module):
     dtype: jnp.dtype = jnp.float32
     attention: str = ATTENTION[0]
     gather: Any = None  # (prefix, params) -> params gathered (jzero.sharding.gathers.model_gather)
+    lora: LoraSpec | None = None  # low-rank adapters (jzero.models.lora) on the layers' kernels it targets
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -135,7 +141,8 @@ class Llama(nn.Module):
         x = nn.with_logical_constraint(x.astype(self.dtype), BATCH_ACT)
         stack = layer_stack(LlamaBlock, self.n_layers, self.remat, self.gather, self.fetch_params, "layers")
         shape = (self.d_model, self.n_heads, self.n_kv_heads, self.mlp_hidden, self.rope_theta, self.rope_scaling)
-        layers = stack(*shape, self.rms_norm_eps, self.dtype, self.partition_activations, self.attention, name="layers")
+        options = (self.rms_norm_eps, self.dtype, self.partition_activations, self.attention, self.lora)
+        layers = stack(*shape, *options, name="layers")
         x, _ = layers(x, None)
         x = nn.with_logical_constraint(x, BATCH_ACT)
         head = nn.remat(Llama._head, policy=head_policy(self.remat, self.gather))

@@ -4,7 +4,7 @@ precision matches the plan's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -32,6 +32,7 @@ def abstract_state(
     tx: optax.GradientTransformation,
     rng: jax.Array,
     precision: Precision = FP32,
+    trainable: Sequence[str] | None = None,
 ) -> TrainState:
     """The train state's shapes and logical annotations, with nothing allocated.
 
@@ -41,11 +42,13 @@ def abstract_state(
       tx: the optimizer, whose state is laid out too.
       rng: the key ``init_fn`` is called with.
       precision: the dtype policy (a master copy joins the optimizer state when params are 16-bit).
+      trainable: path regexes of the parameters that train (``train.trainable``); the optimizer
+        state leaves the others out. None: all train.
 
     Returns:
       A :class:`~jzero.sharding.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.sharding.plan.make_plan`.
     """
-    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision), rng)
+    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision, trainable), rng)
 
 
 def sharded_abstract(abstract: TrainState, plan: Plan) -> TrainState:
@@ -87,7 +90,7 @@ def sharded_init(
     # No activation rules here: init's forward pass is dead code once only params are kept, and
     # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
     def init(key):
-        return unbox_state(create_state(_init_params(init_fn, key), tx, precision))
+        return unbox_state(create_state(_init_params(init_fn, key), tx, precision, plan.trainable))
 
     return jax.jit(init, out_shardings=plan.state)(rng)
 
@@ -105,7 +108,7 @@ def state_from_params(params: Any, tx: optax.GradientTransformation, plan: Plan,
       The :class:`~jzero.sharding.state.TrainState` at step 0.
     """
     check_precision(plan, precision)
-    return jax.jit(lambda p: unbox_state(create_state(p, tx, precision)), out_shardings=plan.state)(params)
+    return jax.jit(lambda p: unbox_state(create_state(p, tx, precision, plan.trainable)), out_shardings=plan.state)(params)
 
 
 def check_precision(plan: Plan, precision: Precision) -> None:

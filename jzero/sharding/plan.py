@@ -38,6 +38,7 @@ from jzero.memory.precision import MasterState
 from jzero.sharding.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
 from jzero.sharding.stages import StageRule, ZeroOptions, per_device_parts
 from jzero.sharding.state import TrainState
+from jzero.sharding.trainable import frozen_out, trainable_mask
 from jzero.trees import path_str
 
 __all__ = [
@@ -94,6 +95,7 @@ class TensorPlan:
     param_spec: P
     grad_spec: P
     optimizer_spec: P  # the optimizer state's spec, and where the update runs
+    trainable: bool = True  # False: frozen (train.trainable), with no gradient and no optimizer state
 
     @property
     def nbytes(self) -> int:
@@ -207,7 +209,7 @@ class _Bytes:
     def state_bytes(self) -> dict[str, int]:
         """Model-state bytes of each device's shards, wherever they rest (the largest shard of each tensor)."""
         params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
-        grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors)
+        grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors if t.trainable)
         opt = sum(shard_bytes(s, d, spec, self.mesh) for _, s, d, spec in self.opt_leaves)
         return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
 
@@ -227,12 +229,14 @@ class _Bytes:
     def ideal_per_device_bytes(self) -> dict[str, int]:
         """The paper's formula: each state's full bytes, over N_d when the stage partitions it, over N_m.
 
-        For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded.
+        For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded; with frozen
+        parameters the gradients and the optimizer state count the trainable Ψ only.
         """
         full_params = sum(t.nbytes for t in self.tensors)
+        full_grads = sum(t.nbytes for t in self.tensors if t.trainable)
         full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
         n_m = model_ways(self.mesh.shape)
-        parts = per_device_parts(full_params, full_params, full_opt, self.zero.stage, self.partition_size, n_m)
+        parts = per_device_parts(full_params, full_grads, full_opt, self.zero.stage, self.partition_size, n_m)
         out = {k: int(round(parts[k])) for k in ("params", "grads", "optimizer")}
         out["total"] = sum(out.values())
         return out
@@ -259,6 +263,21 @@ class Plan(_Gathers, _Bytes):
     unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.communication.units.unit_names`)
     # One line per group of units the loss could not split (jzero.communication.gather.split_units): left to XLA.
     merged_units: tuple[str, ...] = ()
+    # The path regexes of the parameters that train (train.trainable; TensorPlan.trainable); None: all do.
+    trainable: tuple[str, ...] | None = None
+
+    def trainable_mask(self) -> Any:
+        """A bool per parameter (the parameters' structure): whether it trains."""
+        return jax.tree.unflatten(jax.tree.structure(self.params), [t.trainable for t in self.tensors])
+
+    def trainable_view(self) -> Plan:
+        """The plan of the parameters that train, as the step differentiates and updates them: its
+        ``params``, ``grads`` and ``optimizer`` trees hold ``None`` at each frozen parameter, and its
+        tensors leave them out (:mod:`jzero.sharding.trainable`). The plan itself when all train."""
+        if self.trainable is None:
+            return self
+        trees = {name: frozen_out(getattr(self, name), self.trainable_mask()) for name in ("params", "grads", "optimizer")}
+        return dataclasses.replace(self, tensors=[t for t in self.tensors if t.trainable], **trees)
 
     def __getattr__(self, name: str) -> Any:
         """Each option of :attr:`zero` read on the plan: ``plan.stage``, ``plan.offload_params``."""
@@ -593,6 +612,8 @@ def make_plan(
     stage: int | ZeroOptions,
     rules: Sequence[Sequence[Any]] | None = None,
     path_rules: Sequence[Sequence[Any]] = (),
+    *,
+    trainable: Sequence[str] | None = None,
     **options: Any,
 ) -> Plan:
     """The shardings of a ZeRO stage on a mesh.
@@ -607,6 +628,9 @@ def make_plan(
       path_rules: ``[regex, [mesh_axis_or_null per dim]]`` pairs that place parameters by path (first
         match wins, before logical names; ``re.search`` on the ``/``-joined path): the way to put an
         unannotated model's tensors on ``model``. Each must place at least one parameter.
+      trainable: path regexes of the parameters that train (``train.trainable``); the others have
+        no gradient and no optimizer state. None: all train. ``abstract_state`` must have been made
+        with the same (:func:`jzero.sharding.placement.abstract_state`).
       **options: fields of :class:`~jzero.sharding.stages.ZeroOptions` (``offload_optimizer=True``,
         ``quantized_gradients="int8"``, ...), over ``stage``'s.
 
@@ -633,6 +657,9 @@ def make_plan(
     check_path_rules(path_rules, [path_str(path) for path, _ in leaves])
     rule = zero.rule
     tensors, treedef = _tensor_plans(abstract_state.params, mesh, rules, path_rules, rule, zero.persist_below_bytes, order)
+    if trainable is not None:
+        mask = jax.tree.leaves(trainable_mask(nn.unbox(abstract_state.params), trainable))
+        tensors = [dataclasses.replace(t, trainable=m) for t, m in zip(tensors, mask, strict=True)]
     shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, zero.offload_optimizer, zero.offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
     units, unit_names = _units(tensors, zero.gather_units) if rule.params else ({}, ())
@@ -647,6 +674,7 @@ def make_plan(
         tensors=tensors,
         units=units,
         unit_names=unit_names,
+        trainable=None if trainable is None else tuple(trainable),
         **shardings,
     )
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -37,6 +38,7 @@ from jzero.memory.remat import policy_name
 from jzero.models import sizes
 from jzero.models.gpt import GPT, lm_loss
 from jzero.models.llama import Llama, rope_scaling_pairs
+from jzero.models.lora import ADAPTERS, LoraSpec, check_targets, lora_spec
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, OWN
 from jzero.optimizers import build_optimizer
 from jzero.sharding.axes import model_ways
@@ -46,6 +48,7 @@ from jzero.sharding.placement import abstract_state, sharded_abstract, sharded_i
 from jzero.sharding.plan import Plan, make_plan
 from jzero.sharding.state import TrainState
 from jzero.step import LossFn, make_eval_step, make_train_step
+from jzero.trees import path_str
 
 __all__ = [
     "Job",
@@ -59,6 +62,7 @@ __all__ = [
     "model_flops_per_token",
     "model_loss",
     "own_model",
+    "trainable_patterns",
     "xla_options",
 ]
 
@@ -86,6 +90,7 @@ def build_model(
     model_parallel: int = 1,
     fetch_params: bool = False,
     devices: Sequence[Any] = (),
+    lora: LoraSpec | None = None,
 ) -> Model:
     """jzero's GPT or Llama with the ``model:`` section's shape: the fields its model reads
     (:data:`jzero.models.names.KEYS`), defaults resolved.
@@ -96,6 +101,7 @@ def build_model(
       model_parallel: N_m; ``partition_activations`` left unset means on when it is over 1.
       fetch_params: parameters rest in host memory and each block fetches its own (``zero.offload_params``).
       devices: what it runs on, which picks its attention (:func:`attention_for`).
+      lora: low-rank adapters on the layers' kernels it targets (:func:`jzero.models.lora.lora_spec`).
     """
     shape = {key: getattr(cfg, key) for key in KEYS[cfg.name]}
     shape["remat"] = policy_name(cfg.remat)
@@ -104,8 +110,16 @@ def build_model(
     if cfg.name == LLAMA:
         scaling = dataclasses.asdict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
         shape.update(n_kv_heads=sizes.kv_heads(cfg), mlp_hidden=sizes.mlp_units(cfg), rope_scaling=rope_scaling_pairs(scaling))
-        return Llama(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype)
-    return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype)
+        return Llama(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
+    return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
+
+
+def trainable_patterns(config: Config) -> tuple[str, ...] | None:
+    """The path regexes of the parameters that train: ``train.trainable``, else LoRA's adapters when
+    ``lora.rank`` is set, else None (all of them)."""
+    if config.train.trainable is not None:
+        return tuple(config.train.trainable)
+    return ADAPTERS if config.lora.rank else None
 
 
 def attention_for(asked: str, devices: Sequence[Any], precision: Precision) -> str:
@@ -338,7 +352,8 @@ class Job:
             zero=zero,
             mesh=cfg.mesh if mesh is self.mesh else dataclasses.replace(cfg.mesh, axes=axes, dcn={}),
         )
-        plan = make_plan(self.abstract, mesh, zero, cfg.partitioning.rules, cfg.partitioning.path_rules)
+        rules, path_rules = cfg.partitioning.rules, cfg.partitioning.path_rules
+        plan = make_plan(self.abstract, mesh, zero, rules, path_rules, trainable=self.plan.trainable)
         fetches_layers = self.fetches_layers and zero.offload_params
         if self.model is None:
             plan = _units_in_effect(self.loss_fn, plan, self.abstract, config, self.precision)
@@ -396,16 +411,19 @@ def build_job(
     model = None
     if init_fn is None:
         ways, on = model_ways(mesh.shape), list(mesh.devices.flat)
-        model = build_model(config.model, precision, model_parallel=ways, fetch_params=fetches_layers, devices=on)
+        model = build_model(
+            config.model, precision, model_parallel=ways, fetch_params=fetches_layers, devices=on, lora=lora_spec(config.lora)
+        )
         sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
 
         def init_fn(key):
             return model.init(key, sample)["params"]
     rng = jax.random.key(config.seed)
+    trainable = trainable_patterns(config)
     if abstract is None:
-        abstract = abstract_state(init_fn, tx, rng, precision)
+        abstract = _abstract(init_fn, tx, rng, precision, trainable, model)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
-    plan = make_plan(abstract, mesh, config.zero, rules, path_rules)
+    plan = make_plan(abstract, mesh, config.zero, rules, path_rules, trainable=trainable)
     if model is not None:
         loss_fn = model_loss(model, plan, precision)
     elif plan.qgz:  # a loss of yours runs under GSPMD, where no partial gradient can be quantized
@@ -415,6 +433,16 @@ def build_job(
     if flops_per_token is None:
         flops_per_token = model_flops_per_token(config.model) if model is not None else 6 * plan.num_params
     return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
+
+
+def _abstract(init_fn: InitFn, tx: Any, rng: jax.Array, precision: Precision, trainable: Any, model: Model | None) -> TrainState:
+    """The abstract state (:func:`jzero.sharding.placement.abstract_state`), with LoRA's targets
+    checked first: a target that adapts nothing names itself, not the adapters' absence."""
+    lora = model.lora if model is not None else None
+    if lora is not None:
+        params = nn.unbox(jax.eval_shape(init_fn, rng))
+        check_targets(lora, [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]])
+    return abstract_state(init_fn, tx, rng, precision, trainable)
 
 
 def _units_in_effect(loss_fn: LossFn, plan: Plan, abstract: Any, config: Config, precision: Precision) -> Plan:

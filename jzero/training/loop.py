@@ -20,13 +20,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, Sharding
 
 from jzero.checkpoint.export import load_params, match_params
-from jzero.checkpoint.hf import is_hf_folder, placed_params
+from jzero.checkpoint.hf import TOKENIZER, is_hf_folder, placed_params
 from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.compiler.cache import cache_hits
 from jzero.config.loading import dump_config
@@ -37,6 +38,7 @@ from jzero.errors import ConfigError
 from jzero.lazy import moved_names
 from jzero.ledger.records import GoodputReport, StartupLedger, from_json, to_json
 from jzero.ledger.render import format_ledger_summary
+from jzero.models.lora import is_adapter
 from jzero.models.names import LLAMA
 from jzero.optimizers import build_schedule
 from jzero.sharding.axes import mesh_text
@@ -56,6 +58,7 @@ from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
 from jzero.training.report import startup_ledger
 from jzero.training.run_folder import check_run_dir, create_run_dir, lock_run_dir
+from jzero.trees import tree_paths
 
 __all__ = ["Extras", "TrainResult", "default_hooks", "initial_state", "train"]
 __getattr__ = moved_names(__name__, {name: f"jzero.training.metrics.{name}" for name in ("MetricsLog", "Throughput")})
@@ -93,13 +96,24 @@ def initial_state(
 
 
 def _loaded_params(job: Job, source: str) -> Any:
-    """``train.init_from``'s parameters (:func:`jzero.checkpoint.export.load_params`) on the plan's shardings."""
-    loaded = load_params(source)
-    match_params(loaded, {t.path: t.shape for t in job.plan.tensors}, source)
-    arrays = [
-        jax.device_put(np.asarray(loaded[t.path], np.float32), NamedSharding(job.mesh, t.param_spec)) for t in job.plan.tensors
-    ]
+    """``train.init_from``'s parameters (:func:`jzero.checkpoint.export.load_params`) on the plan's
+    shardings; LoRA's adapters, which a model without them lacks, freshly initialised."""
+    loaded, fresh = load_params(source), _fresh_adapters(job)
+    loaded = {path: array for path, array in loaded.items() if path not in fresh}  # a LoRA run's own: fresh ones
+    match_params(loaded, {t.path: t.shape for t in job.plan.tensors if t.path not in fresh}, source)
+    def placed(t):
+        return jax.device_put(np.asarray(loaded[t.path], np.float32), NamedSharding(job.mesh, t.param_spec))
+
+    arrays = [fresh[t.path] if t.path in fresh else placed(t) for t in job.plan.tensors]
     return jax.tree.unflatten(jax.tree.structure(job.plan.params), arrays)
+
+
+def _init_tokenizer(config: Config) -> Path | None:
+    """The tokenizer of the Hugging Face folder ``train.init_from`` names, where it has one: the
+    model's own, which a run on bytes keeps for decoding."""
+    source = config.train.init_from
+    found = Path(source) / TOKENIZER if source and is_hf_folder(source) else None
+    return found if found is not None and found.is_file() else None
 
 
 def _hf_params(job: Job, source: str) -> Any:
@@ -107,7 +121,22 @@ def _hf_params(job: Job, source: str) -> Any:
     if job.config.model.name != LLAMA:
         why = "jzero checkpoint import writes a run with its config, or set model.name: llama and its shape"
         raise ConfigError("train.init_from", f"{source} is a Hugging Face Llama; model.name is {job.config.model.name}: {why}")
-    return placed_params(source, job.plan)
+    return placed_params(source, job.plan, _fresh_adapters(job))
+
+
+def _fresh_adapters(job: Job) -> dict[str, jax.Array]:
+    """LoRA's adapters as a fresh init makes them (B zero: the model starts as the one loaded), by
+    path, on the plan's shardings; XLA computes only them. Empty without LoRA."""
+    paths = [t.path for t in job.plan.tensors if is_adapter(t.path)]
+    if not paths:
+        return {}
+    shardings = {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors if t.path in paths}
+
+    def init(key):
+        flat = tree_paths(nn.unbox(job.init_fn(key)))
+        return {path: flat[path].astype(np.float32) for path in paths}
+
+    return jax.jit(init, out_shardings=shardings)(job.rng)
 
 
 @dataclasses.dataclass
@@ -180,7 +209,7 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
     if not existing and primary:
         with writing(folder.config):
             folder.config.write_text(dump_config(config))
-        tokenizer = run_tokenizer_path(config)
+        tokenizer = run_tokenizer_path(config) or _init_tokenizer(config)
         if tokenizer is not None:  # the run's own copy: jzero sample decodes with it
             with writing(folder.tokenizer):
                 shutil.copyfile(tokenizer, folder.tokenizer)

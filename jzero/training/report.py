@@ -313,6 +313,9 @@ def _collectives_part(ops: list[ledger.Collective], collectives: dict[str, dict[
     }
 
 
+FROZEN = "frozen"  # a frozen parameter's gradient and optimizer specs: it has neither (train.trainable)
+
+
 def _tensors_part(plan: Plan) -> dict[str, Any]:
     """The report's tensors: each one's specs, then the replicated, largest and not-on-``model`` ones."""
     return {
@@ -322,8 +325,8 @@ def _tensors_part(plan: Plan) -> dict[str, Any]:
                 shape=list(t.shape),
                 dtype=str(t.dtype),
                 param_spec=str(t.param_spec),
-                grad_spec=str(t.grad_spec),
-                optimizer_spec=str(t.optimizer_spec),
+                grad_spec=str(t.grad_spec) if t.trainable else FROZEN,
+                optimizer_spec=str(t.optimizer_spec) if t.trainable else FROZEN,
                 param_bytes_per_device=shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
             )
             for t in plan.tensors
@@ -553,15 +556,21 @@ def communication(plan: Plan, ops: list[ledger.Collective], table: PaperTable) -
 def paper_table(plan: Plan) -> PaperTable:
     """The paper's per-stage model-state bytes for this model and mesh (its Figure 1 / Table 1 style):
     (p + g + K)Ψ with the stage's parts over N_d, then over N_m, where p and g are the parameter and
-    gradient bytes and K the optimizer-state bytes per parameter."""
+    gradient bytes and K the optimizer-state bytes per parameter. With frozen parameters the
+    gradients and K cover the Ψ_t that train: pΨ + (g + K)Ψ_t."""
     psi = plan.num_params
+    trained = [t for t in plan.tensors if t.trainable]
+    psi_t = sum(math.prod(t.shape) for t in trained)
     param_bytes = sum(t.nbytes for t in plan.tensors) / psi
-    k = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves) / psi
+    opt_bytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
     n_d = plan.partition_size
     n_m = model_ways(plan.mesh.shape)
-    sizes = {"k": k, "param_bytes": param_bytes, "grad_bytes": param_bytes, "n_m": n_m}
+    # Over Ψ: the gradients' and the optimizer's bytes per parameter of the whole model.
+    sizes = {"k": opt_bytes / psi, "param_bytes": param_bytes, "grad_bytes": sum(t.nbytes for t in trained) / psi, "n_m": n_m}
     rows = [
         PaperRow(stage=stage, partitioned=rule.partitioned, bytes=paper_bytes_per_device(psi, stage, n_d, **sizes))
         for stage, rule in STAGES.items()
     ]
-    return PaperTable(psi=psi, k=round(k, 3), param_bytes=param_bytes, n_d=n_d, n_m=n_m, rows=rows)
+    k = opt_bytes / psi_t if psi_t else 0.0
+    trainable = psi_t if psi_t != psi else None
+    return PaperTable(psi=psi, k=round(k, 3), param_bytes=param_bytes, n_d=n_d, n_m=n_m, rows=rows, trainable=trainable)

@@ -53,6 +53,7 @@ from jzero.errors import (
     show_value,
 )
 from jzero.models.decode import generate
+from jzero.models.lora import lora_spec, merged_adapters
 from jzero.models.names import AUTO_ATTENTION, GPT, LLAMA
 from jzero.training.job import Model, build_model, build_precision, check_options, compiler_options
 from jzero.trees import tree_paths
@@ -170,13 +171,15 @@ def sample(
     if not 0 <= seed <= MAX_SEED:  # a larger one would make a smaller one's text: JAX keeps 32 bits
         raise ConfigError("--seed", f"must be from 0 to {MAX_SEED} (JAX's key keeps 32 bits), not {show_value(seed)}")
     req = _request(run_dir, prompt, max_tokens, temperature, top_k)
-    params = _restore_params(run_dir, req.model, step, warn)
+    params, model = _restore_params(run_dir, req.model, step, warn), req.model
+    if model.lora is not None:  # decoding reads the kernels by name: each adapter folded into its own
+        params, model = merged_adapters(params, model.lora.scale), model.clone(lora=None)
     if req.note:
         warn(req.note)  # after every refusal, so that bad input stays one line
     stream = _Stream(req.tokenizer, out)
     prompt_ids = jax.device_put(np.asarray([req.ids], np.int32), jax.local_devices()[0])
     tokens, count = generate(
-        req.model,
+        model,
         params,
         prompt_ids,
         jax.random.key(seed),
@@ -219,7 +222,8 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
         note = (f"jzero: note: --max-tokens {max_tokens} cut to {room}: the prompt's {len(ids)} tokens and the new ones "
                 f"fit model.seq_len {m.seq_len}, the positions the model was trained on")  # fmt: skip
     # Decoding has its own attention over the cache: the trained attention's choice does not apply.
-    model = build_model(dataclasses.replace(m, attention=AUTO_ATTENTION), build_precision(config.precision))
+    shape = dataclasses.replace(m, attention=AUTO_ATTENTION)
+    model = build_model(shape, build_precision(config.precision), lora=lora_spec(config.lora))
     device, mine = jax.local_devices()[:1], config.compiler.xla_options
     options = compiler_options(device, options=mine)
     check_options(device, options, mine)  # a bad one is refused before any checkpoint is read

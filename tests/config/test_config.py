@@ -248,6 +248,7 @@ FLOAT_KEYS = {
     "precision.loss_scale",
     "model.rope_theta",
     "model.rms_norm_eps",
+    "lora.alpha",
 }
 PATH_KEYS = {
     *("run.dir", "model.entry", "train.init_from", "runtime.compilation_cache"),

@@ -41,6 +41,17 @@ def wait_for_checkpoint(process: subprocess.Popen, run: Path) -> None:
         time.sleep(0.1)
 
 
+def pause(process: subprocess.Popen) -> None:
+    """SIGSTOP ``process`` and wait until it is stopped: the signal lands asynchronously, and a write
+    it was making could otherwise finish after the caller looks (measured: a snapshot taken at once
+    missed part of an in-flight save under load)."""
+    process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the process did not stop within 30 s"
+        time.sleep(0.01)
+
+
 def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -53,7 +64,7 @@ def test_a_second_trainer_is_refused_and_the_first_ends_intact(devices, tmp_path
     first = jzero_process(run, STEPS)
     try:
         wait_for_checkpoint(first, run)
-        first.send_signal(signal.SIGSTOP)
+        pause(first)
         before = snapshot(run)
         second = subprocess.Popen([sys.executable, "-m", "jzero.cli", "train", "--quiet", *cli_args(run, STEPS)],
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip

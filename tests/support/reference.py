@@ -163,6 +163,15 @@ def _assert_leaf(got, want, floor: float, what: str) -> None:
 
 
 
+def frozen_tx(job):
+    """One device's optax for a job with frozen parameters (``train.trainable``, LoRA): the job's
+    optimizer on those that train, zero updates on the rest (``optax.multi_transform``)."""
+    import optax
+
+    labels = jax.tree.map(lambda train: "train" if train else "frozen", job.plan.trainable_mask())
+    return optax.multi_transform({"train": job.tx, "frozen": optax.set_to_zero()}, labels)
+
+
 def train_sharded(s, batches, steps=STEPS):
     """Sharded init and ``steps`` compiled steps of a :class:`jzero.training.job.Job`; returns the final state."""
     state = s.init_state()
