@@ -27,7 +27,7 @@ import math
 import os
 import secrets
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ __all__ = [
     "parameter_arrays",
     "read_safetensors",
     "restore_numpy",
+    "restore_placed",
     "unreadable_step",
     "safetensors_header",
     "write_safetensors",
@@ -187,14 +188,26 @@ def restore_numpy(pytree_dir: Path, paths: list[str] | None = None) -> dict[str,
         tree = ocp.PyTreeCheckpointer().metadata(pytree_dir).item_metadata.tree
         restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
         return tree_paths(ocp.PyTreeCheckpointer().restore(pytree_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args)))
+    return _partial_restore(pytree_dir, {path: ocp.RestoreArgs(restore_type=np.ndarray) for path in paths})
+
+
+def restore_placed(pytree_dir: Path, shardings: Mapping[str, jax.sharding.Sharding]) -> dict[str, jax.Array]:
+    """Only the arrays ``shardings`` names (``/``-joined paths), each read straight into its
+    sharding: every device reads its own shard, and no host holds a whole array."""
+    quiet_orbax()
+    return _partial_restore(pytree_dir, {path: ocp.ArrayRestoreArgs(sharding=s) for path, s in shardings.items()})
+
+
+def _partial_restore(pytree_dir: Path, by_path: Mapping[str, Any]) -> dict[str, Any]:
+    """The arrays at ``by_path``'s paths, each restored as its ``RestoreArgs`` says; nothing else is read."""
     item: dict[str, Any] = {}
-    restore_args = {}
-    for path in paths:
+    restore_args: dict[str, Any] = {}
+    for path, how in by_path.items():
         node, args = item, restore_args
         *parents, leaf = path.split("/")
         for part in parents:
             node, args = node.setdefault(part, {}), args.setdefault(part, {})
-        node[leaf], args[leaf] = 0, ocp.RestoreArgs(restore_type=np.ndarray)
+        node[leaf], args[leaf] = 0, how
     restored = ocp.PyTreeCheckpointer().restore(
         pytree_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
     )

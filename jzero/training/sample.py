@@ -4,9 +4,10 @@ It reads the run's ``config.yaml`` and tokenizer: a run with its own ``tokenizer
 it (a run on a token folder, ``data.tokens``, has a copy of the folder's, and one without it is
 refused in one line, never decoded as bytes; ``jzero checkpoint import`` copies a Hugging Face
 folder's); any other run is bytes. It checks a committed
-checkpoint against its manifest, reads only its parameters (not the optimizer state) whole onto
-this host's first device, whatever mesh and stage wrote them, and decodes with
-:func:`jzero.models.decode.generate`: a KV cache inside one compiled loop. Only the continuation
+checkpoint against its manifest, reads only its parameters (not the optimizer state), each device
+its own shard, onto the run's mesh as the run trained (:func:`placement`; this host's first device
+when it lacks the mesh's devices), and decodes with :func:`jzero.models.decode.generate`: a KV cache
+inside one compiled loop, partitioned by XLA as the parameters are. Only the continuation
 is printed, as it is made; the prompt is not repeated. Nothing is written to the run folder; an
 output that cannot be written (``> /dev/full``) is one line naming it.
 """
@@ -14,6 +15,7 @@ output that cannot be written (``> /dev/full``) is one line naming it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -26,8 +28,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 from flax import traverse_util
+from jax.sharding import NamedSharding, Sharding
+from jax.sharding import PartitionSpec as P
 
-from jzero.checkpoint.export import restore_numpy
+from jzero.checkpoint.export import restore_numpy, restore_placed
 from jzero.checkpoint.runs import (
     NO_COMMITTED_STEP,
     array_metadata,
@@ -55,10 +59,11 @@ from jzero.errors import (
 from jzero.models.decode import generate
 from jzero.models.lora import lora_spec, merged_adapters
 from jzero.models.names import AUTO_ATTENTION, GPT, LLAMA
-from jzero.training.job import Model, build_model, build_precision, check_options, compiler_options
+from jzero.sharding.mesh import simulate_cpu_devices
+from jzero.training.job import Model, build_job, build_model, build_precision, check_options, compiler_options
 from jzero.trees import tree_paths
 
-__all__ = ["run_config", "sample", "sample_command"]
+__all__ = ["Placement", "placement", "run_config", "sample", "sample_command"]
 
 _WORDS = {"missing": "missing", "extra": "not in the model", "shape": "shape {found}, the model has {want}"}
 
@@ -76,8 +81,10 @@ def sample_command(args: argparse.Namespace) -> int:
     """
     from jzero.distributed.process import start_backends
 
-    run_config(args.run_dir)  # not a run folder: refused before JAX starts
-    start_backends()  # one process, one device: no jax.distributed, no simulated CPU devices
+    config = run_config(args.run_dir)  # not a run folder: refused before JAX starts
+    with contextlib.suppress(ConfigError):  # a bad count is refused with the run's other keys
+        simulate_cpu_devices(config.runtime.cpu_devices)  # the run's mesh, where JAX has only the CPU
+    start_backends()  # one process: no jax.distributed
     options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
     sample(args.run_dir, args.prompt, **options, step=args.step, out=sys.stdout, warn=_to_stderr)
     _write(sys.stdout, "\n")
@@ -126,7 +133,47 @@ class _Request:
     ids: list[int]
     max_tokens: int
     note: str | None  # why max_tokens was cut, told once the checkpoint has been read
-    options: dict[str, Any] | None  # the XLA options the run trained with, for this device
+    options: dict[str, Any] | None  # the XLA options the run trained with, for these devices
+    placement: Placement
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a run's parameters go to be decoded.
+
+    Attributes:
+      devices: the devices the decoding runs on: the run's mesh's, or this host's first.
+      shardings: each parameter's resting sharding on the run's mesh, by path (as it trained); None
+        on one device.
+      note: why decoding is on one device, when it is.
+    """
+
+    devices: list[Any]
+    shardings: dict[str, Sharding] | None = None
+    note: str | None = None
+
+    @property
+    def prompt(self) -> Sharding:
+        """The prompt's sharding: whole on every device of the mesh."""
+        if self.shardings is None:
+            return jax.sharding.SingleDeviceSharding(self.devices[0])
+        return NamedSharding(next(iter(self.shardings.values())).mesh, P())
+
+
+def placement(config: Config) -> Placement:
+    """The run's mesh and each parameter's resting sharding on it, as the run trained (stage 3's
+    partitioned over ``data``, the ``model`` axis's split), when this host has the mesh's devices;
+    else this host's first device, with a note saying why.
+
+    Args:
+      config: the run's config.
+    """
+    try:
+        job = build_job(config)
+    except ConfigError as err:  # the mesh needs more devices than this host has
+        return Placement(jax.local_devices()[:1], note=f"jzero: note: decoding on one device ({err})")
+    shardings = {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors}
+    return Placement(list(job.mesh.devices.flat), shardings)
 
 
 def sample(
@@ -171,13 +218,14 @@ def sample(
     if not 0 <= seed <= MAX_SEED:  # a larger one would make a smaller one's text: JAX keeps 32 bits
         raise ConfigError("--seed", f"must be from 0 to {MAX_SEED} (JAX's key keeps 32 bits), not {show_value(seed)}")
     req = _request(run_dir, prompt, max_tokens, temperature, top_k)
-    params, model = _restore_params(run_dir, req.model, step, warn), req.model
+    params, model = _restore_params(run_dir, req.model, req.placement, step, warn), req.model
     if model.lora is not None:  # decoding reads the kernels by name: each adapter folded into its own
         params, model = merged_adapters(params, model.lora.scale), model.clone(lora=None)
-    if req.note:
-        warn(req.note)  # after every refusal, so that bad input stays one line
+    for note in (req.note, req.placement.note):
+        if note:
+            warn(note)  # after every refusal, so that bad input stays one line
     stream = _Stream(req.tokenizer, out)
-    prompt_ids = jax.device_put(np.asarray([req.ids], np.int32), jax.local_devices()[0])
+    prompt_ids = jax.device_put(np.asarray([req.ids], np.int32), req.placement.prompt)
     tokens, count = generate(
         model,
         params,
@@ -224,10 +272,10 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
     # Decoding has its own attention over the cache: the trained attention's choice does not apply.
     shape = dataclasses.replace(m, attention=AUTO_ATTENTION)
     model = build_model(shape, build_precision(config.precision), lora=lora_spec(config.lora))
-    device, mine = jax.local_devices()[:1], config.compiler.xla_options
-    options = compiler_options(device, options=mine)
-    check_options(device, options, mine)  # a bad one is refused before any checkpoint is read
-    return _Request(model, tokenizer, ids, min(max_tokens, room), note, options)
+    where, mine = placement(config), config.compiler.xla_options
+    options = compiler_options(where.devices, options=mine)
+    check_options(where.devices, options, mine)  # a bad one is refused before any checkpoint is read
+    return _Request(model, tokenizer, ids, min(max_tokens, room), note, options, where)
 
 
 def _tokenizer(run_dir: str | Path, config: Config) -> Tokenizer:
@@ -248,8 +296,8 @@ def _start(tokenizer: Tokenizer) -> list[int]:
     return [tokenizer.eos_id] if tokenizer.eos_id is not None else tokenizer.encode("\n")
 
 
-def _restore_params(run_dir: str | Path, model: Model, step: int | None, warn: Callable[[str], None]) -> Any:
-    """The parameters of ``step`` (or of the newest step that reads back) on this host's first device."""
+def _restore_params(run_dir: str | Path, model: Model, where: Placement, step: int | None, warn: Callable[[str], None]) -> Any:
+    """The parameters of ``step`` (or of the newest step that reads back), placed as ``where`` says."""
     steps = committed_steps(run_dir, step)
     if not steps:
         raise CheckpointError(str(run_dir), NO_COMMITTED_STEP)
@@ -257,12 +305,12 @@ def _restore_params(run_dir: str | Path, model: Model, step: int | None, warn: C
     for s in reversed(steps):
         folder = step_folder(run_dir, s)
         try:
-            return _read_params(folder, expected, warn)
+            return _read_params(folder, expected, where, warn)
         except Exception as err:
             if rotated_away(folder):  # not damage: the run saved a newer step and deleted this one
                 if step is not None:
                     raise RotatedAway(folder) from None
-                return _restore_params(run_dir, model, step, warn)
+                return _restore_params(run_dir, model, where, step, warn)
             if isinstance(err, JzeroError) and not isinstance(err, DamagedCheckpoint):
                 raise  # another model's shapes: the config's fault, not the checkpoint's
             unreadable = CheckpointError(str(folder), f"could not be read ({error_line(err)})")
@@ -274,8 +322,9 @@ def _restore_params(run_dir: str | Path, model: Model, step: int | None, warn: C
     raise CheckpointError(str(run_dir), f"no committed checkpoint could be read (tried steps {tried})")
 
 
-def _read_params(step_dir: Path, expected: Any, warn: Callable[[str], None]) -> Any:
-    """A step's ``params`` (verified against its manifest first) as the model's tree, on one device."""
+def _read_params(step_dir: Path, expected: Any, where: Placement, warn: Callable[[str], None]) -> Any:
+    """A step's ``params`` (verified against its manifest first) as the model's tree, each read
+    straight into its sharding on the run's mesh, or whole onto one device."""
     verify_step(step_dir, warn)
     state_dir = step_dir / "state"
     found = {p[len("params/") :]: shape for p, (shape, _) in array_metadata(state_dir).items() if p.startswith("params/")}
@@ -283,9 +332,12 @@ def _read_params(step_dir: Path, expected: Any, warn: Callable[[str], None]) -> 
     differ = shape_differences(found, want, words=_WORDS)
     if differ:
         raise CheckpointError(str(step_dir), f"the run's model.* shapes differ from the checkpoint's: {differ}")
-    arrays = restore_numpy(state_dir, [f"params/{p}" for p in want])  # reads nothing else
+    if where.shardings is not None:  # reads nothing else, and each device only its shard
+        arrays = restore_placed(state_dir, {f"params/{p}": where.shardings[p] for p in want})
+        return traverse_util.unflatten_dict({tuple(p.split("/")[1:]): a for p, a in arrays.items()})
+    arrays = restore_numpy(state_dir, [f"params/{p}" for p in want])
     tree = traverse_util.unflatten_dict({tuple(p.split("/")[1:]): a for p, a in arrays.items()})
-    return jax.device_put(tree, jax.local_devices()[0])
+    return jax.device_put(tree, where.devices[0])
 
 
 class _Stream:

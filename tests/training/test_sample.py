@@ -19,8 +19,10 @@ from jzero.config.loading import dump_config, load_config
 from jzero.models.decode import decode_loop, decode_step, prefill
 from jzero.models.gpt import GPT
 from jzero.models.llama import Llama
+from jzero.training.job import build_job
 from jzero.training.loop import train
-from jzero.training.sample import sample
+from jzero.training.sample import _restore_params, placement, sample
+from jzero.trees import tree_paths
 
 TEXT = "the quick brown fox jumps over the lazy dog. "
 PROMPT, CONTINUATION = "the quick brown fox ", "jumps over t"  # 20 + 12 bytes: model.seq_len 32
@@ -70,15 +72,27 @@ def test_kv_cache_decoding_gives_the_models_logits(devices, name):
 
 
 def test_greedy_decoding_reproduces_a_memorised_text(devices, tmp_path, capsys):
-    """A tiny GPT trained at stage 3 on 8 devices on one sentence, repeated, then restored onto one
-    device: through the Python API (streamed text equals the returned text) and the command line.
-    One test, so that the model is trained once under pytest-xdist."""
+    """A tiny GPT trained at stage 3 on ``data: 4, model: 2`` on one sentence, repeated, then
+    decoded on the run's mesh with its parameters as they rest (each device reads its own shard):
+    through the Python API (streamed text equals the returned text) and the command line; and on
+    one device, with a note, when the run's mesh needs more devices than there are. One test, so
+    that the model is trained once under pytest-xdist."""
     (tmp_path / "text.txt").write_text(TEXT * 40)
     run = tmp_path / "run"
     overrides = [f"run.dir={run}", f"data.path={tmp_path / 'text.txt'}", f"train.steps={STEPS}", f"checkpoint.every={STEPS // 2}"]
     overrides += ["model.seq_len=32", "optimizer.learning_rate=1e-2", "zero.stage=3", "run.tensorboard=false"]
+    overrides += ["mesh.axes={data: 4, model: 2}"]
     train(load_config(None, [*TINY, *overrides]), progress=False)
     capsys.readouterr()
+
+    config = load_config(run / "config.yaml")
+    where, job = placement(config), build_job(config)
+    assert len(where.devices) == 8 and where.note is None
+    assert {p: s.spec for p, s in where.shardings.items()} == {t.path: t.param_spec for t in job.plan.tensors}
+    params = tree_paths(_restore_params(run, job.model, where, None, print))
+    kernel = params["blocks/mlp_in/kernel"]  # [layers, embed, mlp]: mlp over model, embed over data
+    assert kernel.sharding.spec == jax.P(None, "data", "model")
+    assert {shard.data.shape for shard in kernel.addressable_shards} == {(2, 32 // 4, 128 // 2)}
 
     out = io.StringIO()
     assert sample(run, PROMPT, max_tokens=len(CONTINUATION), temperature=0.0, out=out) == CONTINUATION
@@ -103,6 +117,14 @@ def test_greedy_decoding_reproduces_a_memorised_text(devices, tmp_path, capsys):
                               cwd=ROOT, env=jzero_env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
     assert (done.returncode, done.stderr) == (1, "jzero: writing /dev/full failed: No space left on device\n")
     assert snapshot(run) == before
+
+    # A run's mesh this host cannot hold: one device, and a note saying why.
+    trained = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(dump_config(load_config(run / "config.yaml", ["mesh.axes={data: 8, model: 2}"])))
+    notes = []
+    assert sample(run, PROMPT, max_tokens=len(CONTINUATION), temperature=0.0, warn=notes.append) == CONTINUATION
+    assert len(notes) == 1 and notes[0].startswith("jzero: note: decoding on one device (mesh.axes: "), notes
+    (run / "config.yaml").write_text(trained)
 
     # A damaged newest step is named, and the one before it is read; nothing is moved aside.
     state = run / "checkpoints" / str(STEPS) / "state"
