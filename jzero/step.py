@@ -199,11 +199,18 @@ def _params_for_forward(plan: Plan, in_loop: Any, params: Any) -> Any:
 
 
 def _guarded_update(
-    tx: optax.GradientTransformation, plan: Plan, precision: Precision, state: TrainState, grads: Any, scale: jax.Array | None
+    tx: optax.GradientTransformation,
+    plan: Plan,
+    precision: Precision,
+    resting: Any,
+    opt_state: Any,
+    grads: Any,
+    scale: jax.Array | None,
 ) -> tuple[Any, Any, jax.Array, jax.Array]:
     """Unscale, take the norm and, only if it is finite, update: ``(new_params, opt_state, grad_norm, finite)``, at rest.
     ``plan`` is the trainable view (:meth:`jzero.sharding.plan.Plan.trainable_view`): its trees hold
-    the parameters that train, and so do ``grads``, the optimizer state and ``new_params``."""
+    the parameters that train, as do ``resting`` (those parameters as they rest), ``grads``, the
+    optimizer state and ``new_params``."""
     grads = cast(grads, precision.master_dtype)  # the update runs in master precision
     if scale is not None:
         grads = jax.tree.map(lambda g: g / scale, grads)
@@ -212,10 +219,9 @@ def _guarded_update(
     grads = _constrain(grads, plan.optimizer)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
-    resting = frozen_out(state.params, plan.trainable_mask()) if plan.trainable is not None else state.params
     params = _constrain(to_device(resting) if plan.zero.offload_params else resting, plan.optimizer)
     # Offloaded optimizer state streams in for the update and back out after it.
-    opt_state = to_device(state.opt_state) if plan.zero.offload_optimizer else state.opt_state
+    opt_state = to_device(opt_state) if plan.zero.offload_optimizer else opt_state
     # A non-finite step applies nothing. (lax.cond, not a select: the skip branch hands the
     # donated buffers straight back instead of holding a second copy of the state.)
     new_params, opt_state = jax.lax.cond(
@@ -229,12 +235,17 @@ def _guarded_update(
     return new_params, opt_state, grad_norm, finite
 
 
+def _trained_part(plan: Plan, params: Any) -> Any:
+    """``params`` with ``None`` at each frozen parameter (``train.trainable``); all of them when all train."""
+    return params if plan.trainable is None else frozen_out(params, plan.trainable_mask())
+
+
 def _differentiated(compute_loss: LossFn, plan: Plan, params: Any) -> tuple[LossFn, Any]:
     """The loss of the parameters that train, and those parameters: the frozen ones enter the loss
     as constants, so autodiff makes no gradient for them (``train.trainable``)."""
     if plan.trainable is None:
         return compute_loss, params
-    return (lambda trained, batch: compute_loss(merged(trained, params), batch)), frozen_out(params, plan.trainable_mask())
+    return (lambda trained, batch: compute_loss(merged(trained, params), batch)), _trained_part(plan, params)
 
 
 def _gather_updated(plan: Plan, new_params: Any) -> Any:
@@ -335,7 +346,10 @@ def make_train_step(
             params = _params_for_forward(plan, in_loop, state.params)
             loss_of, params = _differentiated(compute_loss, plan, params)
             loss, grads = _grads_and_loss(loss_of, trained, precision, microbatches, params, batch, scale)
-            new_params, opt_state, grad_norm, finite = _guarded_update(tx, trained, precision, state, grads, scale)
+            resting = _trained_part(plan, state.params)
+            new_params, opt_state, grad_norm, finite = _guarded_update(
+                tx, trained, precision, resting, state.opt_state, grads, scale
+            )
         new_params = merged(new_params, state.params) if plan.trainable is not None else new_params
         return _step_outputs(state, new_params, opt_state, loss, grad_norm, finite, precision, scale)
 
