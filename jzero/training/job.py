@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -38,7 +39,7 @@ from jzero.memory.remat import policy_name
 from jzero.models import sizes
 from jzero.models.gpt import GPT, lm_loss
 from jzero.models.llama import Llama, rope_scaling_pairs
-from jzero.models.lora import ADAPTERS, LoraSpec, check_targets, lora_spec
+from jzero.models.lora import ADAPTERS, LoraSpec, check_targets, is_adapter, lora_spec
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, OWN
 from jzero.optimizers import build_optimizer
 from jzero.sharding.axes import model_ways
@@ -431,7 +432,7 @@ def build_job(
     else:
         plan = _units_in_effect(loss_fn, plan, abstract, config, precision)
     if flops_per_token is None:
-        flops_per_token = model_flops_per_token(config.model) if model is not None else 6 * plan.num_params
+        flops_per_token = model_flops_per_token(config.model, plan) if model is not None else 6 * plan.num_params
     return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
 
 
@@ -514,7 +515,17 @@ def model_loss(model: Model, plan: Plan, precision: Precision) -> LossFn:
     return manual_loss(loss, plan) if plan.qgz else loss
 
 
-def model_flops_per_token(cfg: ModelConfig) -> int:
+def model_flops_per_token(cfg: ModelConfig, plan: Plan | None = None) -> int:
     """The training FLOPs per token of jzero's model with the ``model:`` section's shape
-    (:func:`jzero.models.sizes.flops_per_token`)."""
-    return sizes.flops_per_token(cfg)
+    (:func:`jzero.models.sizes.flops_per_token`: 6 per matmul weight, and attention's), and with
+    ``plan``'s frozen parameters and LoRA adapters: a frozen matmul weight (a layer's kernel, the
+    head, or the embedding a tied head multiplies by) skips its weight gradient, 2 FLOPs less per
+    weight; an adapter's two matmuls cost 6 per weight, as any trained weight's."""
+    total = sizes.flops_per_token(cfg)
+    for t in plan.tensors if plan is not None else ():
+        count = math.prod(t.shape)
+        if is_adapter(t.path):
+            total += 6 * count
+        elif not t.trainable and (t.path.endswith("/kernel") or (cfg.tie_embeddings and t.path.endswith("/embedding"))):
+            total -= 2 * count
+    return total

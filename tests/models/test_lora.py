@@ -3,6 +3,7 @@ optimizer state alone, and a fine-tune leaves as a merged Llama that transformer
 adapters in PEFT's layout beside the untouched weights."""
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,11 @@ def test_adapters_rest_like_their_kernels_and_the_model_starts_as_the_one_it_ada
         base = kernel.removesuffix("kernel")
         assert (specs[base + A], specs[base + B]) == (jax.P(layers, into, None), jax.P(layers, None, out)), kernel
     assert any("model" in str(specs[k]) for k in kernels)
+    # Model FLOPs: 6 per adapter weight, and every kernel (frozen) skips its weight gradient, 2 per weight.
+    adapters = sum(math.prod(t.shape) for t in s.plan.tensors if is_adapter(t.path))
+    weights = sum(math.prod(t.shape) for t in plain.plan.tensors if t.path.endswith("/kernel"))
+    assert adapters == 2 * RANK * (4 * (32 + 32) + 2 * (32 + 128))  # TINY: 2 layers, d 32, MLP 128
+    assert s.flops_per_token == plain.flops_per_token + 6 * adapters - 2 * weights
     state, start = s.init_state(), plain.init_state()
     mine, theirs = _params(state), tree_paths(start.params)
     assert sorted(p for p in mine if not is_adapter(p)) == sorted(theirs)

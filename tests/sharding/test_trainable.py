@@ -11,7 +11,7 @@ from support.configs import LR, tiny_config
 from support.reference import frozen_tx, reference_with_floor
 
 from jzero.errors import PlanError
-from jzero.ledger import hlo
+from jzero.ledger import flops, hlo
 from jzero.ledger.hlo import live_bytes_per_device
 from jzero.sharding.trainable import frozen_out, merged, trainable_mask
 from jzero.training.job import build_job
@@ -62,7 +62,8 @@ def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(
     plan's, the live state's, and the compiled step's arguments, which hold exactly the frozen
     parameters' optimizer state less than the same model's with everything training. On the wire: at
     stage 0 the gradients' all-reduce carries 8Ψ_t bytes where the whole model's carries 8Ψ (the
-    same scalars beside), and at stages 1-2 the all-gather of the updated parameters 4Ψ_t, not 4Ψ."""
+    same scalars beside), and at stages 1-2 the all-gather of the updated parameters 4Ψ_t, not 4Ψ.
+    At stage 0, the FLOPs the frozen weights' gradients would have cost, too."""
     frozen = build_job(tiny_config(LR, SET, f"zero.stage={stage}", f"mesh.axes.data={N_D}"))
     whole = build_job(tiny_config(LR, f"zero.stage={stage}", f"mesh.axes.data={N_D}"))
     psi_t, psi_f = _psi(frozen, True), _psi(frozen, False)
@@ -89,6 +90,12 @@ def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(
     sent = [hlo.communication_bytes(hlo.parse_collectives(c.as_text())) for c in (mine, theirs)]
     if stage == 0:
         assert sent[0]["all-reduce"] - 8 * psi_t == sent[1]["all-reduce"] - 8 * (psi_t + psi_f) >= 0
+        # Each frozen matmul weight skips its weight gradient: 2 FLOPs per weight and token, in the
+        # model's FLOPs and in the compiled step's matmuls, counted from its HLO (16 x 16 tokens on 8 devices).
+        kernels = sum(math.prod(t.shape) for t in frozen.plan.tensors if t.path.endswith("/kernel") and not t.trainable)
+        assert whole.flops_per_token - frozen.flops_per_token == 2 * kernels
+        executed = [flops.matmul_flops(c.as_text()).executed for c in (theirs, mine)]
+        assert executed[0] - executed[1] == 2 * kernels * (16 * 16 // N_D)
     if stage in (1, 2):
         assert (sent[0]["all-gather"], sent[1]["all-gather"]) == (4 * psi_t, 4 * (psi_t + psi_f))
 
