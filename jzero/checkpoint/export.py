@@ -40,6 +40,7 @@ from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.checkpoint.runs import array_metadata, read_newest, shape_differences, verify_step
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, checked_path, clip, error_line, path_error, show_value
+from jzero.models.lora import adapted_kernels, adapter_paths, is_adapter, merged_kernel
 from jzero.trees import tree_paths
 
 __all__ = [
@@ -221,7 +222,13 @@ def parameter_arrays(saved: dict[str, tuple]) -> tuple[str, dict[str, tuple]]:
 
 
 def export_checkpoint(
-    run_dir: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32", warn: Callable[[str], None] = print
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    dtype: str = "float32",
+    warn: Callable[[str], None] = print,
+    *,
+    merge_lora: float | None = None,
 ) -> dict[str, Any]:
     """Write one checkpoint's parameters to ``out`` as one safetensors file: ``jzero checkpoint export``.
 
@@ -237,6 +244,8 @@ def export_checkpoint(
       step: the committed step to export (default: the newest).
       dtype: ``float32`` or ``bfloat16``.
       warn: told, in one line, of a step written before manifests (unverifiable).
+      merge_lora: LoRA's scale (``alpha / rank``): each adapter is folded into its kernel,
+        ``W + scale A B`` (:func:`jzero.models.lora.merged_adapters`), and not written itself.
 
     Returns:
       What was written: ``step``, ``source`` (``params`` or ``opt_state/master``), ``tensors``,
@@ -258,10 +267,10 @@ def export_checkpoint(
     if not out.parent.exists():  # one that is a file fails the write: "Not a directory"
         raise ConfigError("--out", f"folder {out.parent} does not exist")
     # A step the run's rotation deletes while it is read is exported from the new newest instead.
-    return read_newest(run_dir, step, lambda step_dir: _export_step(step_dir, out, dtype, warn))
+    return read_newest(run_dir, step, lambda step_dir: _export_step(step_dir, out, dtype, warn, merge_lora))
 
 
-def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], None]) -> dict[str, Any]:
+def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], None], merge: float | None) -> dict[str, Any]:
     """:func:`export_checkpoint` of one committed step folder."""
     step = int(step_dir.name)
     state_dir = step_dir / "state"
@@ -272,14 +281,23 @@ def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], No
         raise unreadable_step(step_dir, err) from None
     if not params:
         raise CheckpointError(str(state_dir), "holds no parameters")
-    tensors = [(name, params[name][0], dtype) for name in sorted(params)]
+    adapted = set(adapted_kernels(list(params))) if merge is not None else set()
+    tensors = [(name, params[name][0], dtype) for name in sorted(params) if not (adapted and is_adapter(name))]
     meta = {"format": "pt", "producer": "jzero", "step": str(step), "source": prefix.rstrip("/")}
 
-    def produce(name: str) -> np.ndarray:
+    def read(names: list[str]) -> dict[str, np.ndarray]:
         try:
-            return restore_numpy(state_dir, [prefix + name])[prefix + name]
+            found = restore_numpy(state_dir, [prefix + n for n in names])
         except Exception as err:
             raise unreadable_step(step_dir, err) from None
+        return {n: found[prefix + n] for n in names}
+
+    def produce(name: str) -> np.ndarray:
+        if name not in adapted:
+            return read([name])[name]
+        a, b = adapter_paths(name)
+        saved = read([name, a, b])
+        return np.asarray(merged_kernel(saved[name], saved[a], saved[b], merge))
 
     # From here an OSError is about --out (a full disk, a read-only folder): reading the checkpoint
     # raises CheckpointErrors naming it.

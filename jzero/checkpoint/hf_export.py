@@ -40,7 +40,7 @@ from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, checked_path, path_error, show_value
-from jzero.models.lora import A, B, adapted_kernels, is_adapter, lora_spec, merged_adapters
+from jzero.models.lora import A, B, adapted_kernels, adapter_paths, is_adapter, lora_spec, merged_kernel
 from jzero.models.names import LLAMA
 
 __all__ = ["ADAPTER_FOLDER", "SHARD_BYTES", "export_hf"]
@@ -199,10 +199,9 @@ class _Source:
         return self.array
 
     def _merged(self, kernel: str) -> np.ndarray:
-        base = kernel.removesuffix("kernel")
-        saved = self._read([kernel, base + A, base + B])
-        merged = merged_adapters({"k": {"kernel": saved[kernel], A: saved[base + A], B: saved[base + B]}}, self.merge)
-        return np.asarray(merged["k"]["kernel"])
+        a, b = adapter_paths(kernel)
+        saved = self._read([kernel, a, b])
+        return np.asarray(merged_kernel(saved[kernel], saved[a], saved[b], self.merge))
 
     def _read(self, paths: list[str]) -> dict[str, np.ndarray]:
         try:

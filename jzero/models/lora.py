@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from jzero.errors import ConfigError
 
 __all__ = [
-    "ADAPTERS", "A", "B", "LoraDense", "LoraSpec", "adapted_kernels", "check_targets", "is_adapter", "lora_spec",
-    "merged_adapters",
+    "ADAPTERS", "A", "B", "LoraDense", "LoraSpec", "adapted_kernels", "adapter_paths", "check_targets", "is_adapter",
+    "lora_spec", "merged_adapters", "merged_kernel",
 ]  # fmt: skip
 
 A, B = "lora_a", "lora_b"  # the adapter's parameters, beside the kernel they adapt
@@ -102,15 +102,26 @@ def check_targets(spec: LoraSpec, paths: Sequence[str]) -> None:
             raise ConfigError(f"lora.targets[{i}]", f"{target!r} matches no kernel of the model's layers{where}")
 
 
+def adapter_paths(kernel_path: str) -> tuple[str, str]:
+    """The paths of the ``A`` and ``B`` beside the kernel at ``kernel_path``."""
+    base = kernel_path.removesuffix("kernel")
+    return base + A, base + B
+
+
+def merged_kernel(kernel: Any, a: Any, b: Any, scale: float) -> jax.Array:
+    """``W + scale A B`` in float32, back in the kernel's dtype (any leading dimensions, the layers'
+    included, shared by all three)."""
+    delta = jnp.einsum("...ir,...ro->...io", jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    return (jnp.asarray(kernel, jnp.float32) + scale * delta).astype(kernel.dtype)
+
+
 def merged_adapters(params: Mapping[str, Any], scale: float) -> dict[str, Any]:
-    """``params`` (nested dicts) with each adapter folded into its kernel, ``W + scale A B``, in the
-    kernel's dtype, and the adapters gone: the model without LoRA that computes the same."""
+    """``params`` (nested dicts) with each adapter folded into its kernel (:func:`merged_kernel`),
+    and the adapters gone: the model without LoRA that computes the same."""
     out = {}
     for name, value in params.items():
         if isinstance(value, Mapping) and A in value:
-            kernel = value["kernel"]
-            delta = jnp.einsum("...ir,...ro->...io", jnp.asarray(value[A], jnp.float32), jnp.asarray(value[B], jnp.float32))
-            merged = (jnp.asarray(kernel, jnp.float32) + scale * delta).astype(kernel.dtype)
+            merged = merged_kernel(value["kernel"], value[A], value[B], scale)
             out[name] = {k: v for k, v in value.items() if k not in (A, B)} | {"kernel": merged}
         elif isinstance(value, Mapping):
             out[name] = merged_adapters(value, scale)
