@@ -38,9 +38,11 @@ import orbax.checkpoint as ocp
 
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.checkpoint.runs import array_metadata, read_newest, shape_differences, verify_step
+from jzero.config.loading import load_config
+from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.errors import CheckpointError, ConfigError, checked_path, clip, error_line, path_error, show_value
-from jzero.models.lora import adapted_kernels, adapter_paths, is_adapter, merged_kernel
+from jzero.models.lora import adapted_kernels, adapter_paths, is_adapter, lora_spec, merged_kernel
 from jzero.trees import tree_paths
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "SAFETENSORS_DTYPES",
     "export_checkpoint",
     "load_params",
+    "lora_scale",
     "match_params",
     "parameter_arrays",
     "read_safetensors",
@@ -314,6 +317,20 @@ def _export_step(step_dir: Path, out: Path, dtype: str, warn: Callable[[str], No
             tmp.unlink(missing_ok=True)
     source = prefix.rstrip("/")
     return {"step": step, "source": source, "tensors": len(tensors), "bytes": written, "out": str(out), "dtype": dtype}
+
+
+def lora_scale(run_dir: str | Path) -> float:
+    """The scale ``--merge-lora`` folds each adapter in with: ``alpha / rank`` of the run's
+    ``config.yaml``.
+
+    Raises:
+      ConfigError: naming ``--merge-lora``: the run trained no adapters.
+    """
+    folder = RunDir(Path(run_dir))
+    lora = lora_spec(load_config(folder.config).lora) if folder.config.is_file() else None
+    if lora is None:
+        raise ConfigError("--merge-lora", f"{run_dir} trained no adapters (its config.yaml has no lora.rank)")
+    return lora.scale
 
 
 def unreadable_step(step_dir: Path, err: Exception) -> CheckpointError:

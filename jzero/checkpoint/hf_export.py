@@ -28,6 +28,7 @@ import numpy as np
 from jzero.checkpoint.export import (
     NUMPY_DTYPES,
     SAFETENSORS_DTYPES,
+    lora_scale,
     parameter_arrays,
     restore_numpy,
     safetensors_header,
@@ -100,10 +101,8 @@ def export_hf(
     imported = json.loads(folder.hf_config.read_text()) if folder.hf_config.is_file() else None
     files = {CONFIG: json.dumps(hf_config(config.model, dtype, imported), indent=2) + "\n"}
     tokenizer = folder.tokenizer if folder.tokenizer.is_file() else None
-    lora = lora_spec(config.lora)
-    if merge_lora and lora is None:
-        raise ConfigError("--merge-lora", f"{run_dir} trained no adapters (lora.rank is 0)")
-    step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer, lora, merge_lora)
+    merge = lora_scale(run_dir) if merge_lora else None
+    step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer, lora_spec(config.lora), merge)
     return read_newest(run_dir, step, lambda step_dir: step_export.write(step_dir, out, force, warn))
 
 
@@ -111,7 +110,8 @@ class _StepExport:
     """One committed step written as the folder :func:`export_hf` describes."""
 
     def __init__(
-        self, layers: int, dtype: str, shard_bytes: int, files: dict[str, str], tokenizer: Path | None, lora: Any, merge: bool
+        self, layers: int, dtype: str, shard_bytes: int, files: dict[str, str], tokenizer: Path | None, lora: Any,
+        merge: float | None,
     ):
         self.layers, self.dtype, self.shard_bytes, self.files, self.tokenizer = layers, dtype, shard_bytes, files, tokenizer
         self.lora, self.merge = lora, merge
@@ -129,10 +129,10 @@ class _StepExport:
         tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
         try:
             tmp.mkdir()
-            source = _Source(state_dir, prefix, self.lora.scale if self.merge else None, adapted)
+            source = _Source(state_dir, prefix, self.merge, adapted)
             written = self._fill(tmp, source, tensors, shards)
             shapes = {p: tuple(params[p][0]) for p in params if is_adapter(p)}
-            adapters = 0 if self.merge or not adapted else _write_adapters(tmp / ADAPTER_FOLDER, source, self, shapes)
+            adapters = 0 if self.merge is not None or not adapted else _write_adapters(tmp / ADAPTER_FOLDER, source, self, shapes)
             _publish(tmp, out, force)
         except OSError as err:
             raise path_error("--out", out, err, "write") from None
@@ -188,7 +188,7 @@ class _Source:
         """Layer ``layer`` of jzero's parameter ``path`` (the whole of it for None), in Hugging Face's layout."""
         array = self.whole(path)
         array = array if layer is None else array[layer]
-        return array.T if NAMES.get(path, ("", True))[1] else array
+        return array.T if NAMES[path][1] else array
 
     def whole(self, path: str) -> np.ndarray:
         """jzero's parameter ``path`` as saved (merged with its adapter when asked)."""

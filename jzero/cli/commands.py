@@ -14,7 +14,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jzero.cli.interrupts import interrupt_raises
@@ -200,14 +199,14 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 def cmd_checkpoint_export(args: argparse.Namespace) -> int:
     """``jzero checkpoint export``: a committed step's parameters as one safetensors file."""
-    from jzero.checkpoint.export import export_checkpoint
+    from jzero.checkpoint.export import export_checkpoint, lora_scale
     from jzero.ledger.render import human_bytes
 
     if args.format == "hf":
         return _export_hf(args)
     if args.force:
         raise ConfigError("--force", "only with --format hf (a safetensors file is never replaced)")
-    merge = _lora_scale(args.run_dir) if args.merge_lora else None
+    merge = lora_scale(args.run_dir) if args.merge_lora else None
     with interrupt_raises():  # so that the export removes its temporary file
         done = export_checkpoint(args.run_dir, args.out, args.step, args.dtype, warn=_to_stderr, merge_lora=merge)
     print(
@@ -215,19 +214,6 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
         f"as {done['dtype']} to {done['out']}"
     )
     return 0
-
-
-def _lora_scale(run_dir: str) -> float:
-    """The LoRA scale of the run ``--merge-lora`` folds in (its ``config.yaml``'s ``lora:``)."""
-    from jzero.config.loading import load_config
-    from jzero.config.rundir import RunDir
-    from jzero.models.lora import lora_spec
-
-    folder = RunDir(Path(run_dir))
-    lora = lora_spec(load_config(folder.config).lora) if folder.config.is_file() else None
-    if lora is None:
-        raise ConfigError("--merge-lora", f"{run_dir} trained no adapters (its config.yaml has no lora.rank)")
-    return lora.scale
 
 
 def _export_hf(args: argparse.Namespace) -> int:

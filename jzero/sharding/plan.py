@@ -276,7 +276,8 @@ class Plan(_Gathers, _Bytes):
         tensors leave them out (:mod:`jzero.sharding.trainable`). The plan itself when all train."""
         if self.trainable is None:
             return self
-        trees = {name: frozen_out(getattr(self, name), self.trainable_mask()) for name in ("params", "grads", "optimizer")}
+        mask = self.trainable_mask()
+        trees = {name: frozen_out(getattr(self, name), mask) for name in ("params", "grads", "optimizer")}
         return dataclasses.replace(self, tensors=[t for t in self.tensors if t.trainable], **trees)
 
     def __getattr__(self, name: str) -> Any:

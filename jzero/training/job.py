@@ -31,7 +31,7 @@ from jzero.compiler import cache, xla_flags
 from jzero.compiler.platforms import on_gpus
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
-from jzero.errors import ConfigError, show_value
+from jzero.errors import ConfigError, PlanError, show_value
 from jzero.lazy import moved_names
 from jzero.ledger import targets
 from jzero.memory.precision import Precision
@@ -438,12 +438,22 @@ def build_job(
 
 def _abstract(init_fn: InitFn, tx: Any, rng: jax.Array, precision: Precision, trainable: Any, model: Model | None) -> TrainState:
     """The abstract state (:func:`jzero.sharding.placement.abstract_state`), with LoRA's targets
-    checked first: a target that adapts nothing names itself, not the adapters' absence."""
+    checked: a target that adapts nothing names itself, before the adapters' absence would (when no
+    target adapts anything, the adapters' patterns find no parameter)."""
     lora = model.lora if model is not None else None
+    try:
+        abstract = abstract_state(init_fn, tx, rng, precision, trainable)
+    except PlanError:
+        if lora is not None:
+            check_targets(lora, _paths(jax.eval_shape(init_fn, rng)))
+        raise
     if lora is not None:
-        params = nn.unbox(jax.eval_shape(init_fn, rng))
-        check_targets(lora, [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]])
-    return abstract_state(init_fn, tx, rng, precision, trainable)
+        check_targets(lora, _paths(abstract.params))
+    return abstract
+
+
+def _paths(params: Any) -> list[str]:
+    return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(nn.unbox(params))[0]]
 
 
 def _units_in_effect(loss_fn: LossFn, plan: Plan, abstract: Any, config: Config, precision: Precision) -> Plan:

@@ -127,14 +127,13 @@ def _hf_params(job: Job, source: str) -> Any:
 def _fresh_adapters(job: Job) -> dict[str, jax.Array]:
     """LoRA's adapters as a fresh init makes them (B zero: the model starts as the one loaded), by
     path, on the plan's shardings; XLA computes only them. Empty without LoRA."""
-    paths = [t.path for t in job.plan.tensors if is_adapter(t.path)]
-    if not paths:
+    shardings = {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors if is_adapter(t.path)}
+    if not shardings:
         return {}
-    shardings = {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors if t.path in paths}
 
     def init(key):
         flat = tree_paths(nn.unbox(job.init_fn(key)))
-        return {path: flat[path].astype(np.float32) for path in paths}
+        return {path: flat[path].astype(np.float32) for path in shardings}
 
     return jax.jit(init, out_shardings=shardings)(job.rng)
 

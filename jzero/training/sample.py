@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 from flax import traverse_util
-from jax.sharding import NamedSharding, Sharding
+from jax.sharding import Mesh, NamedSharding, Sharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.checkpoint.export import restore_numpy, restore_placed
@@ -142,22 +142,26 @@ class Placement:
     """Where a run's parameters go to be decoded.
 
     Attributes:
-      devices: the devices the decoding runs on: the run's mesh's, or this host's first.
-      shardings: each parameter's resting sharding on the run's mesh, by path (as it trained); None
-        on one device.
+      mesh: the run's mesh; None: this host's first device.
+      shardings: each parameter's resting sharding on the mesh, by path (as it trained); None on one device.
       note: why decoding is on one device, when it is.
     """
 
-    devices: list[Any]
+    mesh: Mesh | None = None
     shardings: dict[str, Sharding] | None = None
     note: str | None = None
 
     @property
+    def devices(self) -> list[Any]:
+        """The devices the decoding runs on."""
+        return list(self.mesh.devices.flat) if self.mesh is not None else jax.local_devices()[:1]
+
+    @property
     def prompt(self) -> Sharding:
-        """The prompt's sharding: whole on every device of the mesh."""
-        if self.shardings is None:
+        """The prompt's sharding: whole on every device."""
+        if self.mesh is None:
             return jax.sharding.SingleDeviceSharding(self.devices[0])
-        return NamedSharding(next(iter(self.shardings.values())).mesh, P())
+        return NamedSharding(self.mesh, P())
 
 
 def placement(config: Config) -> Placement:
@@ -171,9 +175,8 @@ def placement(config: Config) -> Placement:
     try:
         job = build_job(config)
     except ConfigError as err:  # the mesh needs more devices than this host has
-        return Placement(jax.local_devices()[:1], note=f"jzero: note: decoding on one device ({err})")
-    shardings = {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors}
-    return Placement(list(job.mesh.devices.flat), shardings)
+        return Placement(note=f"jzero: note: decoding on one device ({err})")
+    return Placement(job.mesh, {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors})
 
 
 def sample(
@@ -334,10 +337,9 @@ def _read_params(step_dir: Path, expected: Any, where: Placement, warn: Callable
         raise CheckpointError(str(step_dir), f"the run's model.* shapes differ from the checkpoint's: {differ}")
     if where.shardings is not None:  # reads nothing else, and each device only its shard
         arrays = restore_placed(state_dir, {f"params/{p}": where.shardings[p] for p in want})
-        return traverse_util.unflatten_dict({tuple(p.split("/")[1:]): a for p, a in arrays.items()})
-    arrays = restore_numpy(state_dir, [f"params/{p}" for p in want])
-    tree = traverse_util.unflatten_dict({tuple(p.split("/")[1:]): a for p, a in arrays.items()})
-    return jax.device_put(tree, where.devices[0])
+    else:
+        arrays = jax.device_put(restore_numpy(state_dir, [f"params/{p}" for p in want]), where.devices[0])
+    return traverse_util.unflatten_dict({tuple(p.split("/")[1:]): a for p, a in arrays.items()})
 
 
 class _Stream:

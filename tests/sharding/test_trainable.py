@@ -39,8 +39,10 @@ def frozen_reference(data):
     "stage, axes", [(0, "{data: 8}"), (1, "{data: 8}"), (2, "{data: 8}"), (3, "{data: 8}"), (3, "{data: 4, model: 2}")]
 )
 def test_frozen_parameters_train_like_one_device_optax_with_them_frozen(stage, axes, data, frozen_reference):
-    """The trained parameters equal the reference's within its floor; the frozen ones stay bit for bit
-    as they were initialised."""
+    """The trained parameters equal the reference's within MARGIN x its reordering floor + 4 ulps
+    (support.reference); the frozen ones stay bit for bit as they were initialised. Measured with
+    ``JZERO_FLOOR_LOG``: 95 leaf comparisons, every gap within 1.7x its floor, 0.15 of the tolerance
+    at most."""
     s = build_job(tiny_config(LR, SET, f"zero.stage={stage}", f"mesh.axes={axes}"))
     state = s.init_state()
     initial = jax.device_get(state.params)
