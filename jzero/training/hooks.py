@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,6 +107,23 @@ class JsonlHook(Hook):
             self.file.close()
 
 
+def _tensorboard_x() -> tuple[Any, Any, Any]:
+    """tensorboardX's ``EventsWriter``, ``Event`` and ``scalar``, imported only by runs that log to
+    TensorBoard, and without PyTorch: tensorboardX's package imports torch where it is installed
+    (for torch tensors, which a run never logs), 1.2 s of every run's start-up here."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # ``import torch`` raises ImportError, which tensorboardX allows
+    try:
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return EventsWriter, Event, scalar
+
+
 class TensorBoardHook(Hook):
     """Each logged record's numbers as TensorBoard scalars in an event file under ``logdir``.
 
@@ -115,11 +133,7 @@ class TensorBoardHook(Hook):
     """
 
     def __init__(self, logdir: str | Path):
-        # Only runs that log to TensorBoard import it.
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
+        EventsWriter, Event, scalar = _tensorboard_x()
         # It logs a warning for each NaN it is given; the loss is NaN in metrics.jsonl too, and a
         # diverging run says so in its own line (jzero.training.nonfinite).
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)

@@ -1,6 +1,8 @@
 """The training loop with a model of your own, hooks of your own, and TensorBoard."""
 
 import json
+import subprocess
+import sys
 
 import flax.linen as nn
 import pytest
@@ -80,3 +82,24 @@ def test_tensorboard_holds_what_metrics_jsonl_holds(devices, tmp_path):
 def test_tensorboard_can_be_turned_off(devices, tmp_path):
     train(run_config(tmp_path, "train.steps=2", "run.tensorboard=false"), progress=False)
     assert not (tmp_path / "tensorboard").exists() and (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("torch_first", [False, True])
+def test_tensorboard_starts_without_importing_torch(tmp_path, torch_first):
+    """tensorboardX's package imports torch where it is installed (the test extra has it): 1.2 s of
+    every run's start-up. The hook leaves torch out, and one already imported stays as it was."""
+    script = f"""
+import sys
+if {torch_first}:
+    import torch
+from jzero.training.hooks import TensorBoardHook
+hook = TensorBoardHook(sys.argv[1])
+hook.log({{"step": 3, "loss": 1.5}})
+hook.close()
+print("torch" in sys.modules, type(sys.modules.get("torch")).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert out.split() == (["True", "module"] if torch_first else ["False", "NoneType"])
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(3, 1.5)]
