@@ -77,16 +77,11 @@ def loss_with_floor(loss_fn, params, batches) -> tuple[float, float]:
 def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, start=None) -> Run:
     """Plain optax on one device: the answer every stage and mesh must reproduce. ``start``:
     ``(params, opt_state)`` to continue from instead of ``init_fn(rng)``."""
-    import flax.linen as nn
     import optax
-    from flax import nnx
 
     if start is None:
-        with nnx.use_eager_sharding(False):
-            params = jax.jit(lambda k: nn.unbox(init_fn(k)))(rng)  # no mesh: one device
-        opt_state = tx.init(params)
-    else:
-        params, opt_state = jax.device_put(jax.device_get(start), jax.devices()[0])
+        start = _init(init_fn, tx, rng)
+    params, opt_state = jax.device_put(jax.device_get(start), jax.devices()[0])
 
     @jax.jit
     def step(params, opt_state, batch):
@@ -100,6 +95,16 @@ def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, 
         losses.append(float(loss))
         norms.append(float(norm))
     return Run(params, opt_state, losses, norms)
+
+
+def _init(init_fn, tx, rng):
+    """``(params, opt_state)`` as ``init_fn`` and ``tx`` start them, on one device."""
+    import flax.linen as nn
+    from flax import nnx
+
+    with nnx.use_eager_sharding(False):
+        params = jax.jit(lambda k: nn.unbox(init_fn(k)))(rng)  # no mesh: one device
+    return params, tx.init(params)
 
 
 def _gap(a, b) -> float:
@@ -124,6 +129,8 @@ class Reference:
 def reference_with_floor(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, start=None) -> Reference:
     """:func:`reference_run`, and its floor from the same run with the batch summed in
     ``CHUNKINGS`` chunks."""
+    if start is None:  # once for the five runs, not five times: the same program and result
+        start = _init(init_fn, tx, rng)
     whole = reference_run(init_fn, loss_fn, tx, rng, batches, steps, start=start)
     others = [reference_run(init_fn, loss_fn, tx, rng, batches, steps, chunks=c, start=start) for c in CHUNKINGS]
 
