@@ -2,6 +2,7 @@
 helpers the tests share are in ``tests/support/``."""
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -22,6 +23,12 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 # 90.0 and 93.4 s with 0 s, 102.8 and 105.7 s with 1 s (two runs each, alternated); the whole
 # suite's test time, one run each, 2,005 s with 1 s and 1,989 s with 0 s: within the host's noise.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# Python's collector at its default thresholds (700, 10, 10) walks the whole heap every ~70,000
+# allocations, and a test process's heap grows with each program it traces and keeps. Collecting
+# less often: tests/sharding/test_stages.py and tests/memory/test_precision.py in one process took
+# 124.3 s against 142.6 s (full collections 38 -> 2, peak RSS 1.07 -> 1.09 GB; docs/design.md).
+gc.set_threshold(20_000, 50, 1_000)
 
 from jzero.distributed.process import import_jax  # noqa: E402
 
