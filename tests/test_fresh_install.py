@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from support.xla import FAST_COMPILE
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = ("jax_plugins", "jax_cuda")  # the site-packages entries of the plugin and its metadata
@@ -43,6 +44,8 @@ def no_plugin(tmp_path_factory):
         f"import sys\nsys.path[:] = [p for p in sys.path if p != {str(site)!r}] + [{str(tmp / 'site')!r}]\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a new user has it
+    # but for the suite's fast compile (support/xla.py): jzero must still simulate its own 8 devices
+    env["XLA_FLAGS"] = f"--xla_backend_optimization_level=0 {FAST_COMPILE}"
     env["PYTHONPATH"] = str(tmp / "hook")
     hidden = subprocess.run([sys.executable, "-c", "import jax_plugins"], env=env, capture_output=True, text=True)
     assert "No module named 'jax_plugins'" in hidden.stderr, "the view must hide the plugin"
