@@ -80,8 +80,9 @@ def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, 
     import optax
 
     if start is None:
-        start = _init(init_fn, tx, rng)
-    params, opt_state = jax.device_put(jax.device_get(start), jax.devices()[0])
+        params, opt_state = _init(init_fn, tx, rng)
+    else:
+        params, opt_state = jax.device_put(jax.device_get(start), jax.devices()[0])
 
     @jax.jit
     def step(params, opt_state, batch):

@@ -13,7 +13,8 @@ the structure of the program users get compiles with them: a job's config takes
 
 import os
 
-FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+LLVM_O0 = "--xla_backend_optimization_level=0"
+FLAGS = f"--xla_force_host_platform_device_count=8 {LLVM_O0}"
 FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 ON = "JZERO_SUITE_FUSION_EMITTERS"  # "on" in a process's environment: it compiles as users do
 USERS_EMITTERS = "compiler.xla_options.xla_cpu_use_fusion_emitters=true"  # one job's compiles, as users'
