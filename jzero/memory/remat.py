@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["REMAT_POLICIES", "checkpoint_policy", "policy_name", "remat"]
+__all__ = ["REMAT_POLICIES", "checkpoint_policy", "offloads", "policy_name", "remat"]
 
 Wrapped = TypeVar("Wrapped")
 
@@ -40,6 +40,7 @@ _POLICIES: dict[str, Callable[[Any], Any]] = {
     "offload_dots": lambda policies: policies.offload_dot_with_no_batch_dims(*_memory_kinds()),
 }
 REMAT_POLICIES = tuple(_POLICIES)
+_OFFLOADING = frozenset({"offload_dots"})  # the policies that send saved values to host memory
 # The primitives whose outputs ``none`` keeps: matmuls, and cuDNN's attention forward (its result and
 # softmax statistics; a checkpoint policy sees the kernel, not the matmuls inside it).
 _NOT_RECOMPUTED = frozenset({"dot_general", "dot_product_attention_fwd", "dot_product_attention_fwd_wrapper"})
@@ -62,6 +63,11 @@ def policy_name(value: str | bool) -> str:
     if value not in REMAT_POLICIES:
         raise ValueError(f"remat policy must be one of {', '.join(REMAT_POLICIES)}, got {value!r}")
     return value
+
+
+def offloads(name: str | bool) -> bool:
+    """Whether a policy sends saved values to host memory (``offload_dots``)."""
+    return policy_name(name) in _OFFLOADING
 
 
 def checkpoint_policy(name: str | bool, also_save: tuple[str, ...] = ()) -> Callable[..., Any] | None:

@@ -20,7 +20,7 @@ from jzero.config.schema import Config
 from jzero.lazy import moved_names
 from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
-from jzero.memory.remat import REMAT_POLICIES
+from jzero.memory.remat import REMAT_POLICIES, offloads
 from jzero.sharding.axes import DATA, MODEL, REPLICA
 from jzero.sharding.plan import Plan
 from jzero.sharding.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
@@ -188,7 +188,7 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
     if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
         transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m, False))
     host = 2 * parts["optimizer"] * c.zero.offload_optimizer + 2 * parts["params"] * c.zero.offload_params * c.microbatches
-    if c.remat == "offload_dots":
+    if offloads(c.remat):
         host += 2 * f.n_layers * tokens * f.d_model * f.compute_itemsize * (5 + f.mlp_ratio) / m * c.microbatches
     return StepCost(
         flops=model_flops * (1 + recompute),

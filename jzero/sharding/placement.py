@@ -4,6 +4,7 @@ precision matches the plan's."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,25 @@ def _init_params(init_fn: Callable[[jax.Array], Any], key: jax.Array) -> Any:
         return init_fn(key)
 
 
+def _state_fn(init_fn: Callable, tx: optax.GradientTransformation, precision: Precision, trainable: Any) -> Callable:
+    """``key ->`` the boxed fresh state: one function object per arguments where they hash, so that
+    :func:`abstract_state`'s trace serves every :func:`sharded_init` too (JAX keys its traces by
+    the function; tests/sharding/test_placement.py counts them)."""
+    trainable = None if trainable is None else tuple(trainable)
+    try:
+        return _cached_state_fn(init_fn, tx, precision, trainable)
+    except TypeError:  # an init_fn or optimizer that does not hash: traced afresh
+        return _cached_state_fn.__wrapped__(init_fn, tx, precision, trainable)
+
+
+@functools.lru_cache(maxsize=8)  # a few jobs' worth: each entry holds its init_fn and model
+def _cached_state_fn(init_fn: Callable, tx: optax.GradientTransformation, precision: Precision, trainable: Any) -> Callable:
+    def fresh_state(key: jax.Array) -> TrainState:
+        return create_state(_init_params(init_fn, key), tx, precision, trainable)
+
+    return fresh_state
+
+
 def abstract_state(
     init_fn: Callable[[jax.Array], Any],
     tx: optax.GradientTransformation,
@@ -48,7 +68,7 @@ def abstract_state(
     Returns:
       A :class:`~jzero.sharding.state.TrainState` of ``ShapeDtypeStruct`` leaves, for :func:`jzero.sharding.plan.make_plan`.
     """
-    return jax.eval_shape(lambda key: create_state(_init_params(init_fn, key), tx, precision, trainable), rng)
+    return jax.eval_shape(_state_fn(init_fn, tx, precision, trainable), rng)
 
 
 def sharded_abstract(abstract: TrainState, plan: Plan) -> TrainState:
@@ -89,8 +109,10 @@ def sharded_init(
 
     # No activation rules here: init's forward pass is dead code once only params are kept, and
     # Flax's boxed DenseGeneral kernels would hit the constraints while still reshaped.
+    fresh_state = jax.jit(_state_fn(init_fn, tx, precision, plan.trainable))  # abstract_state's trace
+
     def init(key):
-        return unbox_state(create_state(_init_params(init_fn, key), tx, precision, plan.trainable))
+        return unbox_state(fresh_state(key))
 
     return jax.jit(init, out_shardings=plan.state)(rng)
 

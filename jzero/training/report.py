@@ -64,7 +64,7 @@ from jzero.ledger.records import (
 )
 from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
 from jzero.memory.offload import DEVICE, HOST
-from jzero.memory.remat import policy_name
+from jzero.memory.remat import offloads, policy_name
 from jzero.models.names import GPT
 from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
 from jzero.sharding.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
@@ -371,7 +371,7 @@ def saved_activations(job: Job, hlo_text: str) -> Activations:
     if not saved["device"] and not saved["host"] and job.plan.units:
         return _saved_by_units(job, hlo_text, rows, partitioned)
     source = "compiled"
-    if not saved["host"] and saved["device"] and (share := _host_residual_share(job)):
+    if not saved["host"] and saved["device"] and _may_offload(job) and (share := _host_residual_share(job)):
         saved["host"] = round(saved["device"] * share)
         saved["device"] -= saved["host"]
         source = "policy"
@@ -415,6 +415,12 @@ def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool
         "over_formula": sorted(role for role, nbytes in measured.items() if nbytes > formula.get(role, 0)),
         "korthikanti_none": 34 * rows * m.seq_len * m.d_model * layers,  # 16-bit, no recomputation
     }
+
+
+def _may_offload(job: Job) -> bool:
+    """Whether the step's residuals can be in host memory, which only a trace of the loss tells:
+    jzero's models only with an offloading policy; a loss of yours with a policy of its own."""
+    return job.model is None or offloads(job.config.model.remat)
 
 
 def _host_residual_share(job: Job) -> float:

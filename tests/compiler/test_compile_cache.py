@@ -70,6 +70,23 @@ def cache_in(tmp_path):
     jax.config.update("jax_compilation_cache_dir", before)
 
 
+def _compile_gathered(devices):
+    """A bf16 program that gathers a sharded array after a fusion, compiled for ``devices`` as a
+    job's step is (:func:`jzero.training.job.compile_lowered`): kernels to cache, in a second of
+    compile rather than the tiny GPT step's five."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from jzero.training.job import compile_lowered
+
+    mesh = Mesh(np.array(devices), ("data",))
+    x = jax.ShapeDtypeStruct((len(devices) * 64, 64), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec("data")))
+    whole = jax.jit(lambda x: jnp.tanh(x) * 2, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return compile_lowered(whole.lower(x), list(devices), None, {})
+
+
 def test_a_gpu_targets_kernels_are_cached_per_gpu_kind_and_a_cpu_compile_has_none(cache_in, h100x8):
     """A deviceless GPU compile writes XLA's kernel cache (the PTX assembly it can skip next time) in
     the persistent cache's folder, one file per GPU kind, and leaves its lock; the CPU's programs
@@ -78,15 +95,13 @@ def test_a_gpu_targets_kernels_are_cached_per_gpu_kind_and_a_cpu_compile_has_non
 
     from jzero.compiler.cache import kernel_cache_file
     from jzero.ledger.targets import target_devices
-    from jzero.training.job import build_job
 
     tmp_path = cache_in
-    config = load_config(None, [*TINY, "zero.stage=3", "precision.param_dtype=bfloat16"])
-    build_job(config, jax.devices()).compile_step()
+    _compile_gathered(jax.devices())
     assert not list(tmp_path.glob("xla-gpu-kernels-*"))
     assert kernel_cache_file(jax.devices()) is None
     for devices in (h100x8, target_devices("a100x8")):
-        build_job(config, devices).compile_step()
+        _compile_gathered(devices)
     h100, a100 = kernel_cache_file(h100x8), kernel_cache_file(target_devices("a100x8"))
     assert h100.parent == a100.parent == tmp_path and h100 != a100
     assert h100.stat().st_size > 0 and a100.stat().st_size > 0
@@ -98,11 +113,7 @@ def test_a_gpu_targets_kernels_are_cached_per_gpu_kind_and_a_cpu_compile_has_non
 @pytest.mark.parametrize("blocked", ["xla-gpu-kernels-nvidia-h100-80gb-hbm3.pb", "xla-gpu-kernels-nvidia-h100-80gb-hbm3.lock"])
 def test_a_kernel_cache_that_cannot_be_written_is_passed_over(cache_in, h100x8, blocked):
     """A folder where the kernel cache or its lock should be (as an unwritable path would be): the
-    GPU target's step compiles all the same, without the cache."""
-    from jzero.training.job import build_job
-
+    GPU target's program compiles all the same, without the cache."""
     (cache_in / blocked).mkdir()
-    config = load_config(None, [*TINY, "zero.stage=3", "precision.param_dtype=bfloat16"])
-    _, compiled = build_job(config, h100x8).compile_step()
-    assert "all-gather" in compiled.as_text()
+    assert "all-gather" in _compile_gathered(h100x8).as_text()
     assert (cache_in / blocked).is_dir()
