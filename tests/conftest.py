@@ -2,10 +2,13 @@
 helpers the tests share are in ``tests/support/``."""
 
 import atexit
+import compileall
 import gc
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 from support.xla import suite_flags  # noqa: E402  # imports nothing: JAX has not started
 
@@ -27,6 +30,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # information only, left out of the cache key, and a GPU target's compile annotates its kernels
 # with them. tests/ledger/test_targets.py and tests/communication/test_qgz.py: 66.6 s against 72.7 s.
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
+
+# The suite starts a few hundred Python processes that import jzero. Where PYTHONDONTWRITEBYTECODE
+# is set (as on this host), each compiled jzero's sources afresh: 0.18 s of its start-up (docs/design.md).
+if sys.dont_write_bytecode:
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "jzero", quiet=1)
 
 # Python's collector at its default thresholds (700, 10, 10) walks the whole heap every ~70,000
 # allocations, and a test process's heap grows with each program it traces and keeps. Collecting

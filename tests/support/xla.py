@@ -1,7 +1,9 @@
 """The suite's XLA flags, read by ``tests/conftest.py`` before JAX starts (so nothing is imported here).
 
-LLVM optimisation level 0 cuts compile time by about a third on these tiny models; the HLO (its
-sharding, collectives and memory analysis) is what the tests check, and it is unaffected.
+LLVM optimisation level 0 cuts compile time by about a third on these tiny models, and one LLVM
+module per program instead of several compiled in parallel takes a fifth less CPU on 2 busy cores
+(the tiny GPT's step: 0.59 -> 0.46 CPU-s, ``python benchmarks/cpu_compile.py [FLAG]``); the HLO (its
+sharding, collectives and memory analysis) is what the tests check, and neither changes it.
 
 XLA's CPU fusion emitters are most of a compile's time here (the tiny GPT's one-device step: 2.16 s
 with them, 0.50 s without, docs/design.md), and a program compiled without them is another program:
@@ -13,8 +15,8 @@ the structure of the program users get compiles with them: a job's config takes
 
 import os
 
-LLVM_O0 = "--xla_backend_optimization_level=0"
-FLAGS = f"--xla_force_host_platform_device_count=8 {LLVM_O0}"
+LLVM_FAST = "--xla_backend_optimization_level=0 --xla_cpu_parallel_codegen_split_count=1"  # O0, one module
+FLAGS = f"--xla_force_host_platform_device_count=8 {LLVM_FAST}"
 FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 ON = "JZERO_SUITE_FUSION_EMITTERS"  # "on" in a process's environment: it compiles as users do
 USERS_EMITTERS = "compiler.xla_options.xla_cpu_use_fusion_emitters=true"  # one job's compiles, as users'
