@@ -1,6 +1,7 @@
 """HLO collective parsing, on text in each of XLA's spellings, and the paper's formula."""
 
 import pytest
+from support.xla import own_devices_env
 
 from jzero.ledger.hlo import group_size, parse_collectives, summarize_collectives
 from jzero.sharding.stages import STAGES, paper_bytes_per_device
@@ -101,11 +102,10 @@ def test_startup_ledger_matches_the_live_arrays(devices, tmp_path, capsys):
 def test_plan_of_the_7b_config_on_64_devices(tmp_path):
     """Nothing is allocated: a 6.7B-parameter plan compiles on 64 simulated CPU devices."""
     import json
-    import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = own_devices_env()  # the config's 64 devices
     proc = subprocess.run(
         [sys.executable, "-m", "jzero.cli", "plan", "configs/gpt-7b.yaml", "--json"], env=env, capture_output=True, text=True
     )

@@ -10,6 +10,7 @@ import pytest
 from support.cli import keyed_error
 from support.configs import BF16, TINY, tiny_config
 from support.runs import compiled_step
+from support.xla import own_devices_env
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config
@@ -138,11 +139,10 @@ def test_bad_targets_are_one_line(capsys, h100x8):
 
 def test_the_7b_config_on_64_h100s():
     """LLaMA-7B's shape at stage 3 on 8 hosts of 8 H100s: the paper's 3Ψ, and it fits 80 GB."""
-    import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = own_devices_env()  # the config's 64 devices
     argv = [sys.executable, "-m", "jzero.cli", "plan", "configs/gpt-7b.yaml", "--target", "h100x64", "--json"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -6,6 +6,7 @@ import sys
 
 from jzero.cli.main import main
 from support.configs import ROOT
+from support.xla import suite_flags
 
 
 def sets(*overrides: str) -> list[str]:
@@ -37,9 +38,8 @@ def one_line_failure(capsys, argv: list[str], line: str) -> None:
 
 
 def jzero_env() -> dict[str, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    return env
+    """A ``jzero`` subprocess's environment: the CPU, the suite's 8 devices and its fast compile."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=suite_flags())
 
 
 def jzero_cli(*args, cwd=ROOT, timeout=300):

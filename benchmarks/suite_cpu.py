@@ -1,0 +1,64 @@
+"""Where the suite's CPU goes: a pytest plugin that logs each test's wall time, its process's CPU and
+the CPU of the subprocesses it reaped (``resource.getrusage``), and a summary by file.
+
+    PYTHONPATH=benchmarks SUITE_CPU_LOG=/tmp/cpu.jsonl python -m pytest -q -n 2 -p suite_cpu
+    python benchmarks/suite_cpu.py /tmp/cpu.jsonl [/tmp/before.jsonl]     # by file, against a baseline
+
+A subprocess's CPU counts once it has been waited for, so a test that leaves one running is
+charged nothing for it. The log is appended to: start each run with a new file.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import resource
+import sys
+import time
+
+import pytest
+
+LOG = "SUITE_CPU_LOG"
+
+
+def _cpu() -> tuple[float, float]:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    wall, (me, kids) = time.time(), _cpu()
+    yield
+    me_after, kids_after = _cpu()
+    row = {"id": item.nodeid, "wall": time.time() - wall, "self": me_after - me, "kids": kids_after - kids,
+           "worker": os.environ.get("PYTEST_XDIST_WORKER")}  # fmt: skip
+    with open(os.environ[LOG], "a") as log:
+        log.write(json.dumps(row) + "\n")
+
+
+def _by_file(path: str) -> tuple[dict[str, list[float]], list[float]]:
+    files: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    total = [0.0, 0.0, 0.0, 0]
+    with open(path) as log:
+        for line in log:
+            row = json.loads(line)
+            for sums in (files[row["id"].split("::")[0]], total):
+                for k, value in enumerate((row["wall"], row["self"], row["kids"], 1)):
+                    sums[k] += value
+    return files, total
+
+
+def main(path: str, baseline: str | None = None) -> None:
+    files, total = _by_file(path)
+    before = _by_file(baseline)[0] if baseline else {}
+    print(f"{int(total[3])} tests: wall {total[0]:.0f} s, test processes {total[1]:.0f} CPU-s, subprocesses {total[2]:.0f} CPU-s")
+    print("  wall   self   kids  tests  file" + ("  (wall before)" if baseline else ""))
+    for name, (wall, me, kids, tests) in sorted(files.items(), key=lambda kv: -kv[1][0])[:30]:
+        was = f"  ({before[name][0]:.1f})" if name in before else ""
+        print(f"{wall:6.1f} {me:6.1f} {kids:6.1f} {int(tests):6d}  {name}{was}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
