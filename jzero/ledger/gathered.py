@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jzero.ledger.hlo import _array_bytes, _callees, _computations, _Instruction, _results
+from jzero.ledger.hlo import Computations, _array_bytes, _callees, _computations, _Instruction, _results
 from jzero.memory.precision import FP32, Precision
 from jzero.sharding.plan import Plan, shard_bytes
 
@@ -76,7 +76,7 @@ def _carry(ins: _Instruction, operands: list[str], carries: dict[str, Carry], in
     return None
 
 
-def _peak(name: str, computations: dict[str, list[_Instruction]], memo: dict[str, int]) -> int:
+def _peak(name: str, computations: Computations, memo: dict[str, int]) -> int:
     """The peak of one computation: its own live gathers at each instruction, plus what the
     computations that instruction runs hold at their own peak."""
     if name in memo:
@@ -112,7 +112,7 @@ def _is_start(carry: Carry | None) -> bool:
     return isinstance(carry, tuple) and carry[:1] == ("start",)
 
 
-def _nested(ins: _Instruction, computations: dict[str, list[_Instruction]], memo: dict[str, int]) -> int:
+def _nested(ins: _Instruction, computations: Computations, memo: dict[str, int]) -> int:
     """What the computations an instruction runs hold at their peak: a conditional's largest
     branch, else the largest of the others (a while's body and condition do not overlap)."""
     called = [c for _, c in _callees(ins.line) if c in computations]

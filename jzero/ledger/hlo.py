@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -126,12 +129,15 @@ def group_size(groups: str) -> int | None:
     return None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Instruction:
     name: str
     op: str
     type: Any
     line: str
+
+
+Computations = Mapping[str, tuple[_Instruction, ...]]  # each computation's instructions, by name
 
 
 def _instruction(line: str) -> _Instruction | None:
@@ -161,7 +167,7 @@ def _callees(line: str) -> list[tuple[str, str]]:
     return [(m.group(1), c.strip().lstrip("%")) for m in _CALLS.finditer(line) for c in m.group(2).split(",")]
 
 
-def _bound(name: str, computations: dict[str, list[_Instruction]], depth: int = 0) -> tuple[str, int] | None:
+def _bound(name: str, computations: Computations, depth: int = 0) -> tuple[str, int] | None:
     """``(direction, constant)`` of a loop condition's ``compare(counter, constant)``, looked for in
     the condition and the fusions it calls."""
     body = computations.get(name, ())
@@ -185,7 +191,7 @@ def _bound(name: str, computations: dict[str, list[_Instruction]], depth: int = 
 _INDUCTION = re.compile(r'known_induction_variable"?\s*:\s*\{\s*"?tuple_index"?\s*:\s*"?(\d+)')
 
 
-def _initial_counter(loop: _Instruction, computations: dict[str, list[_Instruction]]) -> int | None:
+def _initial_counter(loop: _Instruction, computations: Computations) -> int | None:
     """The constant a ``while``'s counter starts from, in the tuple it is given (through copies)."""
     caller = next((body for body in computations.values() if any(i is loop for i in body)), [])
     scope = {i.name: i for i in caller}
@@ -201,7 +207,7 @@ def _initial_counter(loop: _Instruction, computations: dict[str, list[_Instructi
     return int(value.line.split("constant(", 1)[1].split(")")[0])
 
 
-def trip_count(ins: _Instruction, computations: dict[str, list[_Instruction]]) -> int | None:
+def trip_count(ins: _Instruction, computations: Computations) -> int | None:
     """How many times a ``while`` runs its body: XLA's ``known_trip_count`` where it wrote one.
 
     Without it, the condition's ``compare(counter, C)`` (``LT`` or ``LE``) gives it, from XLA's
@@ -310,7 +316,7 @@ _BRANCHES = ("branch_computations", "true_computation", "false_computation")
 
 
 def _executions(
-    calls: dict[str, list], found: dict[str, list[Collective]], entry: str | None, computations: dict[str, list[_Instruction]]
+    calls: dict[str, list], found: dict[str, list[Collective]], entry: str | None, computations: Computations
 ) -> dict[str, int]:
     """How many times each computation runs per call of the entry.
 
@@ -412,9 +418,10 @@ def summarize_collectives(ops: list[Collective]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
-    """Each computation's instructions, in order, and the entry's name."""
-    computations: dict[str, list[_Instruction]] = {}
+@functools.lru_cache(maxsize=4)  # a report reads one program's text about seven times
+def _computations(hlo_text: str) -> tuple[Computations, str | None]:
+    """Each computation's instructions, in order, and the entry's name (read-only: shared)."""
+    computations: dict[str, list[_Instruction]] = {}  # built here, handed out read-only
     current = entry = None
     for line in hlo_text.splitlines():
         match = _COMPUTATION.match(line)
@@ -424,7 +431,7 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | N
             entry = current if line.startswith("ENTRY") else entry
         elif current is not None and (ins := _instruction(line)):
             computations[current].append(ins)
-    return computations, entry
+    return MappingProxyType({name: tuple(body) for name, body in computations.items()}), entry
 
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -432,7 +439,7 @@ _OPERANDS = re.compile(r"\btuple\((?P<args>[^)]*)\)")
 _GTE_INDEX = re.compile(r"get-tuple-element\(%?(?P<of>[\w.\-]+)\),\s*index=(?P<index>\d+)")
 
 
-def forward_loop(ins: _Instruction, computations: dict[str, list[_Instruction]]) -> tuple[str, int] | None:
+def forward_loop(ins: _Instruction, computations: Computations) -> tuple[str, int] | None:
     """``(body, trip count)`` of a differentiated scan's forward loop, else None.
 
     The forward is named ``jvp(...)`` and the backward ``transpose(jvp(...))``, on the ``while`` or,
