@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from support.xla import FAST_COMPILE, LLVM_FAST
+from support.xla import compile_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = ("jax_plugins", "jax_cuda")  # the site-packages entries of the plugin and its metadata
@@ -45,7 +45,7 @@ def no_plugin(tmp_path_factory):
     )
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a new user has it
     # but for the suite's fast compile (support/xla.py): jzero must still simulate its own 8 devices
-    env["XLA_FLAGS"] = f"{LLVM_FAST} {FAST_COMPILE}"
+    env["XLA_FLAGS"] = compile_flags()
     env["PYTHONPATH"] = str(tmp / "hook")
     hidden = subprocess.run([sys.executable, "-c", "import jax_plugins"], env=env, capture_output=True, text=True)
     assert "No module named 'jax_plugins'" in hidden.stderr, "the view must hide the plugin"

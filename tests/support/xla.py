@@ -17,21 +17,26 @@ import os
 
 LLVM_FAST = "--xla_backend_optimization_level=0 --xla_cpu_parallel_codegen_split_count=1"  # O0, one module
 DEVICES = "--xla_force_host_platform_device_count=8"
-FLAGS = f"{DEVICES} {LLVM_FAST}"
 FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 ON = "JZERO_SUITE_FUSION_EMITTERS"  # "on" in a process's environment: it compiles as users do
 USERS_EMITTERS = "compiler.xla_options.xla_cpu_use_fusion_emitters=true"  # one job's compiles, as users'
 
 
+def compile_flags() -> str:
+    """The suite's compile flags without its device count: LLVM's, and the fast compile unless
+    :data:`ON` says otherwise. For a process that simulates the devices its config asks for."""
+    return LLVM_FAST if os.environ.get(ON) == "on" else f"{LLVM_FAST} {FAST_COMPILE}"
+
+
 def suite_flags() -> str:
-    """This process's flags: the suite's, and the fast compile unless :data:`ON` says otherwise."""
-    return FLAGS if os.environ.get(ON) == "on" else f"{FLAGS} {FAST_COMPILE}"
+    """This process's flags: the suite's 8 devices and :func:`compile_flags`."""
+    return f"{DEVICES} {compile_flags()}"
 
 
 def own_devices_env() -> dict[str, str]:
     """The environment for a ``jzero`` subprocess that simulates the devices its config asks for
     (``runtime.cpu_devices``), not the suite's 8, and compiles at the suite's speed."""
-    return {**os.environ, "XLA_FLAGS": suite_flags().replace(DEVICES, "").strip()}
+    return {**os.environ, "XLA_FLAGS": compile_flags()}
 
 
 def users_emitters_env() -> dict[str, str]:
