@@ -41,19 +41,25 @@ __all__ = [
 
 
 def _load(args: argparse.Namespace) -> Config:
-    """The config, with JAX started for it: simulated CPU devices and the multi-process job first."""
+    """The config, with JAX started for it (:func:`_start`)."""
+    config = load_config(args.config, args.set)
+    _start(config, target=bool(getattr(args, "target", None)))
+    return config
+
+
+def _start(config: Config | None, target: bool = False) -> None:
+    """Start JAX's backends for ``config``: first its simulated CPU devices (when there is no
+    accelerator) and the multi-process job, which must come before anything starts them (importing
+    JAX does not). A GPU target's devices are compile-only, and a command with no config (a reader
+    of a run folder) takes JAX's defaults."""
     from jzero.distributed.process import start_backends
     from jzero.distributed.runtime import initialize
     from jzero.sharding.mesh import simulate_cpu_devices
 
-    config = load_config(args.config, args.set)
-    # Before anything starts JAX's backends (importing JAX does not): simulated CPU devices when
-    # there is no accelerator, and jax.distributed. A GPU target's devices are compile-only.
-    if not getattr(args, "target", None):
+    if config is not None and not target:
         simulate_cpu_devices(config.runtime.cpu_devices)
         initialize(config.runtime)
     start_backends()
-    return config
 
 
 @contextlib.contextmanager
@@ -153,6 +159,7 @@ def cmd_checkpoint_info(args: argparse.Namespace) -> int:
     from jzero.ledger.render import human_bytes
     from jzero.sharding.axes import mesh_text
 
+    _start(None)
     rows = describe(args.run_dir)
     if args.json:
         print(json.dumps(rows))
@@ -181,6 +188,7 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from jzero.checkpoint.runs import verify_run
     from jzero.ledger.render import human_bytes
 
+    _start(None)
     verdicts = verify_run(args.run_dir, args.step)
     for step, verdict in verdicts:
         if isinstance(verdict, DamagedCheckpoint):
@@ -202,6 +210,7 @@ def cmd_checkpoint_export(args: argparse.Namespace) -> int:
     from jzero.checkpoint.export import export_checkpoint, lora_scale
     from jzero.ledger.render import human_bytes
 
+    _start(None)
     if args.format == "hf":
         return _export_hf(args)
     if args.force:
@@ -233,9 +242,11 @@ def _export_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_import(args: argparse.Namespace) -> int:
-    """``jzero checkpoint import``: a Hugging Face Llama folder as a run at step 0."""
-    from jzero.training.hf_import import import_checkpoint
+    """``jzero checkpoint import``: a Hugging Face Llama folder as a run at step 0, on the devices
+    its config asks for (``runtime.cpu_devices`` simulated where there is no accelerator)."""
+    from jzero.training.hf_import import import_checkpoint, import_config
 
+    _start(import_config(args.hf_dir, args.out, args.set))
     with interrupt_raises():
         done = import_checkpoint(args.hf_dir, args.out, args.set)
     tokenizer = ", its tokenizer" if done["tokenizer"] else ""

@@ -44,11 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         # Orbax logs its background threads' failures with tracebacks; jzero reports them in one line.
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         if args.command not in ("estimate", "launch", "data", "report"):  # the commands that need no JAX
-            from jzero.distributed.process import import_jax, start_backends
+            from jzero.distributed.process import import_jax
 
-            import_jax(target=bool(getattr(args, "target", None)))
-            if args.command == "checkpoint":  # train, plan and sample start them after sizing the CPU
-                start_backends()
+            import_jax(target=bool(getattr(args, "target", None)))  # each command starts the backends it sizes
         return args.func(args)
     except JzeroError as err:  # a config key, a flag, a plan or a checkpoint: one line naming it
         print(f"jzero: error: {err}", file=sys.stderr)

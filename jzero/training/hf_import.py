@@ -19,6 +19,7 @@ from typing import Any
 
 from jzero.checkpoint.hf import CONFIG, TOKENIZER, is_hf_folder, model_section
 from jzero.config.loading import load_config
+from jzero.config.schema import Config
 from jzero.errors import ConfigError
 from jzero.training.data import train_data
 from jzero.training.hooks import writing
@@ -26,7 +27,22 @@ from jzero.training.job import build_job
 from jzero.training.loop import prepare_run
 from jzero.training.run_folder import lock_run_dir
 
-__all__ = ["import_checkpoint"]
+__all__ = ["import_checkpoint", "import_config"]
+
+
+def import_config(hf_dir: str | Path, out: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Config:
+    """The run's config for an import: the defaults, the model's shape from ``config.json``,
+    ``run.dir: out``, ``train.init_from: hf_dir``, then ``sets``. Reads no weights and starts no JAX,
+    so a command can size its CPU devices (``runtime.cpu_devices``) from it first.
+
+    Raises:
+      ConfigError: ``hf_dir`` has no Hugging Face ``config.json``, or a key is wrong.
+    """
+    hf_dir = Path(hf_dir)
+    if not is_hf_folder(hf_dir):
+        raise ConfigError(str(hf_dir), f"is not a folder with a Hugging Face {CONFIG}")
+    words = [f"model.{key}={json.dumps(value)}" for key, value in model_section(hf_dir).items()]
+    return load_config(None, [*words, f"run.dir={out}", f"train.init_from={hf_dir}", *sets])
 
 
 def import_checkpoint(hf_dir: str | Path, out: str | Path, sets: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
@@ -45,10 +61,7 @@ def import_checkpoint(hf_dir: str | Path, out: str | Path, sets: list[str] | tup
       ConfigError: one line naming the file, tensor or key; nothing has been written then.
     """
     hf_dir = Path(hf_dir)
-    if not is_hf_folder(hf_dir):
-        raise ConfigError(str(hf_dir), f"is not a folder with a Hugging Face {CONFIG}")
-    words = [f"model.{key}={json.dumps(value)}" for key, value in model_section(hf_dir).items()]
-    config = load_config(None, [*words, f"run.dir={out}", f"train.init_from={hf_dir}", *sets])
+    config = import_config(hf_dir, out, sets)
     job = build_job(config)
     data = train_data(config)
     with lock_run_dir(config.run.dir):
