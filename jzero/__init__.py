@@ -70,7 +70,9 @@ _API = {
     "DamagedCheckpoint": "jzero.errors",
     "RunError": "jzero.errors",
     "TrainingHalted": "jzero.errors",
+    "Diverged": "jzero.errors",
     "TooManySkipped": "jzero.errors",
+    "EndedNonFinite": "jzero.errors",
     "CheckpointWriteError": "jzero.errors",
     "OutputWriteError": "jzero.errors",
 }

@@ -12,8 +12,9 @@ exits with status 2):
 A run that stops, under :class:`RunError` (the command line prints it and exits with status 1):
 
 - :class:`TrainingHalted`: ``train.nonfinite: halt`` met a non-finite gradient;
-- :class:`TooManySkipped`: more than ``train.max_skipped_in_a_row`` steps in a row had one (the
-  command line exits with status 4, :data:`jzero.distributed.process.DIVERGED`);
+- :class:`Diverged`: the run is not training (the command line exits with status 4,
+  :data:`jzero.distributed.process.DIVERGED`): :class:`TooManySkipped`, more than
+  ``train.max_skipped_in_a_row`` steps in a row had one, or :class:`EndedNonFinite`, its last step did;
 - :class:`CheckpointWriteError`: a checkpoint could not be written;
 - :class:`OutputWriteError`: another of the run's outputs could not be written.
 """
@@ -31,6 +32,8 @@ __all__ = [
     "CheckpointWriteError",
     "ConfigError",
     "DamagedCheckpoint",
+    "Diverged",
+    "EndedNonFinite",
     "JzeroError",
     "OutputWriteError",
     "PlanError",
@@ -100,7 +103,11 @@ class TrainingHalted(RunError):
         super().__init__(f"train.nonfinite=halt: step {step} had a non-finite gradient; its update was not applied")
 
 
-class TooManySkipped(RunError):
+class Diverged(RunError):
+    """The run is not training: its steps are non-finite, and nothing untrained was saved."""
+
+
+class TooManySkipped(Diverged):
     """More than ``train.max_skipped_in_a_row`` steps in a row had a non-finite gradient, so none
     of them applied an update: the run is not training, and stops.
 
@@ -114,6 +121,24 @@ class TooManySkipped(RunError):
         super().__init__(
             f"train.max_skipped_in_a_row={limit}: steps {first} to {last} had a non-finite gradient "
             f"({last - first + 1} in a row) and applied nothing; stopped at step {stopped}, with no untrained step saved"
+        )
+
+
+class EndedNonFinite(Diverged):
+    """The run's last step was non-finite (its loss, or its gradient without a loss scale to blame),
+    so the run ends on a state it did not train, which is not saved.
+
+    Attributes:
+      step: the last step.
+      first: the first step of the run of non-finite steps that it ends.
+    """
+
+    def __init__(self, step: int, first: int, loss: float):
+        self.step, self.first = step, first
+        steps = f"step {step}" if first == step else f"steps {first} to {step} ({step - first + 1} in a row)"
+        super().__init__(
+            f"the run ended on a non-finite step: {steps} had a non-finite loss or gradient (the last loss {loss:g}) "
+            f"and applied nothing; no untrained step saved"
         )
 
 

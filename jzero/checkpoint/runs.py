@@ -328,11 +328,14 @@ def _restore_args(target: TrainState) -> ocp.args.Composite:
 
 
 def _check_shapes(step_dir: Path, target: TrainState) -> None:
-    """Refuse a checkpoint whose arrays are not the target's, naming the first few that differ."""
+    """Refuse a checkpoint whose arrays are not the target's, naming the first few that differ and
+    what to do instead: a run resumes only the state it saved, while ``train.init_from`` reads a
+    step's parameters into a new run of another state (adapters, other trainable parameters)."""
     found = {p: shape for p, (shape, _) in array_metadata(step_dir / "state").items()}
     differ = shape_differences(found, {p: x.shape for p, x in tree_paths(target).items()}, words=_RESTORE_WORDS)
     if differ:
-        raise CheckpointError(str(step_dir), f"the model's shapes differ from the checkpoint's: {differ}")
+        todo = f"to train LoRA adapters or other parameters from these weights, use a new run.dir with train.init_from={step_dir}"
+        raise CheckpointError(str(step_dir), f"the model's shapes differ from the checkpoint's: {differ}; {todo}")
 
 
 def written_by_jzero(step_dir: Path) -> bool:

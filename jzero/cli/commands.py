@@ -20,7 +20,7 @@ from jzero.cli.interrupts import interrupt_raises
 from jzero.config.loading import load_config
 from jzero.config.schema import Config
 from jzero.distributed.process import DIVERGED, RUN_FAILED
-from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, RunError, TooManySkipped, error_line
+from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, Diverged, RunError, error_line
 
 if TYPE_CHECKING:
     from jzero.training.loop import TrainResult
@@ -97,7 +97,8 @@ def _watched(config: Config) -> Iterator[None]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``jzero train``: train, resuming from the run's latest checkpoint unless ``--no-resume``; 0, 1 (the run
-    failed) or 4 (:data:`~jzero.distributed.process.DIVERGED`: too many non-finite steps in a row)."""
+    failed) or 4 (:data:`~jzero.distributed.process.DIVERGED`: too many non-finite steps in a row, or a
+    non-finite last step)."""
     from jzero.distributed.runtime import is_primary
     from jzero.training.goodput import format_goodput
     from jzero.training.loop import train
@@ -108,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             result = train(config, progress=not args.quiet, resume=not args.no_resume)
     except RunError as err:
         print(f"jzero: {err}", file=sys.stderr)
-        return DIVERGED if isinstance(err, TooManySkipped) else RUN_FAILED
+        return DIVERGED if isinstance(err, Diverged) else RUN_FAILED
     if not is_primary():  # process 0 speaks for the job
         return 0
     history = result.history

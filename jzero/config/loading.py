@@ -27,6 +27,7 @@ __all__ = [
     "MAX_YAML_BYTES",
     "dump_config",
     "from_dict",
+    "read_text_file",
     "load_config",
     "parse_override",
 ]
@@ -92,7 +93,7 @@ def _path(text: str, key: str) -> str:
     return text
 
 
-def _read_text(path: Path, key: str) -> str:
+def read_text_file(path: Path, key: str) -> str:
     """A small UTF-8 file's text; every way reading it can fail is one ConfigError naming ``key`` and the path."""
     _path(str(path), key)
     try:
@@ -116,7 +117,7 @@ def _read_text(path: Path, key: str) -> str:
 
 def _read_yaml(path: Path, key: str) -> Any:
     """A YAML file's content, or one ConfigError naming ``key``, the path and, where it can, the line."""
-    text = _read_text(path, key)
+    text = read_text_file(path, key)
     try:
         return _load_yaml(text)
     except _GivenTwice as err:

@@ -140,10 +140,11 @@ class TrainConfig:
     steps: int = 100
     global_batch_size: int = 32
     nonfinite: str = "skip"  # a NaN/Inf gradient: skip the step, or halt naming it
-    # Skipped steps in a row past which the run stops (exit status 4). fp16's dynamic loss scale
-    # halves once per skipped step: from the default 2**15 to 1 is 15 in a row, so 32 lets a run
-    # find its scale from any start up to 2**32.
-    max_skipped_in_a_row: int = 32
+    # Skipped steps in a row past which the run stops (exit status 4). None: 32 with fp16's dynamic
+    # loss scale, which halves once per skipped step (2**15 to 1 is 15 in a row, so 32 finds a scale
+    # from any start up to 2**32); 3 without one, where nothing but the batch changes between a skipped
+    # step and the next (jzero.training.nonfinite.skip_limit).
+    max_skipped_in_a_row: int | None = None
     microbatches: int = 1  # gradient accumulation: slices of the global batch run in sequence
     eval_every: int = 0  # validation loss every N steps and at the last step (0: never)
     eval_batches: int = 4  # global batches of the validation split, the same ones each time

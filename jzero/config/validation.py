@@ -283,7 +283,8 @@ def _check_train(train: TrainConfig, axes: dict[str, int]) -> None:
     _positive(train.steps, "train.steps")
     _positive(train.global_batch_size, "train.global_batch_size")
     _positive(train.microbatches, "train.microbatches")
-    _positive(train.max_skipped_in_a_row, "train.max_skipped_in_a_row")
+    if train.max_skipped_in_a_row is not None:  # None: jzero.training.nonfinite.skip_limit's default
+        _positive(train.max_skipped_in_a_row, "train.max_skipped_in_a_row")
     _at_least_zero(train.eval_every, "train.eval_every")
     _positive(train.eval_batches, "train.eval_batches")
     if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later

@@ -30,7 +30,7 @@ from jzero.checkpoint.export import load_params, match_params
 from jzero.checkpoint.hf import TOKENIZER, is_hf_folder, placed_params
 from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
 from jzero.compiler.cache import cache_hits
-from jzero.config.loading import dump_config
+from jzero.config.loading import dump_config, read_text_file
 from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
@@ -52,7 +52,7 @@ from jzero.training.evaluation import Evaluator
 from jzero.training.goodput import Goodput
 from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
 from jzero.training.job import Job, build_job
-from jzero.training.nonfinite import NonFiniteSteps
+from jzero.training.nonfinite import NonFiniteSteps, skip_limit
 from jzero.training.preemption import Preemption
 from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
@@ -164,6 +164,7 @@ class PreparedRun:
     notes: list[str]
     meta: dict[str, Any]
     ledger: Path | None = None
+    config_changed: bool = False
 
 
 def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> PreparedRun:
@@ -190,6 +191,7 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
     primary = is_primary()
     run_dir, existing = check_run_dir(config.run.dir, resume)
     folder = RunDir(run_dir)
+    written = _written_config(folder) if existing else None
     has_checkpoints = folder.checkpoints.is_dir()
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("jzero: run.dir checked")
@@ -205,9 +207,10 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
         raise
     create_run_dir(run_dir)
     checkpoints = checkpoints or RunCheckpoints(run_dir, config.checkpoint)
-    if not existing and primary:
+    if written is None and primary:  # a new run's, or one an existing run lost
         with writing(folder.config):
             folder.config.write_text(dump_config(config))
+    if not existing and primary:
         tokenizer = run_tokenizer_path(config) or _init_tokenizer(config)
         if tokenizer is not None:  # the run's own copy: jzero sample decodes with it
             with writing(folder.tokenizer):
@@ -219,7 +222,19 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
     if dropped:
         notes.append(f"dropped {dropped} metrics.jsonl records past step {start}, which this run logs again")
     meta = run_meta(config.to_dict(), mesh_shape(job.mesh), job.plan.zero.stage, job.plan.num_params, job.rng)
-    return PreparedRun(folder, existing, primary, checkpoints, state, start, notes, meta)
+    changed = start > 0 and written is not None and written != dump_config(config)
+    return PreparedRun(folder, existing, primary, checkpoints, state, start, notes, meta, config_changed=changed)
+
+
+def _written_config(folder: RunDir) -> str | None:
+    """The text of the run's ``config.yaml``, or None where there is none.
+
+    Raises:
+      ConfigError: it is there but cannot be read (a folder, not UTF-8, unreadable), naming it.
+    """
+    if not folder.config.exists() and not folder.config.is_symlink():
+        return None
+    return read_text_file(folder.config, "run.dir")
 
 
 def startup_outputs(
@@ -244,7 +259,7 @@ def startup_outputs(
       OutputWriteError: the config or the ledger could not be written.
     """
     start, folder = run.start, run.folder
-    if run.primary and run.existing and start > 0 and folder.config.read_text() != dump_config(config):
+    if run.primary and run.config_changed:
         with writing(folder.resumed_config(start)):  # the resumed run's own config
             folder.resumed_config(start).write_text(dump_config(config))
     t0, hits = time.perf_counter(), cache_hits()
@@ -359,6 +374,7 @@ def run_steps(
     Raises:
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
       TooManySkipped: more than ``train.max_skipped_in_a_row`` steps in a row were skipped.
+      EndedNonFinite: the last step was non-finite (:meth:`NonFiniteSteps.finish`).
     """
     steps, goodput = config.train.steps, extras.goodput
     schedule = build_schedule(config.optimizer, steps)
@@ -389,6 +405,8 @@ def run_steps(
                 _logged(hooks, log.record(done, record), extras.nonfinite)
         if log.pending:  # stopped early: the steps since the last record get one too
             _logged(hooks, log.record(done), extras.nonfinite)
+        if extras.nonfinite is not None:
+            extras.nonfinite.finish()
     finally:
         profile.close(metrics)
     return state, done, log.history
@@ -439,6 +457,8 @@ def train(
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
       TooManySkipped: more than ``train.max_skipped_in_a_row`` steps in a row had a non-finite
         gradient; no step whose loss was not finite is saved.
+      EndedNonFinite: the last step was non-finite (its loss, or its gradient without a loss scale);
+        it is not saved.
       CheckpointWriteError: a checkpoint write failed.
       OutputWriteError: another output (ledger, metrics, TensorBoard, config) could not be written.
     """
@@ -504,7 +524,9 @@ def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches |
         evaluator = Evaluator(job, eval_data, config.train.eval_every, config.train.steps)
         with goodput.timed("compile"):
             evaluator.compile(run.state.params)
-    nonfinite = NonFiniteSteps(config.train.max_skipped_in_a_row, int(run.state.skipped))
+    scales_loss = job.precision.scales_loss
+    limit = skip_limit(config.train.max_skipped_in_a_row, scales_loss)
+    nonfinite = NonFiniteSteps(limit, int(run.state.skipped), scales_loss)
     return Extras(logged.Throughput.of(job), evaluator, goodput, config.run.profile, nonfinite)
 
 

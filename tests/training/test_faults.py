@@ -126,6 +126,26 @@ def test_a_refused_resume_is_one_line_and_changes_nothing(devices, tmp_path, cap
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    "damage, what",
+    [(lambda p: (p.unlink(), p.mkdir()), "is a directory, not a YAML file"),
+     (lambda p: p.write_bytes(b"\xff\xfe"), "is not UTF-8 text (byte 0xff at offset 0)")],
+    ids=["a-folder", "not-utf8"],
+)  # fmt: skip
+def test_an_unreadable_config_yaml_on_resume_is_one_line_and_changes_nothing(devices, tmp_path, capsys, damage, what):
+    """The run's own config.yaml (a resume compares it with its own config) that cannot be read: one
+    line naming it (config files' own reader, tests/cli/test_bad_input.py), exit 2, nothing written."""
+    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    damage(tmp_path / "config.yaml")
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    code = main(["train", "--quiet", *cli_args(tmp_path, "train.steps=4")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(stderr_lines(err)) == 1, err
+    assert err == f"jzero: error: run.dir: {tmp_path / 'config.yaml'} {what}\n"
+    assert snapshot(tmp_path) == before and (tmp_path / "config.yaml").exists()
+
+
 def test_missing_init_from_writes_no_run_dir(devices, tmp_path, capsys):
     run, missing = tmp_path / "run", tmp_path / "nope.safetensors"
     code = main(["train", *cli_args(run, f"train.init_from={missing}")])

@@ -50,15 +50,48 @@ def test_a_learning_rate_of_1e30_stops_past_the_limit_with_one_line_and_status_4
     assert logged[-1]["step"] == stopped and logged[-1]["skipped_steps"] == 6
 
 
-def test_with_the_default_limit_a_nan_run_saves_nothing_and_says_no_saved_step(devices, tmp_path, capsys):
-    """The issue's run: 29 of 30 steps skipped (under the default limit of 32), loss nan -> nan. It
-    ends with exit 0, but neither its checkpoint saves nor its summary claim a step."""
+def test_without_a_loss_scale_the_default_limit_stops_a_nan_run_within_a_few_steps(devices, tmp_path, capsys):
+    """The issue's run (float32, no loss scale, the default limit): NaN from step 3 on. It stops at
+    the first step it reads past 3 in a row (logged every step here: step 6), with status 4, having
+    saved nothing, and never says it trained."""
     run = tmp_path / "run"
-    assert main(["train", "--quiet", *cli_args(run, *DIVERGING)]) == 0
+    code = main(["train", "--quiet", *cli_args(run, *DIVERGING)])
     out, err = capsys.readouterr()
-    assert "saved step" not in out and re.search(r"^trained steps 0 -> 30: loss \d\.\d+ -> nan; run dir ", out, re.M), out
-    assert [line.split(":")[2] for line in err.splitlines()] == [" step 10", " step 20", " step 30"], err
+    assert code == DIVERGED and "trained" not in out and "Traceback" not in out + err
+    assert err.splitlines()[-1].startswith("jzero: train.max_skipped_in_a_row=3: steps 3 to 6 "), err
     assert committed(run) == []
+
+
+def test_a_run_whose_last_step_is_not_finite_never_ends_as_trained(devices, tmp_path, capsys):
+    """Under a limit it never reaches, the same run ends on step 30 unsaved, status 4, one line."""
+    run = tmp_path / "run"
+    code = main(["train", "--quiet", *cli_args(run, *DIVERGING, "train.max_skipped_in_a_row=100")])
+    out, err = capsys.readouterr()
+    assert code == DIVERGED and "trained" not in out and "Traceback" not in out + err
+    assert err.splitlines()[-1] == ("jzero: the run ended on a non-finite step: steps 3 to 30 (28 in a row) had a non-finite "
+                                    "loss or gradient (the last loss nan) and applied nothing; no untrained step saved"), err
+    assert committed(run) == []
+
+
+def test_the_end_of_a_run_is_judged_by_its_last_step():
+    """A skipped last step ends a run with no loss scale, not one whose fp16 scale it only tunes; a
+    non-finite last loss ends either."""
+    from jzero.errors import EndedNonFinite
+    from jzero.training.nonfinite import NonFiniteSteps
+
+    for scales_loss, rows, ends in [
+        (False, [(1.0, 0), (1.0, 1)], True),  # the gradient overflowed: nothing changes before the next batch
+        (True, [(1.0, 0), (1.0, 1)], False),  # the scale halved: the next step can apply
+        (True, [(1.0, 0), (np.inf, 1)], True),
+        (False, [(1.0, 1), (1.0, 1)], False),  # skipped once, then trained
+    ]:
+        watch = NonFiniteSteps(limit=100, skipped=0, scales_loss=scales_loss)
+        _steps(watch, rows)
+        if ends:
+            with pytest.raises(EndedNonFinite, match=r"^the run ended on a non-finite step: step 2 "):
+                watch.finish()
+        else:
+            watch.finish()
 
 
 def test_a_nan_run_resumed_from_a_good_checkpoint_keeps_it(devices, tmp_path, capsys):
@@ -100,7 +133,13 @@ def test_ids_past_the_vocabulary_are_refused_when_the_data_opens(corpus, tmp_pat
 def test_the_limit_is_validated():
     with pytest.raises(ConfigError, match=r"^train.max_skipped_in_a_row: must be positive and at most 2147483647, got 0$"):
         load_config(None, ["train.max_skipped_in_a_row=0"])
-    assert load_config(None, []).train.max_skipped_in_a_row == 32
+    assert load_config(None, []).train.max_skipped_in_a_row is None  # jzero.training.nonfinite.skip_limit decides
+
+
+def test_the_default_limit_is_32_with_a_loss_scale_and_3_without():
+    from jzero.training.nonfinite import skip_limit
+
+    assert (skip_limit(None, True), skip_limit(None, False), skip_limit(7, True), skip_limit(7, False)) == (32, 3, 7, 7)
 
 
 def _steps(watch, rows):
