@@ -92,8 +92,9 @@ def export_hf(
     out = checked_path("--out", out)
     if out.exists() and not force:
         raise ConfigError("--out", f"{out} exists; not overwritten (--force replaces it)")
-    if not out.parent.is_dir():
-        raise ConfigError("--out", f"folder {out.parent} does not exist")
+    parent = next((p for p in out.parents if p.exists() or p.is_symlink()), None)
+    if parent is not None and not parent.is_dir():  # the folders up to it are made at the write
+        raise ConfigError("--out", f"{parent} is not a folder")
     folder = RunDir(Path(run_dir))
     config = load_config(folder.config)
     if config.model.name != LLAMA:
@@ -128,6 +129,7 @@ class _StepExport:
         shards = _shards(tensors, NUMPY_DTYPES[SAFETENSORS_DTYPES[self.dtype]].itemsize, self.shard_bytes)
         tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)  # as transformers' save_pretrained does
             tmp.mkdir()
             source = _Source(state_dir, prefix, self.merge, adapted)
             written = self._fill(tmp, source, tensors, shards)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
@@ -86,11 +87,13 @@ def _load_yaml(text: str) -> Any:
 
 
 def _path(text: str, key: str) -> str:
-    """A path as given; the OS refuses a NUL byte, and an empty path would mean the working folder."""
+    """A path as given, with a leading ``~`` made the home folder: the shell leaves it as it is in
+    ``--set train.init_from=~/models/x`` (not a variable assignment). The OS refuses a NUL byte, and
+    an empty path would mean the working folder."""
     if not text:
         raise ConfigError(key, "a path must not be empty")
     checked_path(key, text)
-    return text
+    return os.path.expanduser(text)
 
 
 def read_text_file(path: Path, key: str) -> str:
