@@ -82,13 +82,15 @@ def data():
 
 @pytest.fixture(scope="session")
 def reference(data):
-    """The tiny GPT trained 20 steps on one device, with its reordering floor."""
+    """The tiny GPT trained 20 steps on one device by plain optax AdamW (:func:`support.reference.optax_tx`),
+    with its reordering floor."""
     import jax.numpy as jnp
+    from support.reference import optax_tx
 
     from jzero.training.job import build_job
 
     s = build_job(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
-    return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
+    return reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from support.configs import LR, tiny_config
-from support.reference import reference_with_floor
+from support.reference import optax_tx, reference_with_floor
 from support.runs import cli_args, host, jzero_process, run_config
 
 from jzero.checkpoint.export import restore_numpy
@@ -200,8 +200,10 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
     ckpts = RunCheckpoints(tmp_path / "0")
     restored = ckpts.restore(3, original.abstract_state()).state
     after_dp8, _ = original.make_step()(restored, data.device_batch(3, original.plan.batch))
-    # Both equal one-device optax from the restored state, within 10x its reordering floor.
-    reference = reference_with_floor(None, s.loss_fn, s.tx, None, lambda k: jnp.asarray(data.global_batch(3)), 1, start=start)
+    # Both equal one-device optax (the config's optimizer from optax alone) from the restored state,
+    # within 10x its reordering floor.
+    batch = lambda k: jnp.asarray(data.global_batch(3))  # noqa: E731
+    reference = reference_with_floor(None, s.loss_fn, optax_tx(s.config), None, batch, 1, start=start)
     for after in (after_one_device, after_dp8):
         reference.check(params=after.params, opt_state=after.opt_state)
 
@@ -213,7 +215,19 @@ def test_resume_with_other_shapes_lists_the_paths(devices, tmp_path, capsys):
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"jzero: error: {tmp_path / CHECKPOINTS / '2'}: the model's shapes differ")
     assert "params/blocks/attn_out/kernel: shape [2, 32, 32] in the checkpoint, [2, 64, 64] now" in err[0]
-    assert "and 53 more" in err[0]
+    assert err[0].endswith(f"and 53 more; to train LoRA adapters or other parameters from these weights, use a new "
+                           f"run.dir with train.init_from={tmp_path / CHECKPOINTS / '2'}")
+
+
+def test_a_lora_asked_of_a_runs_own_folder_says_to_start_a_new_run_from_it(devices, tmp_path, capsys):
+    """The hint is what works: the same LoRA in a new run.dir, from the step the refusal names."""
+    train(run_config(tmp_path / "run", "train.steps=2"), progress=False)
+    lora = ["lora.rank=2", "train.steps=3"]
+    assert main(["train", "--quiet", *cli_args(tmp_path / "run", *lora)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "lora_a: missing from the checkpoint" in err and "use a new run.dir with train.init_from=" in err, err
+    init_from = err.rsplit("train.init_from=", 1)[1]
+    assert main(["train", "--quiet", *cli_args(tmp_path / "lora", *lora, f"train.init_from={init_from}")]) == 0
 
 
 def test_resume_with_another_batch_size_is_refused(devices, tmp_path):

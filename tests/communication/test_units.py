@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 from support.configs import tiny_config
 from support.llama import LLAMA, llama_job
-from support.reference import reference_with_floor
+from support.reference import optax_tx, reference_with_floor
 from support.xla import USERS_EMITTERS
 
 import jzero
@@ -99,10 +99,10 @@ BATCHES = 10
 
 @pytest.fixture(scope="module")
 def llama_reference():
-    """One-device optax on the Llama-style model, 10 AdamW steps, with its reordering floor."""
+    """One-device optax on the Llama-style model, 10 AdamW steps (:func:`optax_tx`), with its reordering floor."""
     s = llama_job("zero.stage=0")
     batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(BATCHES)]
-    return batches, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], BATCHES)
+    return batches, reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: batches[k], BATCHES)
 
 
 @pytest.mark.parametrize(
@@ -261,9 +261,10 @@ def test_units_take_effect_inside_an_nn_jit_model(devices):
 
 
 def _five_steps_equal_one_device_optax(s):
-    """``s`` trained 5 steps on random batches equals the one-device optax reference, within its floor."""
+    """``s`` trained 5 steps on random batches equals the one-device optax reference (the config's
+    optimizer from optax alone, :func:`optax_tx`), within its floor."""
     batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(5)]
-    ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: batches[k], 5)
+    ref = reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: batches[k], 5)
     state, step = s.init_state(), s.make_step()
     for k in range(5):
         state, _ = step(state, jax.device_put(batches[k], s.plan.batch))

@@ -9,7 +9,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from support.cli import one_line_error, sets
 from support.configs import BF16, HPZ, LR, QWZ, tiny_config
-from support.reference import reference_with_floor, train_sharded
+from support.reference import optax_tx, reference_with_floor, train_sharded
 from support.runs import compiled_step
 
 from jzero.checkpoint.runs import RunCheckpoints
@@ -165,9 +165,10 @@ def _qdq_reference_loss(job, loss_fn):
 
 def test_qwz_training_equals_one_device_training_on_quantized_weights(devices):
     """fp32, stage 3, 8 steps: with qwZ over data=8, and with qwZ and hpZ over replica x data, the
-    parameters equal one-device optax whose loss reads each matrix (6 per block, the embedding and
-    the head) quantized as the plan's gathers do, within its reordering floor. Both meshes cut the
-    same blocks (replica x data in mesh order is data=8's order), so one reference serves both."""
+    parameters equal one-device optax (:func:`optax_tx`) whose loss reads each matrix (6 per block,
+    the embedding and the head) quantized as the plan's gathers do, within its reordering floor. Both
+    meshes cut the same blocks (replica x data in mesh order is data=8's order), so one reference
+    serves both."""
     data = text_batches(None, 200_000, 16, 16, 0)
     runs = [build_job(tiny_config(LR, "zero.stage=3", *QWZ)), build_job(tiny_config(LR, "zero.stage=3", *HPZ, *QWZ))]
 
@@ -178,7 +179,7 @@ def test_qwz_training_equals_one_device_training_on_quantized_weights(devices):
     one = build_job(tiny_config(LR, "mesh.axes.data=1"), devices=jax.devices()[:1])
     loss = _qdq_reference_loss(runs[0], one.loss_fn)
     s = runs[0]
-    reference = reference_with_floor(s.init_fn, loss, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), 8)
+    reference = reference_with_floor(s.init_fn, loss, optax_tx(s.config), s.rng, lambda k: jnp.asarray(data.global_batch(k)), 8)
     for s in runs:
         state = train_sharded(s, lambda k, sharding: data.device_batch(k, sharding), 8)
         reference.check(params=nn.unbox(state.params))

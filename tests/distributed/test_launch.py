@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from support.configs import TINY, tiny_config
-from support.reference import reference_with_floor
+from support.reference import optax_tx, reference_with_floor
 
 from jzero.checkpoint.runs import RunCheckpoints, describe
 from jzero.data.prepare import prepare
@@ -57,10 +57,12 @@ def _launch(n, k, words, *flags, timeout=240):
 
 
 def _reference(steps, *overrides):
-    """One device's optax run over the same batches (the config's data), with its reordering floor."""
+    """One device's plain optax run (:func:`optax_tx`) over the same batches (the config's data),
+    with its reordering floor."""
     s = build_job(tiny_config("mesh.axes.data=1", *overrides), devices=jax.devices()[:1])
     data = train_data(s.config)
-    return s, reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), steps)
+    batches = lambda k: jnp.asarray(data.global_batch(k))  # noqa: E731
+    return s, reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, batches, steps)
 
 
 def _final_params(s, run_dir, step):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from support.configs import BF16, LR, tiny_config
-from support.reference import reference_run, reference_with_floor, train_sharded
+from support.reference import optax_tx, reference_run, reference_with_floor, train_sharded
 
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
@@ -60,13 +60,16 @@ CLIP = ["optimizer.clip_norm=0.05", LR]
 
 @pytest.fixture(scope="module")
 def clipped_reference(data):
-    """20 steps of optax.clip_by_global_norm + AdamW on one device, with their reordering floor."""
+    """20 steps of optax.clip_by_global_norm then AdamW, both from optax (:func:`optax_tx`), on one
+    device, with their reordering floor. The clip bites at the gradient (its norm is over 0.05) and
+    would at AdamW's update too (about lr x sqrt(params) = 0.2), so clipping after the optimizer differs."""
     ref = build_job(tiny_config(*CLIP, "mesh.axes.data=1"), devices=jax.devices()[:1])
-    init = reference_run(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, None, steps=0).params
+    tx = optax_tx(ref.config)
+    init = reference_run(ref.init_fn, ref.loss_fn, tx, ref.rng, None, steps=0).params
     grads = jax.grad(ref.loss_fn)(init, jnp.asarray(data.global_batch(0)))
     norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
     assert norm > 0.05, norm  # the clip bites
-    return reference_with_floor(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, lambda k: jnp.asarray(data.global_batch(k)))
+    return reference_with_floor(ref.init_fn, ref.loss_fn, tx, ref.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
 @pytest.mark.parametrize(
@@ -114,6 +117,41 @@ def test_fp16_overflow_is_skipped_and_the_scale_drops(devices, data):
     assert any(not np.array_equal(a, b) for a, b in pairs)
 
 
+# fp16 params (fp32 master) with a dynamic loss scale that doubles every 2 finite steps, and SGD,
+# whose step is proportional to the gradient, so a gradient left scaled moves the parameters 1024x
+# (or more) too far. (Adam's step is nearly scale-free: only its eps would notice.)
+FP16 = ["precision.param_dtype=float16", "precision.loss_scale=1024", "precision.loss_scale_window=2",
+        "optimizer.name=sgd", "optimizer.learning_rate=0.1"]  # fmt: skip
+
+
+def test_fp16_loss_scaling_equals_one_device_optax_that_unscales(devices, data):
+    """Stage 2, 6 steps: the fp32 master, the optimizer state, losses and gradient norms equal a
+    one-device reference that does the scaling itself (support.reference's ``loss_scale``: the loss
+    times the scale, the float16 gradient cast to float32 and divided by it, optax SGD on the master)
+    within its reordering floor; the scale doubles as the reference's does; the working parameters
+    are the master rounded to float16.
+
+    The floor is the batch summed in 8 chunks only, as the 8 devices sum it (each float16 chunking
+    compiles for 3-6 s here). Measured here: every gap within 1.5x that floor (0.14 of the
+    tolerance), and within 1.2x of the floor of 2, 4, 8 and 16 chunks."""
+    steps = 6
+    one = build_job(tiny_config(*FP16, "mesh.axes.data=1"), devices=jax.devices()[:1])
+    scaling = (one.config.precision.loss_scale, one.config.precision.loss_scale_window)
+    tx, batches = optax_tx(one.config), lambda k: jnp.asarray(data.global_batch(k))
+    ref = reference_with_floor(one.init_fn, one.loss_fn, tx, one.rng, batches, steps, loss_scale=scaling, chunkings=(8,))
+    assert ref.run.loss_scales == [1024, 2048, 2048, 4096, 4096, 8192]  # every step finite
+    s = build_job(tiny_config("zero.stage=2", *FP16))
+    state, step, seen = s.init_state(), s.make_step(), []
+    for k in range(steps):
+        state, metrics = step(state, data.device_batch(k, s.plan.batch))
+        seen.append(jax.device_get(metrics))
+    ref.check(params=state.opt_state.master, opt_state=state.opt_state.inner, loss_scales=[float(m["loss_scale"]) for m in seen])
+    ref.check(losses=[float(m["loss"]) for m in seen], grad_norms=[float(m["grad_norm"]) for m in seen])
+    assert int(state.skipped) == 0
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.opt_state.master), strict=True):
+        np.testing.assert_array_equal(np.asarray(p), np.asarray(m.astype(jnp.float16)))
+
+
 def test_halt_names_the_step(devices, tmp_path, capsys):
     """fp16 with a loss scale of 3e38 overflows every gradient: halt stops at step 1 naming it
     (exit 1); skip finishes and logs the skipped steps."""
@@ -152,14 +190,15 @@ def test_adafactor_where_it_factors_equals_one_device_optax(devices, data):
     """At d_model 128 optax's adafactor factors each kernel's second moment into row and column
     statistics (its min_dim_size_to_factor is 128: at d_model 32 it factored nothing). At stage 3
     those are partitioned, the plan's bytes are the live ones, and five steps equal one device's
-    optax within the reordering floor (lr 0.1: adafactor's steps are relative to the parameters')."""
+    optax (:func:`optax_tx`) within the reordering floor (lr 0.1: adafactor's steps are relative to
+    the parameters')."""
     s = build_job(tiny_config("zero.stage=3", "optimizer.name=adafactor", "optimizer.learning_rate=0.1", "model.d_model=128"))
     state = s.init_state()
     rows = [x for path, x in jax.tree_util.tree_leaves_with_path(state.opt_state) if "v_row" in jax.tree_util.keystr(path)]
     factored = [x for x in rows if x.size > 1]  # an unfactored tensor's v_row is a placeholder of one element
     assert len(factored) >= 4 and all(not x.sharding.is_fully_replicated for x in factored), [x.shape for x in rows]
     assert ledger.live_bytes_per_device(state.opt_state) == s.plan.per_device_bytes()["optimizer"]
-    ref = reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)), 5)
+    ref = reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: jnp.asarray(data.global_batch(k)), 5)
     ref.check(params=jax.device_get(train_sharded(s, data.device_batch, 5).params))
 
 
@@ -174,6 +213,40 @@ def test_schedules(devices):
     assert float(lr(60)) == pytest.approx(0.55e-3, rel=1e-3)
 
 
+OPTIMIZER_CONFIGS = {
+    "adamw constant": ["optimizer.weight_decay=0.1"],
+    "adamw warmup": ["optimizer.warmup_steps=5"],
+    "adamw warmup-cosine": ["optimizer.schedule=cosine", "optimizer.warmup_steps=5", "optimizer.min_lr_ratio=0.2"],
+    "adam clipped": ["optimizer.name=adam", "optimizer.clip_norm=0.5"],
+    "sgd clipped": ["optimizer.name=sgd", "optimizer.learning_rate=0.1", "optimizer.clip_norm=0.5"],
+    "lion": ["optimizer.name=lion", "optimizer.weight_decay=0.1"],
+    "adafactor": ["optimizer.name=adafactor", "optimizer.weight_decay=0.1"],
+}
+
+
+@pytest.mark.parametrize("case", OPTIMIZER_CONFIGS)
+def test_each_optimizer_equals_optax_built_from_the_config(devices, case):
+    """The job's optimizer (jzero.optimizers) against :func:`optax_tx`, built from the config with
+    optax's own functions, over the 20 steps of ``train.steps`` on a small tree, with gradients of
+    norm about 2 to 17 (so a clip of 0.5 bites, and SGD's updates are large enough that clipping
+    them after the optimizer would differ); every step's update within 1e-6 of the reference's
+    largest update."""
+    config = tiny_config("train.steps=20", *OPTIMIZER_CONFIGS[case])
+    ours, reference = build_job(config, jax.devices()[:1]).tx, optax_tx(config)
+    rows = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rows.normal(size=(4, 3)), jnp.float32), "b": jnp.asarray(rows.normal(size=3), jnp.float32)}
+    got_state, want_state = ours.init(params), reference.init(params)
+    for k in range(20):
+        grads = {n: jnp.asarray(rows.normal(size=x.shape) * (0.5 + k / 5), jnp.float32) for n, x in params.items()}
+        got, got_state = ours.update(grads, got_state, params)
+        want, want_state = reference.update(grads, want_state, params)
+        scale = max(float(jnp.abs(x).max()) for x in jax.tree.leaves(want))
+        assert scale > 0 or k == 0, k  # warmup from 0: only step 1 is still
+        for name in params:
+            np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6 * scale, err_msg=f"{case}, step {k + 1}, {name}")
+        params = jax.tree.map(lambda p, u: p + u, params, want)
+
+
 BATCH_32 = ["train.global_batch_size=32"]
 
 
@@ -184,12 +257,13 @@ def batch_32():
 
 @pytest.fixture(scope="module")
 def one_step_reference(batch_32):
-    """One AdamW step on one device over a 32-row batch, with its reordering floor. After one step
+    """One optax AdamW step (:func:`optax_tx`) on one device over a 32-row batch, with its reordering floor. After one step
     from zero moments Adam moves each element by lr * g / (|g| + eps): the rounding of any |g| near
     eps becomes a fraction of lr, so a fixed tolerance fails on some machine (5.5e-6 on one EPYC).
     Measured here: parameter floors up to 3.9e-6 per leaf; the sharded steps within 2.4x of them."""
     ref = build_job(tiny_config(LR, "mesh.axes.data=1", *BATCH_32), devices=jax.devices()[:1])
-    return reference_with_floor(ref.init_fn, ref.loss_fn, ref.tx, ref.rng, lambda k: jnp.asarray(batch_32.global_batch(0)), 1)
+    batch = lambda k: jnp.asarray(batch_32.global_batch(0))  # noqa: E731
+    return reference_with_floor(ref.init_fn, ref.loss_fn, optax_tx(ref.config), ref.rng, batch, 1)
 
 
 def _check_step(reference, state, metrics):

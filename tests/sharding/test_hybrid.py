@@ -124,6 +124,7 @@ def test_unannotated_model_at_stage3_on_dp8(devices, data):
     allowance = 4 * kept_whole * (1 - 1 / 8)
     assert live == pytest.approx(_fp32_adam_formula(psi, 3, 8) + allowance, rel=0.02)
 
+    # The reference: the same optax transformation (the user's, not jzero's) on one device.
     reference = reference_with_floor(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
     reference.check(params=state.params, opt_state=state.opt_state)
 
@@ -203,6 +204,7 @@ def test_nnx_model_trains_sharded_and_matches_reference(devices, data, axes):
     step = make_train_step(loss_fn, tx, plan)
     for k in range(STEPS):
         state, _ = step(state, data.device_batch(k, plan.batch))
+    # The reference: the same optax transformation (the user's, not jzero's) on one device.
     reference = reference_with_floor(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
     reference.check(params=state.params, opt_state=state.opt_state)
 

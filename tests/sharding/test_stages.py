@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from support.configs import LR, STEPS, tiny_config
-from support.reference import reference_run, reference_with_floor, train_sharded
+from support.reference import optax_tx, reference_run, reference_with_floor, train_sharded
 
 from jzero.ledger import hlo as ledger
 from jzero.sharding.placement import sharded_init
@@ -67,9 +67,10 @@ def test_matches_single_device_reference(run, reference):
 
 
 def test_the_floor_check_catches_a_real_difference(data, reference):
-    """The tolerance has teeth: one device with the learning rate 0.1% off (1.001e-3) is refused."""
+    """The tolerance has teeth: one device's optax (:func:`optax_tx`) with the learning rate 0.1% off
+    (1.001e-3) is refused."""
     s = build_job(tiny_config("optimizer.learning_rate=1.001e-3", "mesh.axes.data=1"), devices=jax.devices()[:1])
-    off = reference_run(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
+    off = reference_run(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: jnp.asarray(data.global_batch(k)))
     with pytest.raises(AssertionError, match="max gap"):
         reference.check(params=off.params)
 
@@ -135,8 +136,9 @@ TIED = "model.tie_embeddings=true"
 
 @pytest.fixture(scope="module")
 def tied_reference(data):
+    """The tied-embedding GPT trained on one device by plain optax AdamW (:func:`optax_tx`), with its floor."""
     s = build_job(tiny_config(LR, TIED, "mesh.axes.data=1"), devices=jax.devices()[:1])
-    return reference_with_floor(s.init_fn, s.loss_fn, s.tx, s.rng, lambda k: jnp.asarray(data.global_batch(k)))
+    return reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: jnp.asarray(data.global_batch(k)))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

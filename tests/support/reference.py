@@ -1,4 +1,8 @@
-"""Equality with one device: plain optax on one device, and the floor its sums' reordering sets."""
+"""Equality with one device: plain optax on one device, and the floor its sums' reordering sets.
+
+The references never run the code under test's optimizer (:mod:`jzero.optimizers`): :func:`optax_tx`
+builds each from the config's ``optimizer:`` section with optax's own functions, and fp16's loss
+scaling is done here by hand (:func:`reference_run`'s ``loss_scale``), not through :mod:`jzero.step`."""
 
 import dataclasses
 import json
@@ -34,14 +38,42 @@ ULPS = 4
 CHUNKINGS = (2, 4, 8, 16)
 
 
+def optax_tx(config):
+    """The optimizer a config's ``optimizer:`` section names (:class:`jzero.config.schema.OptimizerConfig`),
+    built from optax alone: its learning-rate schedule over ``train.steps`` (constant, linear warmup
+    from 0, or warmup then cosine decay to ``min_lr_ratio`` x the rate), the optimizer, and
+    ``clip_by_global_norm`` before it when ``clip_norm`` is set. Never :mod:`jzero.optimizers`."""
+    import optax
+
+    o, steps = config.optimizer, config.train.steps
+    peak = o.learning_rate
+    if o.schedule == "cosine":  # optax needs the decay to end after the warmup
+        lr = optax.warmup_cosine_decay_schedule(0.0, peak, o.warmup_steps, max(steps, o.warmup_steps + 1), peak * o.min_lr_ratio)
+    elif o.warmup_steps:
+        lr = optax.warmup_constant_schedule(0.0, peak, o.warmup_steps)
+    else:
+        lr = optax.constant_schedule(peak)
+    optimizers = {
+        "adamw": lambda: optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay),
+        "adam": lambda: optax.adam(lr, b1=o.b1, b2=o.b2, eps=o.eps),
+        "adafactor": lambda: optax.adafactor(lr, weight_decay_rate=o.weight_decay or None),
+        "lion": lambda: optax.lion(lr, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay),
+        "sgd": lambda: optax.sgd(lr, momentum=o.b1),
+    }
+    tx = optimizers[o.name]()
+    return tx if o.clip_norm is None else optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
+
+
 @dataclasses.dataclass
 class Run:
-    """What a one-device optax run ends with, and what it saw on the way."""
+    """What a one-device optax run ends with, and what it saw on the way (with ``loss_scale``: the
+    fp32 master as ``params``, and the dynamic scale after each step)."""
 
     params: Any
     opt_state: Any
     losses: list[float]
     grad_norms: list[float]
+    loss_scales: list[float] = dataclasses.field(default_factory=list)
 
 
 def _chunked(loss_fn, chunks: int):
@@ -74,15 +106,18 @@ def loss_with_floor(loss_fn, params, batches) -> tuple[float, float]:
     return whole, max(abs(mean(c) - whole) for c in CHUNKINGS)
 
 
-def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, start=None) -> Run:
+def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, start=None, loss_scale=None) -> Run:
     """Plain optax on one device: the answer every stage and mesh must reproduce. ``start``:
-    ``(params, opt_state)`` to continue from instead of ``init_fn(rng)``."""
+    ``(params, opt_state)`` to continue from instead of ``init_fn(rng)``. ``loss_scale``:
+    ``(initial scale, window)`` for fp16 (:func:`_scaled_run`)."""
     import optax
 
     if start is None:
         params, opt_state = _init(init_fn, tx, rng)
     else:
         params, opt_state = jax.device_put(jax.device_get(start), jax.devices()[0])
+    if loss_scale is not None:
+        return _scaled_run(loss_fn, tx, params, opt_state, batches, steps, chunks, *loss_scale)
 
     @jax.jit
     def step(params, opt_state, batch):
@@ -96,6 +131,43 @@ def reference_run(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, chunks=1, 
         losses.append(float(loss))
         norms.append(float(norm))
     return Run(params, opt_state, losses, norms)
+
+
+def _scaled_run(loss_fn, tx, master, opt_state, batches, steps, chunks, initial, window) -> Run:
+    """fp16 with a dynamic loss scale, by hand: the fp32 master cast to float16 for the loss, the
+    loss times the scale differentiated (float16 gradients), the gradient cast to float32 and divided
+    by the scale, and optax's update on the master only where its norm is finite. The scale halves
+    (not below 1) after a non-finite step and doubles after ``window`` finite ones in a row."""
+    import jax.numpy as jnp
+    import optax
+
+    @jax.jit
+    def step(master, opt_state, scale, good, batch):
+        working = jax.tree.map(lambda m: m.astype(jnp.float16), master)
+
+        def scaled(p):
+            loss = _chunked(loss_fn, chunks)(p, batch).astype(jnp.float32)
+            return loss * scale, loss
+
+        (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(working)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32) / scale, grads)
+        norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(norm)
+        updates, new_state = tx.update(grads, opt_state, master)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        master, opt_state = keep(optax.apply_updates(master, updates), master), keep(new_state, opt_state)
+        grow = finite & (good + 1 >= window)
+        scale = jnp.where(finite, jnp.where(grow, 2 * scale, scale), jnp.maximum(scale / 2, 1.0))
+        return master, opt_state, scale, jnp.where(finite & ~grow, good + 1, 0), loss, norm
+
+    scale, good = jnp.float32(initial), jnp.int32(0)
+    losses, norms, scales = [], [], []
+    for k in range(steps):
+        master, opt_state, scale, good, loss, norm = step(master, opt_state, scale, good, batches(k))
+        losses.append(float(loss))
+        norms.append(float(norm))
+        scales.append(float(scale))
+    return Run(master, opt_state, losses, norms, scales)
 
 
 def _init(init_fn, tx, rng):
@@ -120,20 +192,26 @@ class Reference:
     run: Run
     floor: Run
 
-    def check(self, *, params=None, opt_state=None, losses=None, grad_norms=None) -> None:
-        """Each given result equals the reference's within ``MARGIN`` x floor + ``ULPS`` ulps."""
+    def check(self, *, params=None, opt_state=None, losses=None, grad_norms=None, loss_scales=None) -> None:
+        """Each given result equals the reference's within ``MARGIN`` x floor + ``ULPS`` ulps; the
+        loss scales (powers of 2, changed only by a step's finiteness) exactly."""
         for name, got in (("params", params), ("opt_state", opt_state), ("losses", losses), ("grad_norms", grad_norms)):
             if got is not None:
                 assert_within_floor(got, getattr(self.run, name), getattr(self.floor, name), name)
+        if loss_scales is not None:
+            assert list(loss_scales) == self.run.loss_scales, (list(loss_scales), self.run.loss_scales)
 
 
-def reference_with_floor(init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, start=None) -> Reference:
-    """:func:`reference_run`, and its floor from the same run with the batch summed in
-    ``CHUNKINGS`` chunks."""
+def reference_with_floor(
+    init_fn, loss_fn, tx, rng, batches, steps=STEPS, *, start=None, loss_scale=None, chunkings=CHUNKINGS
+) -> Reference:
+    """:func:`reference_run`, and its floor from the same run with the batch summed in each of
+    ``chunkings`` numbers of chunks."""
     if start is None:  # once for the five runs, not five times: the same program and result
         start = _init(init_fn, tx, rng)
-    whole = reference_run(init_fn, loss_fn, tx, rng, batches, steps, start=start)
-    others = [reference_run(init_fn, loss_fn, tx, rng, batches, steps, chunks=c, start=start) for c in CHUNKINGS]
+    whole = reference_run(init_fn, loss_fn, tx, rng, batches, steps, start=start, loss_scale=loss_scale)
+    others = [reference_run(init_fn, loss_fn, tx, rng, batches, steps, chunks=c, start=start, loss_scale=loss_scale)
+              for c in chunkings]  # fmt: skip
 
     def floor(part):
         return jax.tree.map(lambda w, *o: max(_gap(w, x) for x in o), getattr(whole, part), *(getattr(x, part) for x in others))
@@ -172,12 +250,12 @@ def _assert_leaf(got, want, floor: float, what: str) -> None:
 
 
 def frozen_tx(job):
-    """One device's optax for a job with frozen parameters (``train.trainable``, LoRA): the job's
-    optimizer on those that train, zero updates on the rest (``optax.multi_transform``)."""
+    """One device's optax for a job with frozen parameters (``train.trainable``, LoRA): the config's
+    optimizer (:func:`optax_tx`) on those that train, zero updates on the rest (``optax.multi_transform``)."""
     import optax
 
     labels = jax.tree.map(lambda train: "train" if train else "frozen", job.plan.trainable_mask())
-    return optax.multi_transform({"train": job.tx, "frozen": optax.set_to_zero()}, labels)
+    return optax.multi_transform({"train": optax_tx(job.config), "frozen": optax.set_to_zero()}, labels)
 
 
 def train_sharded(s, batches, steps=STEPS):

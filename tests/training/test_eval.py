@@ -1,16 +1,19 @@
 """The validation loss: one device's at every stage and mesh, from the same batches every time,
 and at stage 3 without ever holding the whole model gathered."""
 
+import json
 
 import jax
 import numpy as np
 import pytest
 from support.configs import STDLIB_GLOB, tiny_config
 from support.reference import assert_within_floor, loss_with_floor
+from support.runs import run_config
 
 from jzero.training.data import eval_data, load_bytes, resolve_files, stdlib_package_sources, stdlib_sources, train_data
 from jzero.training.evaluation import Evaluator
 from jzero.training.job import build_job
+from jzero.training.loop import train
 
 EVAL = ["train.eval_every=5", "train.eval_batches=2"]
 
@@ -68,3 +71,16 @@ def test_eval_batches_never_come_from_training(devices):
     np.testing.assert_array_equal(held.tokens, full[split:])
     np.testing.assert_array_equal(train.tokens, full[:split])
     assert len(held.tokens) == len(held) * held.global_batch_size * held.seq_len + 1
+
+
+def test_a_run_evaluates_at_every_multiple_and_at_its_last_step(devices, tmp_path):
+    """train.steps 5, eval_every 2: eval rows at steps 2 and 4, and at 5, the last, which is no
+    multiple of 2. (On a small text of its own: eval on the standard library's packages is slower.)"""
+    text = tmp_path / "text.txt"
+    text.write_text("def add(x, y):\n    return x + y\n" * 2000)
+    sets = ["train.steps=5", "train.eval_every=2", "train.eval_batches=1", "run.log_every=1", "checkpoint.every=0"]
+    result = train(run_config(tmp_path / "run", *sets, f"data.path={text}"), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows == result.history
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4, 5]
+    assert all(np.isfinite(r["eval_loss"]) for r in rows if "eval_loss" in r)

@@ -6,6 +6,8 @@ model's vocabulary are refused when the data opens, before anything is trained o
 import json
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from support.cli import one_line_error, sets
@@ -21,6 +23,7 @@ from jzero.data.tokens import read_header
 from jzero.distributed.process import DIVERGED
 from jzero.errors import TooManySkipped
 from jzero.training.data import TextBatches, train_data
+from jzero.training.job import build_job
 from jzero.training.loop import train
 
 # gpt-tiny warms the rate up over 20 steps: step 1 applies nothing, step 2 a 5e28 rate, then NaN.
@@ -172,3 +175,92 @@ def test_a_save_point_names_the_first_non_finite_loss_since_the_last_and_starts_
     assert watch.save_point() is None  # nothing added since: fit to save
     watch.add(5, {"loss": np.float32(2.0), "skipped": np.int32(9)})
     assert watch.save_point() is None and watch.in_a_row == 0
+
+
+def test_an_infinite_loss_alone_is_not_fit_to_save():
+    """+Inf and -Inf are not finite either: a save point after either (and no NaN) names its step."""
+    from jzero.training.nonfinite import NonFiniteSteps
+
+    for bad in (np.inf, -np.inf):
+        watch = NonFiniteSteps(limit=100, skipped=0)
+        _steps(watch, [(1.0, 0), (bad, 1), (1.0, 1)])
+        assert watch.save_point() == 2 and watch.skipped == 1
+
+
+# +Inf without NaN: a loss whose gradient is +Inf at every parameter (and the loss itself +Inf, when
+# asked) on the steps whose batch holds a row of MARK only (bytes of UTF-8 text never hold 0xFF).
+MARK = 255
+
+
+@jax.custom_vjp
+def _infinite_gradient(x, on):
+    """0 forward; +Inf at every element of ``x`` backward where ``on``, else 0: no NaN anywhere."""
+    return jnp.zeros((), jnp.float32)
+
+
+def _infinite_gradient_fwd(x, on):
+    return jnp.zeros((), jnp.float32), (x, on)
+
+
+def _infinite_gradient_bwd(residuals, _):
+    x, on = residuals
+    return jnp.full_like(x, jnp.where(on, jnp.inf, 0.0)), None
+
+
+_infinite_gradient.defvjp(_infinite_gradient_fwd, _infinite_gradient_bwd)
+
+
+def _infinite_on_marked_batches(loss_fn, *, loss_too: bool):
+    def loss(params, batch):
+        on = jnp.any(jnp.all(batch == MARK, axis=-1))
+        poke = sum(_infinite_gradient(x, on) for x in jax.tree.leaves(params))
+        return loss_fn(params, batch) + poke + (jnp.where(on, jnp.inf, 0.0) if loss_too else 0.0)
+
+    return loss
+
+
+class _MarkedBatches(TextBatches):
+    """The config's batches, with every row of the 0-based steps in ``marked`` all MARK."""
+
+    def __init__(self, data: TextBatches, marked: set[int]):
+        super().__init__(data.tokens, data.seq_len, data.global_batch_size, data.seed, data.key)
+        self.marked = marked
+
+    def rows(self, step, start=0, stop=None):
+        rows = super().rows(step, start, stop)
+        return np.full_like(rows, MARK) if step in self.marked else rows
+
+
+def test_an_infinite_gradient_without_nan_is_skipped_bit_identically(devices, tmp_path):
+    """Stage 3: a finite loss whose gradient is +Inf (its norm +Inf, not NaN) applies nothing:
+    parameters and optimizer state stay bit-identical, and the step is counted as skipped."""
+    config = run_config(tmp_path / "run", "optimizer.learning_rate=1e-3")
+    base = build_job(config)
+    job = build_job(config, init_fn=base.init_fn, loss_fn=_infinite_on_marked_batches(base.loss_fn, loss_too=False))
+    data = _MarkedBatches(train_data(config), {0})
+    state = job.init_state()
+    before = jax.device_get((state.params, state.opt_state))
+    state, metrics = job.make_step()(state, data.device_batch(0, job.plan.batch))
+    metrics = jax.device_get(metrics)
+    assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] == np.inf  # +Inf, no NaN
+    assert int(metrics["skipped"]) == 1 and int(state.skipped) == 1
+    after = jax.device_get((state.params, state.opt_state))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_infinite_loss_step_is_skipped_and_never_saved(devices, tmp_path, capsys):
+    """A 4-step run saving every 2 whose step 3 has a +Inf loss and +Inf gradients (no NaN): step 3
+    is counted as skipped, and the save due at step 4 is refused (the newest checkpoint stays step 2)."""
+    run = tmp_path / "run"
+    config = run_config(run, "train.steps=4", "checkpoint.every=2", "run.log_every=1")
+    base = build_job(config)
+    job = build_job(config, init_fn=base.init_fn, loss_fn=_infinite_on_marked_batches(base.loss_fn, loss_too=True))
+    result = train(config, progress=False, job=job, data=_MarkedBatches(train_data(config), {2}))  # step 3's batch
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["skipped_steps"]) for r in rows] == [(1, 0), (2, 0), (3, 1), (4, 1)]
+    assert rows[2]["loss"] == np.inf and all(np.isfinite(r["loss"]) for r in rows[:2] + rows[3:])
+    assert result.saved == [2] and committed(run) == ["2"]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "not checkpointed" in line]
+    assert warnings == ["jzero: warning: step 4: the loss was not finite at step 3; not checkpointed "
+                        "(the newest checkpoint stays step 2)"]  # fmt: skip

@@ -14,8 +14,10 @@ from support.configs import ROOT, TINY
 from support.files import snapshot
 from support.reference import assert_within_floor
 
+from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
+from jzero.data.tokenizer import BYTES
 from jzero.models.decode import decode_loop, decode_step, prefill
 from jzero.models.gpt import GPT
 from jzero.models.llama import Llama
@@ -207,3 +209,53 @@ def test_bad_input_is_one_line_and_exit_2(devices, untrained, capsys, case):
     assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
     assert captured.err.startswith("jzero: error: ") and message in captured.err, captured.err
     assert (snapshot(run.parent), sorted(run.parent.rglob("*"))) == before
+
+
+@pytest.fixture(scope="module")
+def sharp_run(tmp_path_factory):
+    """A run folder holding a step-1 checkpoint of the tiny GPT's init with its head scaled 30x (the
+    init's logits are near uniform, where a temperature hardly changes a draw), and those parameters."""
+    run = tmp_path_factory.mktemp("sharp") / "run"
+    config = load_config(None, [*TINY, "model.seq_len=32", f"run.dir={run}"])
+    run.mkdir()
+    (run / "config.yaml").write_text(dump_config(config))
+    job = build_job(config)
+    state = job.init_state()
+    params = {**state.params, "lm_head": {"kernel": state.params["lm_head"]["kernel"] * 30}}
+    with RunCheckpoints(run) as checkpoints:
+        assert checkpoints.save(1, state.replace(params=params))
+    return run, job.model, jax.device_get(params)
+
+
+def _drawn(model, params, prompt, count, temperature, seed):
+    """``count`` tokens after ``prompt``, drawn independently of jzero's decoding: the logits of the
+    model's own ``apply`` on the whole sequence so far (causal: the positions after it change
+    nothing), and as the sampler documents its key use, step i's token ``jax.random.categorical(
+    fold_in(key(seed), i), logits / temperature)`` over a [1, vocab] row; argmax at temperature 0."""
+    apply = jax.jit(lambda p, t: model.apply({"params": p}, t))
+    ids, key = list(prompt), jax.random.key(seed)
+    for i in range(count):
+        logits = apply(params, jnp.asarray([ids + [0] * (model.seq_len - len(ids))], jnp.int32))[:, len(ids) - 1]
+        if temperature == 0:
+            ids.append(int(jnp.argmax(logits[0])))
+        else:
+            ids.append(int(jax.random.categorical(jax.random.fold_in(key, i), logits / temperature, axis=-1)[0]))
+    return ids[len(prompt) :]
+
+
+def test_sampled_tokens_follow_the_temperature_and_seed(devices, sharp_run, capsys):
+    """At temperature 1.7 and seed 5 the text (through the API and ``jzero sample --temperature``) is
+    the tokens :func:`_drawn` draws from the model's logits / 1.7, which differ from those at 0.8
+    (the default) and at 0 (greedy), so a temperature left out or fixed is caught."""
+    run, model, params = sharp_run
+    prompt, count, seed = BYTES.encode(PROMPT), 12, 5
+    want = _drawn(model, params, prompt, count, 1.7, seed)
+    assert want != _drawn(model, params, prompt, count, 0.8, seed)
+    assert want != _drawn(model, params, prompt, count, 0.0, seed)
+    text = sample(run, PROMPT, max_tokens=count, temperature=1.7, seed=seed)
+    assert text == BYTES.decode(want)
+    flags = ["--prompt", PROMPT, "--max-tokens", str(count), "--temperature", "1.7", "--seed", str(seed)]
+    assert main(["sample", str(run), *flags]) == 0
+    assert capsys.readouterr().out == text + "\n"
+    # Greedy is the argmax of the same logits.
+    assert sample(run, PROMPT, max_tokens=count, temperature=0.0) == BYTES.decode(_drawn(model, params, prompt, count, 0.0, 0))
