@@ -107,3 +107,12 @@ def corpus(tmp_path_factory):
 def two_hosts(h100x8):
     """Two hosts of four H100s (the gpu-target extra is there: h100x8)."""
     return target_devices("h100", hosts=2, gpus_per_host=4)
+
+
+@pytest.fixture(scope="session")
+def user_cache(tmp_path_factory):
+    """``XDG_CACHE_HOME`` for the commands the tests run as a user (:mod:`support.commands`): one for
+    the whole run, every worker's, so a program one of them compiled is in the user's JAX
+    compilation cache for the next, as on a user's machine after the first command."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "user-cache"

@@ -24,11 +24,13 @@ and the colon or the end:
                       that is no command of jzero's.
 
 The rule (CONTRIBUTING.md, "Quoted output"): every fenced block names its language; a ```text
-block is output and carries a marker; there are no indented code blocks. Live blocks run in one
-session, in the order of PAGES: a command runs once and every block that quotes the same words
-shows that run (so docs/ledger.md, docs/checkpoints.md and docs/training.md quote one run). Paths
-under /tmp/ are a temporary folder's, and relative paths (`configs/`, `runs/`) are from a folder
-that links the repository's configs/, examples/ and benchmarks/.
+block is output and carries a marker; there are no indented code blocks. Live blocks run as a user
+runs them (tests/support/commands.py: the installed `jzero`, a fresh process each, with none of the
+suite's device count, platform or cache, and a home of their own), in one session, in the order of
+PAGES: a command runs once and every block that quotes the same words shows that run (so
+docs/ledger.md, docs/checkpoints.md and docs/training.md quote one run). Paths under /tmp/ are a
+temporary folder's, and relative paths (`configs/`, `runs/`) are from a folder that links the
+repository's configs/, examples/ and benchmarks/.
 
 Regenerate (from the repository root, in the venv):
 
@@ -36,7 +38,6 @@ Regenerate (from the repository root, in the venv):
     python tests/test_doc_outputs.py --write [PAGE ...]   # rewrite the blocks that differ (live ones
                                                           # rerun, stored ones from their stored run)
     python tests/test_doc_outputs.py --stored --no-live [PAGE ...]   # rerun and store the stored ones (minutes)
-    python tests/test_doc_outputs.py --subprocess         # the live blocks through the real `jzero`
 
 A block that matches up to the masks is left as it is, so rewriting does not churn timings.
 """
@@ -44,28 +45,22 @@ A block that matches up to the masks is left as it is, so rewriting does not chu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import difflib
-import io
 import json
-import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.xla import users_emitters_env
+from support.commands import Command, Session, apply_filters, normal, shown, unfiltered, user_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 STORED = ROOT / "benchmarks" / "results" / "doc_outputs.json"
-LINKED = ("configs", "examples", "benchmarks")  # what the commands read relative to the repository root
 
 FENCE = re.compile(r"^( *)```(.*)$")
 MARKER = re.compile(
@@ -141,11 +136,6 @@ def differences(want: str, got: str) -> str:
         return ""
     diff = difflib.unified_diff(want.splitlines(), got.splitlines(), "in the page", "printed now", lineterm="", n=1)
     return "\n".join(diff) if a != b else f"numbers outside {tol:g} (relative): {a_close} in the page, {b_close} now"
-
-
-def normal(text: str) -> str:
-    """Trailing spaces and blank lines dropped: what a page can hold."""
-    return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,171 +251,6 @@ def all_blocks(pages: list[Path] = PAGES) -> list[Block]:
 # Running the commands
 
 
-@dataclasses.dataclass
-class Command:
-    """A command line: its environment, its program and arguments, its filters and its `# exit N`."""
-
-    env: dict[str, str]
-    argv: list[str]
-    filters: list[list[str]]
-    status: int | None
-
-    @classmethod
-    def parse(cls, line: str) -> Command:
-        lex = shlex.shlex(line, posix=True, punctuation_chars="|")
-        lex.whitespace_split, lex.commenters = True, ""
-        tokens = list(lex)
-        status = None
-        if "#" in tokens:
-            comment = " ".join(tokens[tokens.index("#") + 1 :])
-            tokens = tokens[: tokens.index("#")]
-            if m := re.match(r"exit (\d+)", comment):
-                status = int(m[1])
-        env = {}
-        while tokens and re.match(r"[A-Z_][A-Z0-9_]*=", tokens[0]):
-            name, _, value = tokens.pop(0).partition("=")
-            env[name] = value
-        parts, current = [], []
-        for t in tokens:
-            if t == "|":
-                parts.append(current)
-                current = []
-            else:
-                current.append(t)
-        parts.append(current)
-        argv, filters = parts[0], parts[1:]
-        if argv and argv[-1] == "2>&1":
-            argv = argv[:-1]
-        elif filters:
-            raise ValueError(f"{line}: filters apply to stdout and stderr together, so write `2>&1 |`")
-        return cls(env, argv, filters, status)
-
-    @property
-    def base(self) -> str:
-        """The command without its filters: what is run once and cached."""
-        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
-        return " ".join([*env, *map(shlex.quote, self.argv)])
-
-
-def apply_filters(text: str, filters: list[list[str]]) -> str:
-    """``head``, ``tail``, ``grep [-v] [-E]`` and ``sed -n 'A,Bp'``, as the shell's would."""
-    lines = text.splitlines()
-    for f in filters:
-        name, args = f[0], f[1:]
-        if name in ("head", "tail"):
-            n = int(args[1]) if args[0] == "-n" else int(args[0].lstrip("-"))
-            lines = lines[:n] if name == "head" else lines[-n:] if n else []
-        elif name == "grep":
-            flags = [a for a in args if a.startswith("-")]
-            (pattern,) = [a for a in args if not a.startswith("-")]
-            assert set(flags) <= {"-v", "-E"}, f"grep {flags}: only -v and -E"
-            lines = [line for line in lines if bool(re.search(pattern, line)) != ("-v" in flags)]
-        elif name == "sed" and args[0] == "-n" and (m := re.fullmatch(r"(\d+|/.+?/|\$)(?:,(\d+|/.+?/|\$))?p", args[1])):
-            lines = _sed_range(lines, m[1], m[2] or m[1])
-        else:
-            raise ValueError(f"filter {' '.join(f)}: use head, tail, grep [-v] [-E] or sed -n 'A,Bp'")
-    return "\n".join(lines)
-
-
-def _sed_range(lines: list[str], a: str, b: str) -> list[str]:
-    def at(address: str, start: int) -> int:
-        if address == "$":
-            return len(lines) - 1
-        if address.startswith("/"):
-            return next((i for i in range(start, len(lines)) if re.search(address[1:-1], lines[i])), len(lines))
-        return int(address) - 1
-
-    first = at(a, 0)
-    return lines[first : at(b, first + (a != b)) + 1]
-
-
-def _without_the_suites_flags() -> str | None:
-    """This process's XLA_FLAGS less those the test suite adds (tests/conftest.py); None if nothing is left."""
-    suite = set(os.environ.get("JZERO_SUITE_XLA_FLAGS", "").split())
-    left = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in suite]
-    return " ".join(left) or None
-
-
-class Session:
-    """A folder that commands run in. ``/tmp/`` in their words is ``folder/tmp/``, and relative paths
-    are from ``folder``, which links the repository's configs/, examples/ and benchmarks/.
-    ``inprocess``: ``jzero`` commands call :func:`jzero.cli.main.main` here (this process has the
-    suite's 8 CPU devices); otherwise each command runs in bash with ``env``."""
-
-    def __init__(self, folder: Path, inprocess: bool, env: dict[str, str] | None = None):
-        self.folder, self.inprocess, self.env = folder, inprocess, env
-        (folder / "tmp").mkdir(parents=True, exist_ok=True)
-        for name in LINKED:
-            if (ROOT / name).exists() and not (folder / name).exists():
-                (folder / name).symlink_to(ROOT / name)
-        self.cache: dict[str, tuple[int, str, float]] = {}
-        self.done: set[str] = set()
-
-    def words(self, text: str) -> str:
-        return text.replace("/tmp/", f"{self.folder}/tmp/")
-
-    def unwords(self, text: str) -> str:
-        return text.replace(f"{self.folder}/tmp/", "/tmp/").replace(f"{self.folder}/", "")
-
-    def after(self, action: str) -> None:
-        if action not in self.done:
-            ACTIONS[action](self)
-            self.done.add(action)
-
-    def run(self, line: str, again: bool = False) -> tuple[str, float]:
-        """What ``line``'s command prints before its filters, and the seconds it took. A command
-        runs once, and the same words again get the same run, unless ``again``."""
-        command = Command.parse(line)
-        inprocess = self.inprocess and (command.argv[:1] == ["jzero"] or command.argv[:2] == ["python", "-c"])
-        # bash runs the line without its filters and comment; the filters are applied here either way
-        key = command.base if inprocess else unfiltered(line)
-        if key not in self.cache or again:
-            start = time.perf_counter()
-            status, text = self._jzero(command) if inprocess else self._bash(key)
-            self.cache[key] = (status, self.unwords(text), time.perf_counter() - start)
-        status, text, seconds = self.cache[key]
-        if command.status is not None and status != command.status:
-            raise AssertionError(f"{line}: exit status {status}, not {command.status}:\n{text}")
-        return text, seconds
-
-    def _jzero(self, command: Command) -> tuple[int, str]:
-        """``jzero ...`` through :func:`jzero.cli.main.main`, or ``python -c CODE`` by ``exec``, here."""
-        from jzero.cli.main import main
-
-        def python(argv: list[str]) -> int:
-            exec(argv[1], {"__name__": "__main__"})
-            return 0
-
-        out = io.StringIO()
-        # The user's XLA_FLAGS, not the suite's: jzero plan prints the XLA options it reads there.
-        user = {"XLA_FLAGS": self.env.get("XLA_FLAGS") if self.env is not None else _without_the_suites_flags()}
-        saved_env, cwd = {k: os.environ.get(k) for k in [*user, *command.env]}, os.getcwd()
-        for k, v in user.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        os.environ.update({k: self.words(v) for k, v in command.env.items()})
-        os.chdir(self.folder)
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                try:
-                    status = (main if command.argv[0] == "jzero" else python)([self.words(a) for a in command.argv[1:]])
-                except SystemExit as e:  # argparse's usage errors
-                    status = e.code if isinstance(e.code, int) else 1
-        finally:
-            os.chdir(cwd)
-            for k, v in saved_env.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        return status, out.getvalue()
-
-    def _bash(self, line: str) -> tuple[int, str]:
-        env = dict(self.env if self.env is not None else os.environ)
-        if self.env is not None:  # a user's first run: JAX's compilation cache (jzero.compiler.cache) cold
-            (self.folder / "cache").mkdir(exist_ok=True)
-            env["XDG_CACHE_HOME"] = tempfile.mkdtemp(dir=self.folder / "cache")
-        command = ["bash", "-c", self.words(line)]
-        done = subprocess.run(command, cwd=self.folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        return done.returncode, done.stdout
-
-
 def _flip_one_bit(session: Session, step: str) -> None:
     """One bit flipped in the middle of the largest data file of ``step``'s state."""
     state = session.folder / "tmp" / "demo" / "checkpoints" / step / "state"
@@ -444,7 +269,7 @@ def _bpe_data(session: Session) -> None:
     """docs/data.md's first command: BPE on the standard library's sources."""
     stdlib = "STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])')"
     sources = "$(find \"$STDLIB\" -name '*.py' -not -path '*/site-packages/*' | sort)"
-    status, text = session._bash(f"{stdlib}; jzero data prepare {sources} --out data/stdlib-bpe --vocab-size 4096")
+    status, text = session.bash(f"{stdlib}; jzero data prepare {sources} --out data/stdlib-bpe --vocab-size 4096")
     assert status == 0, text
 
 
@@ -464,11 +289,6 @@ ACTIONS: dict[str, Callable[[Session], None]] = {
 }
 
 
-def shown(line: str, printed: str) -> str:
-    """What a block shows of ``printed``, the output of ``line``'s command: its filters applied."""
-    return normal(apply_filters(printed, Command.parse(line).filters))
-
-
 def compare(block: Block, outputs: list[str]) -> tuple[str, str]:
     """The differences between ``block`` and what it should show, ``outputs`` (filtered: see
     :func:`shown`), and the block's text with them."""
@@ -483,20 +303,15 @@ def check(block: Block, session: Session) -> tuple[str, str, list[str], list[flo
         session.after(block.after)
     printed, seconds, ran = [], [], set()
     for _, command, _ in block.steps():  # a command a transcript repeats runs again: what it changed matters
-        text, s = session.run(command, again=unfiltered(command) in ran)
+        done = session.run(command, again=unfiltered(command) in ran)
         ran.add(unfiltered(command))
-        printed.append(text)
-        seconds.append(s)
+        printed.append(done.text)
+        seconds.append(done.seconds)
     return *compare(block, [shown(c, p) for (_, c, _), p in zip(block.steps(), printed, strict=True)]), printed, seconds
 
 
 def stored_runs() -> dict[str, list[dict]]:
     return json.loads(STORED.read_text()) if STORED.exists() else {}
-
-
-def unfiltered(line: str) -> str:
-    """``line`` without its filters and its comment: the command that runs."""
-    return re.sub(r"\s+#\s.*$|\s*2>&1.*$", "", line)
 
 
 def stored_entry(block: Block, stored: dict[str, list[dict]]) -> dict | None:
@@ -579,25 +394,25 @@ def test_masks_hide_only_what_varies():
     assert differences(row.format("9.52 MiB"), row.format("9.19 MiB").replace("yes", "no", 1)) != ""
 
 
-def test_quoted_outputs_match_a_rerun():
-    """Every live block, rerun in one session (each command once); all differences in one report.
-    In a process of its own that compiles as users do: the pages quote users' programs."""
-    done = subprocess.run([sys.executable, __file__, "--live-only"], capture_output=True, text=True, env=users_emitters_env())
+def test_quoted_outputs_match_a_rerun(tmp_path, user_cache):
+    """Every live block, rerun as a user runs it (:class:`support.commands.Session`: the installed
+    ``jzero``, a fresh process each, no device count or platform of the suite's, a home of its own),
+    in one session (each command once); all differences in one report."""
+    failures = check_live(tmp_path, user_cache)
     rerun = "quoted output differs; `python tests/test_doc_outputs.py --write` rewrites it"
-    assert done.returncode == 0, rerun + ":\n\n" + done.stdout[-20000:] + done.stderr[-3000:]
+    assert not failures, rerun + ":\n\n" + "\n\n".join(failures)[-20000:]
 
 
-def _check_live(folder: Path) -> int:
-    """:func:`test_quoted_outputs_match_a_rerun`'s run: each live block's differences; how many differ."""
-    session = Session(folder, inprocess=True)
+def check_live(folder: Path, cache: Path | None = None) -> list[str]:
+    """:func:`test_quoted_outputs_match_a_rerun`'s run: each live block's differences."""
+    session = Session(folder / "user", user_env(folder / "home", cache), ACTIONS)
     failures = []
     for block in all_blocks():
         if block.mode == "live":
             diff = check(block, session)[0]
             if diff:
                 failures.append(f"{block.where}:\n{diff}")
-    print("\n\n".join(failures))
-    return len(failures)
+    return failures
 
 
 def test_stored_outputs_match_their_blocks():
@@ -644,7 +459,6 @@ def regenerate(
     write: bool,
     stored: bool,
     live_too: bool,
-    subprocesses: bool,
     only: dict[Path, set[int]] | None = None,
     force: bool = False,
 ) -> int:
@@ -654,12 +468,11 @@ def regenerate(
     differ only where masked); ``only`` picks blocks of a page by their first line. Returns how
     many differ."""
     only = only or {}
-    # The suite's XLA flags and compilation cache folder are not a user's.
-    user_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
     differ = 0
     runs = stored_runs()
     with tempfile.TemporaryDirectory() as live_dir:
-        live = Session(Path(live_dir) / "live", inprocess=not subprocesses, env=user_env)
+        env = user_env(Path(live_dir) / "home")
+        live = Session(Path(live_dir) / "live", env, ACTIONS)
         stored_sessions: dict[str, Session] = {}
         for page in pages:
             rewrites = []
@@ -673,7 +486,7 @@ def regenerate(
                     if stored:
                         if block.page not in stored_sessions:
                             folder = Path(live_dir) / "stored" / page.stem
-                            stored_sessions[block.page] = Session(folder, inprocess=False, env=user_env)
+                            stored_sessions[block.page] = Session(folder, env, ACTIONS, cold_cache=True)
                         _, _, printed, seconds = check(block, stored_sessions[block.page])
                         entries = [e for e in runs.get(block.page, []) if e is not stored_entry(block, runs)]
                         ran = [unfiltered(c) for c in commands]  # what ran; the block's filters apply to its output
@@ -716,19 +529,12 @@ if __name__ == "__main__":
     parser.add_argument("--no-live", action="store_true", help="leave the live blocks out")
     parser.add_argument("--force", action="store_true", help="with --write, also rewrite what differs only where masked")
     parser.add_argument("--stored-file", type=Path, default=STORED, help="where the stored runs are (default: %(default)s)")
-    parser.add_argument("--subprocess", action="store_true", help="run the live blocks' jzero commands as subprocesses")
-    parser.add_argument("--live-only", action="store_true", help="check the live blocks as the suite does, writing nothing")
     args = parser.parse_args()
-    if not args.subprocess:
-        import conftest  # noqa: F401  # the suite's 8 CPU devices, before JAX starts
-    if args.live_only:
-        with tempfile.TemporaryDirectory() as folder:
-            sys.exit(1 if _check_live(Path(folder)) else 0)
     STORED = args.stored_file
     chosen: dict[Path, set[int]] = {}
     for name in args.pages:
         page, _, line = name.partition(":")
         chosen.setdefault(Path(page).resolve(), set()).update([int(line)] if line else [])
     pages = list(chosen) or PAGES
-    differ = regenerate(pages, args.write, args.stored, not args.no_live, args.subprocess, chosen, args.force)
+    differ = regenerate(pages, args.write, args.stored, not args.no_live, chosen, args.force)
     sys.exit(1 if differ and not args.write else 0)

@@ -1,0 +1,263 @@
+"""Every ``jzero`` command that README.md and the user pages show, run the way a user runs it: the
+installed ``jzero`` script, a fresh process each, in a clean environment (no device count or
+platform of the suite's, a home folder of its own: :mod:`support.commands`), in the order a page
+gives, each after the ones it needs.
+
+Each command a page shows is one of three things, and :func:`test_every_command_the_pages_show_runs_as_a_user`
+checks that no command is left out or stale:
+
+- a quoted output's (a live block): ``tests/test_doc_outputs.py`` reruns it as a user and compares
+  what it prints with the page;
+- a step of a scenario here (:data:`LLAMA`, :data:`LORA`, :data:`GPT`, :data:`TOKENS`), run as
+  written, a training run only ever shortened by ``--set train.steps=N`` appended;
+- :data:`ELSEWHERE`, which says where it runs instead and why not here.
+
+The pages' ``~/models/Llama-3.1-8B`` is a tiny Llama that ``transformers`` writes into the user's
+home, with its own ``tokenizer.json``: the commands run with ``~`` as the shell expands it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import sysconfig
+from pathlib import Path
+
+from support.commands import ROOT, Session, expected_status, user_env
+from support.hf_llama import write_hf_llama, write_tokenizer
+from support.xla import compile_flags
+from test_doc_outputs import all_blocks
+
+PAGES = ("README.md", "docs/llama.md", "docs/lora.md", "docs/sampling.md", "docs/checkpoints.md", "docs/data.md",
+         "docs/own-loop.md")  # fmt: skip
+SHORT = " --set train.steps=2"  # a training run's only change: two steps, not hundreds
+ANY = r"(?s)."  # a sample of a model trained two steps: any text, but some
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A command as a page shows it, what is appended to it here (a shorter run), and a pattern its
+    output must match (besides exit status 0, or its ``# exit N``, and no traceback)."""
+
+    shown: str
+    appended: str = ""
+    prints: str = ""
+
+    @property
+    def line(self) -> str:
+        """The command that runs: ``appended`` goes before the filters a page quotes it through."""
+        command, filters = re.match(r"(.*?)((?: 2>&1 \|.*)?)$", self.shown).groups()
+        return command + self.appended + filters
+
+
+# docs/llama.md: import, fine-tune on the model's own tokens, start a config of yours from the
+# weights, export; and the import's own `next:` line, which names the run folder as init_from.
+LLAMA = [
+    Step("jzero checkpoint import ~/models/Llama-3.1-8B --out runs/llama-8b --set zero.stage=3 --set mesh.axes.data=8",
+         prints=r"imported .*Llama-3\.1-8B: 102,720 parameters at stage 3 on data=8 x model=1, its tokenizer"),
+    Step("jzero data prepare 'corpus/*.jsonl' --tokenizer ~/models/Llama-3.1-8B --out data/llama-tokens",
+         prints=r"vocabulary 320, uint16"),
+    Step("jzero train runs/llama-8b/config.yaml --set train.steps=1000 --set data.tokens=data/llama-tokens", SHORT,
+         prints=r"trained steps 0 -> 2: .*; saved step 2; run dir runs/llama-8b"),
+    Step("jzero train my-llama.yaml --set train.init_from=~/models/Llama-3.1-8B", SHORT,
+         prints=r"trained steps 0 -> 2: .*; run dir runs/my-llama"),
+    Step("jzero checkpoint export runs/llama-8b --format hf --out exported/llama-8b --dtype bfloat16",
+         prints=r"exported step 2 as Hugging Face Llama: 21 tensors, .* as bfloat16 in 1 safetensors file to exported/llama-8b"),
+]  # fmt: skip
+
+# docs/lora.md: import, train adapters from the Hugging Face folder, export them merged and apart.
+LORA = [
+    Step("jzero checkpoint import ~/models/Llama-3.1-8B --out runs/llama-8b", prints=r"at stage 0 on data=8 x model=1"),
+    Step("jzero train runs/llama-8b/config.yaml --set run.dir=runs/llama-8b-lora --set train.init_from=~/models/Llama-3.1-8B "
+         "--set lora.rank=16 --set \"lora.targets=['q_proj','k_proj','v_proj','o_proj']\"", SHORT,
+         prints=r"trained steps 0 -> 2: .*; run dir runs/llama-8b-lora"),
+    Step("jzero checkpoint export runs/llama-8b-lora --format hf --out exported/merged --merge-lora",
+         prints=r"\(LoRA's adapters merged\): 21 tensors"),
+    Step("jzero checkpoint export runs/llama-8b-lora --format hf --out exported/with-adapters",
+         prints=r"LoRA's adapters: 16 tensors in PEFT's layout in exported/with-adapters/lora"),
+]  # fmt: skip
+
+# README.md, docs/sampling.md and docs/own-loop.md: the default GPT trained, then sampled; your own model.
+GPT = [
+    Step("jzero train configs/gpt-tiny.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; saved step 2; run dir runs/gpt-tiny"),
+    Step("jzero train configs/gpt-tiny.yaml 2>&1 | grep -E '^(step (10|100|1000) |goodput|trained)'", SHORT),
+    Step('jzero sample runs/gpt-tiny --prompt "def " --max-tokens 120 --temperature 0.8 --seed 0', prints=ANY),
+    Step('jzero sample runs/gpt-tiny --prompt "def " --max-tokens 120 --temperature 0.5 --seed 0', prints=ANY),
+    Step('jzero sample runs/gpt-tiny --prompt "class " --max-tokens 120 --temperature 0.5 --seed 0', prints=ANY),
+    Step("jzero train configs/own-model.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/own-model"),
+]  # fmt: skip
+
+# docs/data.md: BPE on standard library sources (STDLIB: its top-level files, where the page's
+# first line sets the whole library), then training on the token folder.
+TOKENS = [
+    Step("jzero data prepare $(find \"$STDLIB\" -name '*.py' -not -path '*/site-packages/*' | sort) --out data/stdlib-bpe "
+         "--vocab-size 4096", prints=r"-> data/stdlib-bpe"),
+    Step("jzero train configs/gpt-tiny-bpe.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/gpt-tiny-bpe"),
+]  # fmt: skip
+
+# Shown, but run elsewhere, and why.
+ELSEWHERE = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[plot]' && jzero train configs/gpt-tiny.yaml":
+        ".ci/run runs it as written, in a fresh virtualenv, with --set train.steps=20",
+    "jzero data prepare SOURCES... --out DIR (--vocab-size N | --tokenizer FILE_OR_HF_DIR) [--eval-fraction F] [--quiet]":
+        "a synopsis, not a command",
+    # docs/data.md's refusals of a damaged token folder: the page's figures are the whole standard
+    # library's BPE folder (9,216,704 tokens, minutes to prepare); its stored run is a user's
+    # (`python tests/test_doc_outputs.py --stored --no-live docs/data.md`), tests/data/ tests each refusal.
+    **{f"jzero train configs/gpt-tiny-bpe.yaml --set run.dir=/tmp/err-run {words} --quiet": "a stored block of docs/data.md"
+       for words in ("--set model.vocab_size=256", "--set train.eval_batches=100", "--set data.tokens=/tmp/x",
+                     "--set data.tokens=/tmp/y")},
+    'jzero sample runs/gpt-tiny-bpe --prompt "    def" --max-tokens 50 --temperature 0.5 --seed 0':
+        "a stored block of docs/data.md, after the page's 300-step run; GPT's samples run here",
+    **{f"jzero plan {words} 2>&1 | grep -E '^(jzero plan|total|compiled step|predicted|verdict)'":
+       "a stored block of docs/llama.md: a GPU target's compile of a 8B or 70B model; tests/ledger/ compiles GPU targets"
+       for words in ("configs/llama3-8b.yaml --target h100x8",
+                     "configs/llama3.1-70b.yaml --target h100x64 --set train.global_batch_size=64")},
+    "jzero sample runs/gpt-tiny --prompt \"def \" 2>&1 | grep '^jzero: note'":
+        "a stored block of docs/sampling.md, after the page's 1,000-step run; GPT's samples run here",
+}  # fmt: skip
+
+SCENARIOS = {"LLAMA": LLAMA, "LORA": LORA, "GPT": GPT, "TOKENS": TOKENS}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the pages show
+
+
+def shown_commands() -> dict[str, str]:
+    """Each ``jzero`` command the pages show (in a ```bash block, as a transcript's ``$`` line or an
+    output marker's command), with where: ``{command: "page:line"}``."""
+    found: dict[str, str] = {}
+    for page in PAGES:
+        for line, command in _bash_commands(ROOT / page):
+            found.setdefault(command, f"{page}:{line}")
+    for block in all_blocks([ROOT / page for page in PAGES]):
+        for _, command, _ in block.steps():
+            if re.match(r"(\w+=\S+ )*jzero ", command):
+                found.setdefault(_plain(command), block.where)
+    return found
+
+
+def _bash_commands(page: Path) -> list[tuple[int, str]]:
+    """The lines of a page's ```bash blocks that run ``jzero``, continuations joined, comments dropped."""
+    commands, lines, i = [], page.read_text().splitlines(), 0
+    while i < len(lines):
+        if lines[i].strip() != "```bash":
+            i += 1
+            continue
+        i += 1
+        while lines[i].strip() != "```":
+            start, text = i + 1, lines[i].strip()
+            while text.endswith("\\"):
+                i += 1
+                text = text[:-1].rstrip() + " " + lines[i].strip()
+            if re.search(r"(^|&& )jzero ", text):
+                commands.append((start, _plain(text)))
+            i += 1
+    return commands
+
+
+def _plain(command: str) -> str:
+    """A command without a trailing comment (``# exit N`` is a transcript's, kept) and with single spaces."""
+    command = re.sub(r"\s+#\s(?!exit \d).*$", "", command)
+    return " ".join(command.split())
+
+
+def test_every_command_the_pages_show_runs_as_a_user():
+    """Each command the pages show is a live quoted block's, a scenario's step, or ELSEWHERE's; and
+    each step and ELSEWHERE entry is still on a page (a page that changes a command fails here)."""
+    shown = shown_commands()
+    live = {_plain(c) for b in all_blocks([ROOT / p for p in PAGES]) if b.mode == "live" for _, c, _ in b.steps()}
+    steps = {_plain(s.shown) for scenario in SCENARIOS.values() for s in scenario}
+    elsewhere = {_plain(c) for c in ELSEWHERE}
+    run_nowhere = [f"{where}: {c}" for c, where in shown.items() if c not in live | steps | elsewhere]
+    assert not run_nowhere, "commands the pages show that nothing runs:\n" + "\n".join(run_nowhere)
+    stale = sorted((steps | elsewhere) - set(shown))
+    assert not stale, "commands no page shows any more:\n" + "\n".join(stale)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scenarios
+
+
+def _hf_llama(folder: Path) -> Path:
+    """A tiny Llama written by ``transformers`` (sharded safetensors) with its own ``tokenizer.json``."""
+    write_hf_llama(folder)
+    write_tokenizer(folder, 320)
+    return folder
+
+
+def _session(tmp_path: Path, cache: Path) -> Session:
+    """A user's folder and home; the suite's compile speed (no device count: jzero sizes the devices)."""
+    return Session(tmp_path / "work", user_env(tmp_path / "home", cache, compile_flags()))
+
+
+def _run(session: Session, steps: list[Step]) -> dict[str, str]:
+    """Run ``steps`` in order: each exits as its page says (0 unless ``# exit N``), prints no
+    traceback and matches its pattern. Returns what each printed, by its page's words."""
+    printed = {}
+    for step in steps:
+        ran = session.run(step.line)
+        wanted = expected_status(step.shown) or 0
+        assert ran.status == wanted, f"{step.line}: exit status {ran.status}, not {wanted}:\n{ran.text[-3000:]}"
+        assert "Traceback" not in ran.text, f"{step.line}:\n{ran.text[-3000:]}"
+        assert re.search(step.prints, ran.text, re.M), f"{step.line}: nothing matches {step.prints!r} in:\n{ran.text[-3000:]}"
+        printed[step.shown] = ran.text
+    return printed
+
+
+def _home_model(session: Session, hf_llama: Path) -> None:
+    shutil.copytree(hf_llama, Path(session.env["HOME"]) / "models" / "Llama-3.1-8B")
+
+
+def test_the_llama_and_lora_pages_from_import_to_export(tmp_path, user_cache):
+    """Each page in a user's folder and home of its own; one model (torch's start-up is seconds)."""
+    hf_llama = _hf_llama(tmp_path / "hf")
+    _llama_page(_session(tmp_path / "llama", user_cache), hf_llama)
+    _lora_page(_session(tmp_path / "lora", user_cache), hf_llama)
+
+
+def _llama_page(session: Session, hf_llama: Path) -> None:
+    _home_model(session, hf_llama)
+    corpus = session.folder / "corpus"
+    corpus.mkdir()
+    for name in ("textwrap.py", "shlex.py"):  # documents of JSON lines: a user's corpus/*.jsonl
+        text = (Path(sysconfig.get_paths()["stdlib"]) / name).read_text()
+        (corpus / f"{Path(name).stem}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in text.split("\n\n")))
+    _run(session, LLAMA[:3])
+    # "a config of yours": the import's, writing its own run folder
+    config = (session.folder / "runs/llama-8b/config.yaml").read_text()
+    (session.folder / "my-llama.yaml").write_text(re.sub(r"(?m)^  dir: .*$", "  dir: runs/my-llama", config))
+    _run(session, LLAMA[3:])
+    exported = session.folder / "exported/llama-8b"
+    assert json.loads((exported / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    # The import's own next: line, run as it reads: init_from names the run folder.
+    hint = "jzero train my-llama.yaml --set run.dir=runs/from-import --set train.init_from=runs/llama-8b"
+    _run(session, [Step(hint, SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/from-import")])
+
+
+def _lora_page(session: Session, hf_llama: Path) -> None:
+    _home_model(session, hf_llama)
+    _run(session, LORA)
+    adapters = session.folder / "exported/with-adapters/lora"
+    assert json.loads((adapters / "adapter_config.json").read_text())["r"] == 16
+    assert not (session.folder / "exported/merged/lora").exists()
+
+
+def test_the_default_gpt_trained_then_sampled_and_your_own_model(tmp_path, user_cache):
+    session = _session(tmp_path, user_cache)
+    printed = _run(session, GPT)
+    samples = [printed[s.shown] for s in GPT if s.shown.startswith("jzero sample")]
+    assert len(set(samples)) == 3  # other temperatures and prompts, other text
+
+
+def test_the_token_data_page_prepared_then_trained(tmp_path, user_cache):
+    session = _session(tmp_path, user_cache)
+    top = session.folder / "stdlib"  # the standard library's top level, 5 MB: BPE in seconds, not minutes
+    top.mkdir(parents=True)
+    for source in Path(sysconfig.get_paths()["stdlib"]).glob("*.py"):
+        shutil.copy(source, top / source.name)
+    session.env["STDLIB"] = str(top)
+    _run(session, TOKENS)
