@@ -1,95 +1,780 @@
-"""Mutation check: break jzero in small, obvious ways, one at a time, and run the tests that claim to
-cover each; every mutant must fail at least one of them (issue 38's audit: these three passed every
-test that covered them).
+"""Mutation testing: break jzero in small, realistic ways, one at a time, and run the tests that
+claim to cover each; every mutant must make one of them fail, or be marked equivalent with a reason.
+A mutant that survives is a bug the suite would let through (issue 38's audit found three; issue 50
+made this the routine a developer runs on the modules a change touches).
 
-    python tests/mutations.py              # each mutation in turn; exit status 1 if a mutant survives
+    python tests/mutations.py --changed          # the mutants of the files that differ from HEAD
+    python tests/mutations.py --changed main     # ... from another revision
+    python tests/mutations.py --only step.py     # the mutants whose name or path holds a word
+    python tests/mutations.py                    # every mutant: a full round
     python tests/mutations.py --list
 
-Each mutation edits one source file in place and puts it back afterwards (also on Ctrl-C or an
-error); the tests run as a subprocess on 8 simulated CPU devices, first unmutated (they must pass).
+The working tree is never touched (others may be editing or testing it): the tracked and untracked,
+not ignored files are copied once into a temporary folder, each mutant is applied there and undone
+after, and pytest runs in that copy with it first on PYTHONPATH, so ``import jzero`` is the copy's
+(the editable install's finder comes after PYTHONPATH; a first run with a jzero that raises on
+import checks it). Each distinct test selection runs once unmutated first and must pass. Exit
+status 1 if a mutant survives, its text is not in its file exactly once, or its tests fail unmutated.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 600  # a mutant whose tests run this long (an endless loop, a hang) counts as killed
+NOT_FOUND, BASELINE_FAILS = "NOT FOUND", "BASELINE FAILS"  # the mutant could not be judged
+_IMPORT_CHECK = "tests/base/test_trees.py"  # a few seconds: the check that pytest imports the copy's jzero
 
 
 @dataclasses.dataclass(frozen=True)
-class Mutation:
+class Mutant:
+    """One bug: ``old`` (which must occur exactly once in ``path``) replaced by ``new``, and the
+    narrowest test selection (pytest arguments: node ids, files, ``-k EXPR``) that should fail on it.
+    ``equivalent``: why the mutant cannot change behaviour; it is then not run and not counted."""
+
     name: str
-    path: str  # the file, from the repository root
-    old: str  # text that must occur exactly once
+    path: str  # from the repository root
+    old: str
     new: str
     tests: tuple[str, ...]
+    equivalent: str | None = None
 
 
-MUTATIONS = (
-    Mutation(
-        "the prediction ignores every transfer",
-        "jzero/training/prediction.py",
-        "        transfers=tuple(transfers),\n",
-        "        transfers=(),\n",
-        ("tests/training/test_prediction.py",),
+def _m(name: str, path: str, old: str, new: str, *tests: str, equivalent: str | None = None) -> Mutant:
+    return Mutant(name, path, old, new, tests, equivalent)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mutants, by subpackage. Each ``old`` is the smallest text that pins the line; each test
+# selection the narrowest that should fail on the bug (pytest arguments: node ids, files, -k).
+
+_PRECISION = "tests/memory/test_precision.py"
+
+_CHECKPOINT = (
+    _m(
+        "verify counts the bytes of every file, not of its part's",
+        "jzero/checkpoint/integrity.py",
+        '    return sum(files[name]["bytes"] for name in names[index::count])\n',
+        '    return sum(files[name]["bytes"] for name in names)\n',
+        "tests/checkpoint/test_integrity.py::test_processes_share_the_hashing_and_sizes_are_checked_by_all",
     ),
-    Mutation(
-        "tokens counted 8x too high",
-        "jzero/training/loop.py",
-        "        tokens = job.config.train.global_batch_size * job.config.model.seq_len\n",
-        "        tokens = job.config.train.global_batch_size * job.config.model.seq_len * 8\n",
-        ("tests/training/test_throughput.py",),
+    _m(
+        "a save checks only the optimizer state for non-finite values",
+        "jzero/checkpoint/runs.py",
+        "if not bool(_all_finite((state.params, state.opt_state))):",
+        "if not bool(_all_finite(state.opt_state)):",
+        "tests/checkpoint/test_checkpoint.py::test_non_finite_state_is_never_checkpointed",
     ),
-    Mutation(
+    _m(
+        "the Hugging Face import reads a transposed matrix's shard at the untransposed index",
+        "jzero/checkpoint/hf.py",
+        "np.array(tensor[index[1], index[0]]).T",
+        "np.array(tensor[index[0], index[1]]).T",
+        "tests/checkpoint/test_hf.py::test_import_then_export_gives_back_every_tensor_bit_for_bit[3-dp8]",
+    ),
+    _m(
+        "train.init_from reads an Orbax folder by the relative path given",
+        "jzero/checkpoint/export.py",
+        "    path = path.absolute()  # Orbax finds no metadata under a relative path (runs/x/checkpoints/2)\n",
+        "",
+        "tests/checkpoint/test_init_from.py",
+    ),
+    _m(
+        "the Hugging Face export refuses an --out whose parent folder is not there yet",
+        "jzero/checkpoint/hf_export.py",
+        "            out.parent.mkdir(parents=True, exist_ok=True)  # as transformers' save_pretrained does\n",
+        "",
+        "tests/commands/test_documented_commands.py",
+        "-k",
+        "llama",
+    ),
+)
+
+_CLI = (
+    _m(
+        "bad input exits 1 (a failed run) instead of 2",
+        "jzero/cli/main.py",
+        '        print(f"jzero: error: {err}", file=sys.stderr)\n        return BAD_INPUT\n',
+        '        print(f"jzero: error: {err}", file=sys.stderr)\n        return RUN_FAILED\n',
+        "tests/cli/test_cli.py::test_bad_input_is_one_line_exit_2",
+    ),
+    _m(
+        "jzero estimate defaults to fp32 instead of mixed precision",
+        "jzero/cli/parser.py",
+        'est.add_argument("--precision", default="mixed"',
+        'est.add_argument("--precision", default="fp32"',
+        "tests/ledger/test_estimate.py::test_reproduces_the_papers_7_5b_row_at_64",
+    ),
+    _m(
+        "every checkpoint command starts JAX's backends before the import sizes its CPU devices (issue 50)",
+        "jzero/cli/main.py",
+        '            import_jax(target=bool(getattr(args, "target", None)))  # each command starts the backends it sizes\n',
+        '            import_jax(target=bool(getattr(args, "target", None)))  # each command starts the backends it sizes\n'
+        '            if args.command == "checkpoint":\n'
+        "                from jzero.distributed.process import start_backends\n\n"
+        "                start_backends()\n",
+        "tests/commands/test_documented_commands.py",
+        "-k",
+        "llama",
+    ),
+)
+
+_COMMUNICATION = (
+    _m(
+        "qwZ's block scale is the largest magnitude over the wrong axis",
+        "jzero/communication/quantize.py",
+        "scale = jnp.max(jnp.abs(b), axis=-1) / top",
+        "scale = jnp.max(jnp.abs(b), axis=0) / top",
+        "tests/communication/test_zeropp.py::test_dequantized_values_are_within_half_a_step_per_block",
+    ),
+    _m(
+        "a shard's block count rounds down, dropping the padded last block",
+        "jzero/communication/quantize.py",
+        "return -(-self.local_size // self.block)",
+        "return self.local_size // self.block",
+        "tests/communication/test_zeropp.py::test_a_block_that_does_not_divide_the_shard_is_padded",
+    ),
+    _m(
+        "a shard is padded to whole blocks from exactly eight blocks, not only above",
+        "jzero/communication/quantize.py",
+        "if lay.local_size % block and lay.local_size < MIN_PADDED_BLOCKS * block:",
+        "if lay.local_size % block and lay.local_size <= MIN_PADDED_BLOCKS * block:",
+        "tests/communication/test_zeropp.py::test_a_block_that_does_not_divide_the_shard_is_padded",
+        equivalent="a shard of exactly MIN_PADDED_BLOCKS blocks is a multiple of the block, so local_size % block is 0 there",
+    ),
+    _m(
+        "int4 unpacking swaps the two nibbles of a byte",
+        "jzero/communication/quantize.py",
+        "pairs = jnp.stack([packed & 15, packed >> 4], axis=-1)",
+        "pairs = jnp.stack([packed >> 4, packed & 15], axis=-1)",
+        "tests/communication/test_qgz.py::test_int4_goes_two_to_a_byte",
+    ),
+)
+
+_COMPILER = (
+    _m(
+        "the step's own XLA needs override the config's compiler.xla_options",
+        "jzero/compiler/xla_flags.py",
+        "        (DEFAULTS, needs),\n        (CONFIG_KEY, options),\n",
+        "        (CONFIG_KEY, options),\n        (DEFAULTS, needs),\n",
+        "tests/compiler/test_xla_options.py::test_what_the_step_needs_wins_over_xla_flags_and_loses_to_the_config",
+    ),
+    _m(
+        "import jzero overrides the user's JAX_PLATFORMS",
+        "jzero/compiler/platforms.py",
+        'if os.environ.get("JAX_PLATFORMS") or cuda_driver_present() or importable("libtpu"):',
+        'if cuda_driver_present() or importable("libtpu"):',
+        "tests/compiler/test_platforms.py::test_the_cpu_is_chosen_only_where_cuda_cannot_run",
+    ),
+)
+
+_CONFIG = (
+    _m(
+        "a beta of 1 is accepted (Adam's update then never forgets)",
+        "jzero/config/validation.py",
+        "    _in_range(value, key, 0, 1, open_high=True)\n",
+        "    _in_range(value, key, 0, 1)\n",
+        "tests/cli/test_bad_input.py",
+        "-k",
+        "test_meaningless_values_are_refused and b1",
+    ),
+    _m(
+        "microbatches are checked to divide the batch, not each device's rows",
+        "jzero/config/validation.py",
+        "    if global_batch_size % (ways * microbatches):\n",
+        "    if global_batch_size % microbatches:\n",
+        "tests/cli/test_bad_input.py",
+        "-k",
+        "meaningless and microbatches",
+    ),
+    _m(
+        "a config path's leading ~ is kept as it is",
+        "jzero/config/loading.py",
+        "    return os.path.expanduser(text)\n",
+        "    return text\n",
+        "tests/checkpoint/test_init_from.py::test_a_leading_tilde_in_a_path_is_the_home_folder",
+    ),
+)
+
+_DATA = (
+    _m(
+        "a vocabulary of exactly 65,536 ids is stored as uint32",
+        "jzero/data/tokens.py",
+        'np.dtype("<u2" if vocab_size <= 1 << 16 else "<u4")',
+        'np.dtype("<u2" if vocab_size < 1 << 16 else "<u4")',
+        "tests/data/test_tokens.py::test_the_dtype_fits_the_vocabulary",
+    ),
+    _m(
+        "the held-out documents are one later than the fraction puts them",
+        "jzero/data/prepare.py",
+        "return math.floor((index + 1) * eval_fraction) > math.floor(index * eval_fraction)",
+        "return math.floor(index * eval_fraction) > math.floor((index - 1) * eval_fraction)",
+        "tests/data/test_tokens.py::test_the_validation_split_is_even_and_never_empty",
+    ),
+)
+
+_DISTRIBUTED = (
+    _m(
+        "a launch that leaves devices unused by the mesh is accepted",
+        "jzero/distributed/launch.py",
+        "    if used != total:\n",
+        "    if used > total:\n",
+        "tests/distributed/test_launch.py::test_fit_and_shrink_rules",
+    ),
+    _m(
+        "an elastic restart shrinks to the smallest count that fits, not the largest",
+        "jzero/distributed/launch.py",
+        "for n in range(processes - 1, 0, -1)",
+        "for n in range(1, processes)",
+        "tests/distributed/test_launch.py::test_fit_and_shrink_rules",
+    ),
+)
+
+_LEDGER = (
+    _m(
+        "a dot's FLOPs miss the factor 2 (multiply and add)",
+        "jzero/ledger/flops.py",
+        '    contracted = math.prod(lhs[1][int(d)] for d in match["dims"].split(",") if d)\n'
+        "    return 2 * math.prod(dims) * contracted\n",
+        '    contracted = math.prod(lhs[1][int(d)] for d in match["dims"].split(",") if d)\n'
+        "    return math.prod(dims) * contracted\n",
+        "tests/ledger/test_flops.py",
+    ),
+    _m(
+        "a loop's FLOPs count one iteration fewer than its trip count",
+        "jzero/ledger/flops.py",
+        "return once * (1 if trip is None else trip)",
+        "return once * (1 if trip is None else trip - 1)",
+        "tests/ledger/test_flops.py::test_a_compiled_scan_of_matmuls_counts_every_iteration",
+    ),
+    _m(
+        "a collective's time leaves out the ring's (n - 1) / n",
+        "jzero/ledger/timing.py",
+        "return transfer.bytes * (n - 1) / n / bandwidth",
+        "return transfer.bytes / bandwidth",
+        "tests/ledger/test_timing.py",
+    ),
+    _m(
+        "the predicted step leaves out the host transfers",
+        "jzero/ledger/timing.py",
+        "step = compute + memory + exposed + host\n",
+        "step = compute + memory + exposed\n",
+        "tests/ledger/test_timing.py::test_offload_bound_step_adds_its_host_transfers_over_pcie",
+    ),
+)
+
+_MEMORY = (
+    _m(
+        "the loss scale doubles one finite step late",
+        "jzero/memory/precision.py",
+        "grow = finite & (self.good_steps + 1 >= window)",
+        "grow = finite & (self.good_steps + 1 > window)",
+        "tests/memory/test_precision.py::test_fp16_overflow_is_skipped_and_the_scale_drops",
+    ),
+    _m(
+        "model.remat true and false read the wrong way round",
+        "jzero/memory/remat.py",
+        'return "full" if value else "none"',
+        'return "none" if value else "full"',
+        "tests/memory/test_offload.py::test_true_and_false_still_mean_full_and_none",
+    ),
+)
+
+_MODELS = (
+    _m(
+        "RMSNorm adds eps after the rsqrt instead of under it",
+        "jzero/models/llama.py",
+        "jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)",
+        "jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True)) + self.eps",
+        "tests/models/test_llama.py::test_logits_equal_transformers[0-dp8]",
+    ),
+    _m(
+        "Llama 3's rope blend weighs the scaled and unscaled frequencies the wrong way round",
+        "jzero/models/layers.py",
+        "blended = (1 - smooth) * scaled / factor + smooth * scaled",
+        "blended = smooth * scaled / factor + (1 - smooth) * scaled",
+        "tests/models/test_llama.py::test_llama3_rope_scaling_divides_only_the_long_wavelengths",
+    ),
+    _m(
+        "the decoder's attention divides the logits by head_dim, not its square root",
+        "jzero/models/layers.py",
+        'jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])',
+        'jnp.einsum("bqhd,bkhd->bhqk", q, k) / q.shape[-1]',
+        "tests/models/test_attention.py::test_xla_attention_equals_the_softmax_formula_within_its_floor",
+    ),
+    _m(
+        "a LoRA kernel is merged without its alpha / rank scale",
+        "jzero/models/lora.py",
+        "return (jnp.asarray(kernel, jnp.float32) + scale * delta).astype(kernel.dtype)",
+        "return (jnp.asarray(kernel, jnp.float32) + delta).astype(kernel.dtype)",
+        "tests/models/test_lora.py::test_a_gpt_lora_run_exports_its_kernels_merged",
+    ),
+    _m(
+        "the GPT's FLOPs per token leave out the LM head",
+        "jzero/models/sizes.py",
+        "    return n_layers * (4 + 2 * mlp_ratio) * d_model**2 + vocab_size * d_model\n",
+        "    return n_layers * (4 + 2 * mlp_ratio) * d_model**2\n",
+        "tests/training/test_throughput.py::test_a_tied_head_is_counted",
+    ),
+)
+
+_PLANNER = (
+    _m(
+        "the search's estimate keeps an offloaded optimizer state on the device",
+        "jzero/planner/candidates.py",
+        'states = parts["total"] - parts["optimizer"] * c.zero.offload_optimizer - parts["params"] * c.zero.offload_params',
+        'states = parts["total"] - parts["params"] * c.zero.offload_params',
+        "tests/planner/test_planner.py::test_the_candidates_cover_every_knob_and_the_estimate_orders_them",
+    ),
+    _m(
+        "the search's estimate ignores the remat policy's saved activations",
+        "jzero/planner/candidates.py",
+        "activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + working",
+        'activations = f.n_layers * unit * _SAVED["none"](f.mlp_ratio) / m + working',
+        "tests/planner/test_planner.py::test_the_candidates_cover_every_knob_and_the_estimate_orders_them",
+    ),
+)
+
+_SHARDING = (
+    _m(
         "stage 3's 1-D parameters left whole",
         "jzero/sharding/plan.py",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n"
         "    if len(shape) == 1:\n        return P(*entries), None\n",
-        ("tests/sharding/test_stages.py::test_live_bytes_match_paper_formula",),
+        "tests/sharding/test_stages.py::test_live_bytes_match_paper_formula",
+    ),
+    _m(
+        "ZeRO's data axis joins a model-sharded dimension even where a free one divides",
+        "jzero/sharding/plan.py",
+        "return (logical[dim] == LAYERS, entries[dim] is not None, -shape[dim], dim)",
+        "return (logical[dim] == LAYERS, -shape[dim], dim)",
+        "tests/sharding/test_plan.py::test_data_joins_a_model_sharded_dim_only_when_needed",
+    ),
+    _m(
+        "train.trainable's patterns must match a path from its start (re.match), not anywhere in it",
+        "jzero/sharding/trainable.py",
+        "return lambda path: compiled.search(path) is not None",
+        "return lambda path: compiled.match(path) is not None",
+        "tests/sharding/test_trainable.py::test_the_trees_of_what_trains",
+    ),
+    _m(
+        "the gradients' bytes per device are not divided by N_m",
+        "jzero/sharding/stages.py",
+        '"grads": grads / (n_d if rule.grads else 1) / n_m,',
+        '"grads": grads / (n_d if rule.grads else 1),',
+        "tests/ledger/test_estimate.py::test_model_parallel_fp32_and_other_optimizers",
+    ),
+    _m(
+        "stage 2 counts 3 parameter sizes of traffic (stage 3's), not 2",
+        "jzero/sharding/stages.py",
+        "return 3 if self.params else 2",
+        "return 3 if self.grads else 2",
+        "tests/ledger/test_targets.py::test_communication_at_the_papers_volume[configs/gpt-tiny.yaml-2]",
     ),
 )
 
+_TRAINING = (
+    _m(
+        "the prediction ignores every transfer",
+        "jzero/training/prediction.py",
+        "        transfers=tuple(transfers),\n",
+        "        transfers=(),\n",
+        "tests/training/test_prediction.py",
+    ),
+    _m(
+        "tokens counted 8x too high",
+        "jzero/training/metrics.py",
+        "        tokens = job.config.train.global_batch_size * job.config.model.seq_len\n",
+        "        tokens = job.config.train.global_batch_size * job.config.model.seq_len * 8\n",
+        "tests/training/test_throughput.py",
+    ),
+    _m(
+        "no eval at the last step when train.steps is not a multiple of eval_every",
+        "jzero/training/evaluation.py",
+        "return step % self.every == 0 or step == self.last_step",
+        "return step % self.every == 0",
+        "tests/training/test_eval.py",
+        "-k",
+        "last_step",
+    ),
+    _m(
+        "jzero sample ignores --temperature",
+        "jzero/training/sample.py",
+        '"temperature": args.temperature, ',
+        "",
+        "tests/training/test_sample.py",
+        "-k",
+        "temperature",
+    ),
+    _m(
+        "max_skipped_in_a_row stops at the limit, not past it",
+        "jzero/training/nonfinite.py",
+        "if self.in_a_row > self.limit:",
+        "if self.in_a_row >= self.limit:",
+        "tests/training/test_nonfinite.py::test_skipped_steps_count_in_a_row_only_while_the_count_grows",
+    ),
+    _m(
+        "a training window is seq_len ids, without the next-token target",
+        "jzero/training/data.py",
+        "window = tokens[start : start + seq_len + 1].astype(np.int32)",
+        "window = tokens[start : start + seq_len].astype(np.int32)",
+        "tests/data/test_tokens.py::test_train_data_windows_are_slices_of_the_memory_map",
+    ),
+    _m(
+        "model FLOPs per second are not divided among the devices (MFU 8x)",
+        "jzero/training/metrics.py",
+        "flops = self.flops_per_token * tokens_per_sec / self.devices",
+        "flops = self.flops_per_token * tokens_per_sec",
+        "tests/training/test_throughput.py",
+    ),
+    _m(
+        "a run may end on a skipped step when it has no loss scale",
+        "jzero/training/nonfinite.py",
+        "        if not np.isfinite(loss) or (self.in_a_row and not self.scales_loss):\n",
+        "        if not np.isfinite(loss):\n",
+        "tests/training/test_nonfinite.py::test_the_end_of_a_run_is_judged_by_its_last_step",
+    ),
+    _m(
+        "without a loss scale the default limit is fp16's 32",
+        "jzero/training/nonfinite.py",
+        "WITH_LOSS_SCALE, WITHOUT = 32, 3\n",
+        "WITH_LOSS_SCALE, WITHOUT = 32, 32\n",
+        "tests/training/test_nonfinite.py",
+        "-k",
+        "default_limit",
+    ),
+    _m(
+        "a run's last step is never judged",
+        "jzero/training/loop.py",
+        "        if extras.nonfinite is not None:\n            extras.nonfinite.finish()\n",
+        "",
+        "tests/training/test_nonfinite.py::test_a_run_whose_last_step_is_not_finite_never_ends_as_trained",
+    ),
+    _m(
+        "a resumed run's config.yaml is not read before the run writes",
+        "jzero/training/loop.py",
+        "    written = _written_config(folder) if existing else None\n",
+        "    written = None\n",
+        "tests/training/test_faults.py",
+        "-k",
+        "config_yaml",
+    ),
+)
 
-def _tests_pass(tests: tuple[str, ...]) -> bool:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+_TOP_LEVEL = (
+    _m(
+        "fp16 loss scaling without the gradient unscale",
+        "jzero/step.py",
+        "    if scale is not None:\n        grads = jax.tree.map(lambda g: g / scale, grads)\n",
+        "",
+        _PRECISION,
+        "-k",
+        "fp16",
+    ),
+    _m(
+        "the non-finite check looks only for NaN",
+        "jzero/step.py",
+        "finite = jnp.isfinite(grad_norm)",
+        "finite = ~jnp.isnan(grad_norm)",
+        "tests/training/test_nonfinite.py",
+        "-k",
+        "infinite",
+    ),
+    _m(
+        "microbatched gradients are summed, not averaged",
+        "jzero/step.py",
+        "return losses.mean(), jax.tree.map(lambda a: a / microbatches, acc)",
+        "return losses.mean(), acc",
+        "tests/memory/test_precision.py::test_microbatches_equal_one_step_on_the_whole_batch[2]",
+    ),
+    _m(
+        "stages 0-1 average the groups' gradients over the groups only, not the microbatches",
+        "jzero/step.py",
+        "_reduce_groups(a, p, groups * microbatches, precision)",
+        "_reduce_groups(a, p, groups, precision)",
+        "tests/memory/test_precision.py::test_stages_0_1_accumulate_locally_and_reduce_once[dp8]",
+    ),
+    _m(
+        "the skip count counts the finite steps",
+        "jzero/step.py",
+        "skipped=state.skipped + (~finite).astype(jnp.int32),",
+        "skipped=state.skipped + finite.astype(jnp.int32),",
+        "tests/memory/test_precision.py::test_nan_gradient_is_skipped_bit_identically",
+    ),
+    _m(
+        "gradient clipping chained after the optimizer instead of before",
+        "jzero/optimizers.py",
+        "tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)",
+        "tx = optax.chain(tx, optax.clip_by_global_norm(cfg.clip_norm))",
+        _PRECISION,
+        "-k",
+        "clipped",
+    ),
+    _m(
+        "the cosine schedule ends at min_lr_ratio itself, not at that share of the peak",
+        "jzero/optimizers.py",
+        "end_value=peak * cfg.min_lr_ratio",
+        "end_value=cfg.min_lr_ratio",
+        "tests/memory/test_precision.py::test_schedules",
+    ),
+    _m(
+        "Adam's b1 and b2 swapped",
+        "jzero/optimizers.py",
+        '"adam": lambda optax, o, lr: optax.adam(lr, b1=o.b1, b2=o.b2, eps=o.eps),',
+        '"adam": lambda optax, o, lr: optax.adam(lr, b1=o.b2, b2=o.b1, eps=o.eps),',
+        _PRECISION,
+        "-k",
+        "optimizer_equals_optax",
+    ),
+    _m(
+        "a path drops a dict key named value, not NNX's .value attribute",
+        "jzero/trees.py",
+        'if path and getattr(path[-1], "name", None) == "value":',
+        'if path and getattr(path[-1], "key", None) == "value":',
+        "tests/base/test_trees.py",
+    ),
+)
+
+MUTANTS: tuple[Mutant, ...] = (
+    *_CHECKPOINT, *_CLI, *_COMMUNICATION, *_COMPILER, *_CONFIG, *_DATA, *_DISTRIBUTED, *_LEDGER,
+    *_MEMORY, *_MODELS, *_PLANNER, *_SHARDING, *_TRAINING, *_TOP_LEVEL,
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The copy
+
+
+def _tree_files(root: Path) -> list[str]:
+    """Tracked and untracked-but-not-ignored files: what a commit of the tree as it is would hold
+    (not .venv, caches or run folders)."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True, check=True
+    ).stdout
+    return [name for name in out.decode().split("\0") if name]
+
+
+def copy_tree(root: Path, dest: Path) -> None:
+    """Copy the working tree's files (as they are now, edits included) into ``dest``; a tracked file
+    deleted in the tree is left out."""
+    for name in _tree_files(root):
+        src = root / name
+        if not src.exists() and not src.is_symlink():
+            continue
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / name, follow_symlinks=False)
+
+
+def _drop_bytecode(path: Path) -> None:
+    """Remove the file's cached bytecode: Python trusts a .pyc whose source has the same size and
+    mtime in whole seconds, and a mutant of the same length written within a second of the original
+    would run the original's bytecode (or the original the mutant's)."""
+    for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        pyc.unlink(missing_ok=True)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+    _drop_bytecode(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the tests
+
+
+def _env(copy: Path) -> dict[str, str]:
+    """The copy first on PYTHONPATH; XLA_FLAGS left to tests/conftest.py, which sets the suite's 8
+    CPU devices and its fast compile (a flag given here would come first and could differ)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    passed: bool
+    timed_out: bool
+    tail: str  # the end of pytest's output, for a baseline that fails
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """Kill the tests' whole process group (they start processes of their own) and read what they printed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()[0]
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float = TIMEOUT_S) -> Outcome:
+    """pytest on ``tests`` in the copy, stopping at the first failure. The tests run in a session of
+    their own, which a Ctrl-C in the terminal does not reach: they are stopped here on a timeout or
+    any interruption of this process."""
     argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env).returncode == 0
-
-
-def run(mutation: Mutation) -> bool:
-    """Whether the mutant is killed: its tests pass as the code is, and fail on the mutant."""
-    path = ROOT / mutation.path
-    original = path.read_text()
-    if original.count(mutation.old) != 1:
-        raise SystemExit(f"mutations.py: {mutation.path}: the text to mutate for {mutation.name!r} is not there once")
-    if not _tests_pass(mutation.tests):
-        raise SystemExit(f"mutations.py: {' '.join(mutation.tests)} fail on the code as it is")
+    proc = subprocess.Popen(
+        argv, cwd=copy, env=_env(copy), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
-        path.write_text(original.replace(mutation.old, mutation.new))
-        return not _tests_pass(mutation.tests)
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Outcome(False, True, _stop(proc)[-3000:])
+    except BaseException:
+        _stop(proc)
+        raise
+    return Outcome(proc.returncode == 0, False, out[-3000:])
+
+
+class Baselines:
+    """Each distinct test selection run once unmutated: a selection that fails on the code as it is
+    cannot judge a mutant (its mutants are reported, not run, and the round fails)."""
+
+    def __init__(self, copy: Path):
+        self.copy, self.passed = copy, {}
+
+    def pass_(self, tests: tuple[str, ...]) -> bool:
+        if tests not in self.passed:
+            outcome = run_tests(self.copy, tests)
+            self.passed[tests] = outcome.passed
+            if not outcome.passed:
+                print(f"the unmutated code fails {' '.join(tests)}:\n{outcome.tail}", flush=True)
+        return self.passed[tests]
+
+
+def check_copy_is_imported(copy: Path) -> None:
+    """A jzero whose import raises must fail a test in the copy; if not, the tests import another
+    jzero (the working tree's, through the editable install) and no verdict would mean anything."""
+    init = copy / "jzero" / "__init__.py"
+    original = init.read_text()
+    try:
+        _write(init, 'raise ImportError("mutations.py: the copy\'s jzero")\n' + original)
+        outcome = run_tests(copy, (_IMPORT_CHECK,))
     finally:
-        path.write_text(original)
+        _write(init, original)
+    if outcome.passed:
+        raise SystemExit(f"mutations.py: the tests in {copy} do not import its jzero:\n{outcome.tail}")
+
+
+def verdict(copy: Path, mutant: Mutant, baselines: Baselines) -> str:
+    """``killed``, ``killed (timeout)``, ``SURVIVED``, ``NOT FOUND`` (its text is not in the file
+    once: the code moved on, and the mutant must be updated) or ``BASELINE FAILS``."""
+    path = copy / mutant.path
+    original = path.read_text() if path.exists() else ""
+    if original.count(mutant.old) != 1:
+        return NOT_FOUND
+    if not baselines.pass_(mutant.tests):
+        return BASELINE_FAILS
+    try:
+        _write(path, original.replace(mutant.old, mutant.new))
+        outcome = run_tests(copy, mutant.tests)
+    finally:
+        _write(path, original)
+    if outcome.timed_out:
+        return "killed (timeout)"
+    return "SURVIVED" if outcome.passed else "killed"
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing and reporting
+
+
+def changed_files(rev: str) -> set[str]:
+    """The files that differ between ``rev`` and the working tree (``git diff --name-only``)."""
+    out = subprocess.run(["git", "diff", "--name-only", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def select(mutants: Iterable[Mutant], only: str | None, changed: str | None) -> list[Mutant]:
+    chosen = [m for m in mutants if only is None or only in m.name or only in m.path]
+    if changed is not None:
+        files = changed_files(changed)
+        chosen = [m for m in chosen if m.path in files]
+    return chosen
+
+
+def _line(status: str, m: Mutant, seconds: float | None = None) -> str:
+    took = f" [{seconds:.0f} s]" if seconds is not None else ""
+    return f"{status:<16} {m.name} ({m.path}; {' '.join(m.tests)}){took}"
+
+
+def list_mutants(mutants: list[Mutant]) -> int:
+    """Print each mutant and whether its text is in the working tree once."""
+    missing = 0
+    for m in mutants:
+        text = (ROOT / m.path).read_text() if (ROOT / m.path).exists() else ""
+        found = text.count(m.old) == 1
+        missing += not found
+        print(_line("equivalent" if m.equivalent else "" if found else NOT_FOUND, m))
+    print(f"{len(mutants)} mutants, {missing} not found")
+    return 1 if missing else 0
+
+
+def summary(results: list[tuple[Mutant, str]], started: float) -> int:
+    """``killed K of N (P%)``, then the survivors and the mutants that could not be judged; 1 if
+    there are any."""
+    counted = [v for _, v in results if v.startswith("killed") or v == "SURVIVED"]
+    killed = sum(v.startswith("killed") for v in counted)
+    rate = 100 * killed / len(counted) if counted else 100.0
+    equivalent = sum(v == "equivalent" for _, v in results)
+    minutes = (time.monotonic() - started) / 60
+    print(f"\nkilled {killed} of {len(counted)} ({rate:.0f}%); {equivalent} equivalent; {minutes:.1f} min")
+    bad = [(m, v) for m, v in results if v in ("SURVIVED", NOT_FOUND, BASELINE_FAILS)]
+    for m, v in bad:
+        print(_line(v, m))
+    return 1 if bad else 0
+
+
+def run_all(mutants: list[Mutant]) -> int:
+    """Copy the tree once, then each mutant in turn; the copy is removed at the end."""
+    started = time.monotonic()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="jzero-mutations-") as tmp:
+        copy = Path(tmp)
+        copy_tree(ROOT, copy)
+        check_copy_is_imported(copy)
+        print(f"copied the working tree to {copy}; its jzero is the one the tests import", flush=True)
+        baselines = Baselines(copy)
+        for m in mutants:
+            if m.equivalent:
+                print(_line("equivalent", m) + f": {m.equivalent}", flush=True)
+                results.append((m, "equivalent"))
+                continue
+            t0 = time.monotonic()
+            v = verdict(copy, m, baselines)
+            print(_line(v, m, time.monotonic() - t0), flush=True)
+            results.append((m, v))
+    return summary(results, started)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument("--only", metavar="SUBSTRING", help="the mutants whose name or path holds SUBSTRING")
+    parser.add_argument(
+        "--changed", nargs="?", const="HEAD", metavar="REV", help="the mutants of the files that differ from REV (default HEAD)"
+    )
     args = parser.parse_args(argv)
-    survived = []
-    for m in MUTATIONS:
-        if args.list:
-            print(f"{m.name}: {m.path}; {' '.join(m.tests)}")
-            continue
-        killed = run(m)
-        print(f"{'killed  ' if killed else 'SURVIVED'} {m.name} ({m.path}; {' '.join(m.tests)})", flush=True)
-        survived += [] if killed else [m.name]
-    return 1 if survived else 0
+    mutants = select(MUTANTS, args.only, args.changed)
+    if args.list:
+        return list_mutants(mutants)
+    if not mutants:
+        print("no mutants selected")
+        return 0
+    try:
+        return run_all(mutants)
+    except KeyboardInterrupt:  # the copy and the tests' processes are gone by now
+        print("mutations.py: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

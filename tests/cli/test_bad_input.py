@@ -208,6 +208,8 @@ def test_an_alias_bomb_in_set_makes_a_short_message(capsys):
         ("run.dir=5", "run.dir: must be a string, got 5"),
         ("data.tokens=a\x00b", "data.tokens: a path must not contain a NUL byte, got 'a\\x00b'"),
         ("train.init_from=''", "train.init_from: a path must not be empty"),
+        # The batch splits over the devices, then each device's rows over the microbatches (16 rows, 8 devices: 2 each)
+        ("mesh.axes.data=8 train.microbatches=4", "train.microbatches: 4 microbatches of the 16-row batch do not split evenly"),
     ],
 )
 def test_meaningless_values_are_refused(tmp_path, capsys, override, fragment):

@@ -42,6 +42,15 @@ def test_defaults_then_xla_flags_then_the_config(monkeypatch, h100x8, devices):
     assert compiler_options(devices, options=mine) == mine and compiler_options(devices) is None
 
 
+def test_what_the_step_needs_wins_over_xla_flags_and_loses_to_the_config():
+    """The gathering units' needs (carried by the step's jax.jit) sit between XLA_FLAGS and the config."""
+    from jzero.compiler.xla_flags import in_effect
+
+    needs = {GATHER: 1}
+    assert in_effect({GATHER: 5}, needs, {}, {GATHER: "0"})[GATHER] == {"value": 1, "from": "jzero"}
+    assert in_effect({GATHER: 5}, needs, {GATHER: 7}, {GATHER: "0"})[GATHER] == {"value": 7, "from": "compiler.xla_options"}
+
+
 def _gathers(env_flags, *sets):
     """All-gather ops in the bf16 stage-3 tiny step on h100x8, compiled by ``jzero plan`` in a process
     started with ``env_flags`` as XLA_FLAGS (XLA reads it once, when the process starts)."""
