@@ -129,7 +129,6 @@ REACHED_THROUGH = {
     "jzero.cli.interrupts": ("jzero.cli.main", "tests/cli/test_cli.py"),
     "jzero.cli.parser": ("jzero.cli.main", "tests/cli/test_bad_input.py"),
     "jzero.cli.program": ("jzero.cli.main", "tests/cli/test_cli.py"),
-    "jzero.compiler.xla_flags": ("jzero.training.job", "tests/compiler/test_xla_options.py"),
     "jzero.config.validation": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.ledger.element_types": ("jzero.training.report", "tests/communication/test_zeropp.py"),
     "jzero.ledger.saved": ("jzero.training.report", "tests/ledger/test_saved.py"),
