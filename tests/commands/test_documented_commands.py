@@ -79,28 +79,20 @@ LORA = [
          prints=r"LoRA's adapters: 16 tensors in PEFT's layout in exported/with-adapters/lora"),
 ]  # fmt: skip
 
-# README.md, docs/sampling.md and docs/own-loop.md: the default GPT trained, then sampled; your own model.
-GPT = [
-    Step("jzero train configs/gpt-tiny.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; saved step 2; run dir runs/gpt-tiny"),
-    Step("jzero train configs/gpt-tiny.yaml 2>&1 | grep -E '^(step (10|100|1000) |goodput|trained)'", SHORT),
-    Step('jzero sample runs/gpt-tiny --prompt "def " --max-tokens 120 --temperature 0.8 --seed 0', prints=ANY),
-    Step('jzero sample runs/gpt-tiny --prompt "def " --max-tokens 120 --temperature 0.5 --seed 0', prints=ANY),
-    Step('jzero sample runs/gpt-tiny --prompt "class " --max-tokens 120 --temperature 0.5 --seed 0', prints=ANY),
-    Step("jzero train configs/own-model.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/own-model"),
-]  # fmt: skip
-
-# docs/data.md: BPE on standard library sources (STDLIB: its top-level files, where the page's
-# first line sets the whole library), then training on the token folder.
-TOKENS = [
-    Step("jzero data prepare $(find \"$STDLIB\" -name '*.py' -not -path '*/site-packages/*' | sort) --out data/stdlib-bpe "
-         "--vocab-size 4096", prints=r"-> data/stdlib-bpe"),
-    Step("jzero train configs/gpt-tiny-bpe.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/gpt-tiny-bpe"),
-]  # fmt: skip
+# docs/own-loop.md: your own model from the command line (model.entry).
+OWN = [Step("jzero train configs/own-model.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/own-model")]
 
 # Shown, but run elsewhere, and why.
+CI = ".ci/run"  # its first command runs these as written, in a fresh virtualenv of jzero's plain install
 ELSEWHERE = {
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[plot]' && jzero train configs/gpt-tiny.yaml":
-        ".ci/run runs it as written, in a fresh virtualenv, with --set train.steps=20",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[plot]' && jzero train configs/gpt-tiny.yaml": CI,
+    **{f'jzero sample runs/gpt-tiny --prompt "{prompt} " --max-tokens 120 --temperature {t} --seed 0': CI
+       for prompt, t in (("def", 0.8), ("def", 0.5), ("class", 0.5))},
+    "jzero data prepare $(find \"$STDLIB\" -name '*.py' -not -path '*/site-packages/*' | sort) --out data/stdlib-bpe "
+    "--vocab-size 4096": CI,
+    "jzero train configs/gpt-tiny.yaml": CI,  # docs/sampling.md's: README's command 1
+    "jzero train configs/gpt-tiny-bpe.yaml": CI,
+    'jzero sample runs/gpt-tiny-bpe --prompt "    def" --max-tokens 50 --temperature 0.5 --seed 0': CI,
     "jzero data prepare SOURCES... --out DIR (--vocab-size N | --tokenizer FILE_OR_HF_DIR) [--eval-fraction F] [--quiet]":
         "a synopsis, not a command",
     # docs/data.md's refusals of a damaged token folder: the page's figures are the whole standard
@@ -109,17 +101,18 @@ ELSEWHERE = {
     **{f"jzero train configs/gpt-tiny-bpe.yaml --set run.dir=/tmp/err-run {words} --quiet": "a stored block of docs/data.md"
        for words in ("--set model.vocab_size=256", "--set train.eval_batches=100", "--set data.tokens=/tmp/x",
                      "--set data.tokens=/tmp/y")},
-    'jzero sample runs/gpt-tiny-bpe --prompt "    def" --max-tokens 50 --temperature 0.5 --seed 0':
-        "a stored block of docs/data.md, after the page's 300-step run; GPT's samples run here",
+    # The same run as README's command 1, its lines filtered as the page quotes them
+    "jzero train configs/gpt-tiny.yaml 2>&1 | grep -E '^(step (10|100|1000) |goodput|trained)'":
+        "a stored block of docs/sampling.md: the 1,000-step run of README's command 1, which .ci/run runs",
     **{f"jzero plan {words} 2>&1 | grep -E '^(jzero plan|total|compiled step|predicted|verdict)'":
        "a stored block of docs/llama.md: a GPU target's compile of a 8B or 70B model; tests/ledger/ compiles GPU targets"
        for words in ("configs/llama3-8b.yaml --target h100x8",
                      "configs/llama3.1-70b.yaml --target h100x64 --set train.global_batch_size=64")},
     "jzero sample runs/gpt-tiny --prompt \"def \" 2>&1 | grep '^jzero: note'":
-        "a stored block of docs/sampling.md, after the page's 1,000-step run; GPT's samples run here",
+        "a stored block of docs/sampling.md, after the page's 1,000-step run; .ci/run samples that run",
 }  # fmt: skip
 
-SCENARIOS = {"LLAMA": LLAMA, "LORA": LORA, "GPT": GPT, "TOKENS": TOKENS}
+SCENARIOS = {"LLAMA": LLAMA, "LORA": LORA, "OWN": OWN}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,6 +171,15 @@ def test_every_command_the_pages_show_runs_as_a_user():
     assert not stale, "commands no page shows any more:\n" + "\n".join(stale)
 
 
+def test_the_commands_ci_runs_are_in_its_script_as_written():
+    """Each command ELSEWHERE leaves to .ci/run is a line of its first command (or the end of one,
+    after ``&&``), as the page shows it; a training run may have ``--set train.steps=N`` after it."""
+    script = (ROOT / CI).read_text().split("first_command() {", 1)[1].split("\n}\n", 1)[0].splitlines()
+    for command in [c for c, where in ELSEWHERE.items() if where == CI]:
+        shape = r"(.* && )?" + re.escape(command) + r"( --set train\.steps=\d+)?"
+        assert any(re.fullmatch(shape, line) for line in script), command
+
+
 # ---------------------------------------------------------------------------------------------
 # The scenarios
 
@@ -233,9 +235,6 @@ def _llama_page(session: Session, hf_llama: Path) -> None:
     _run(session, LLAMA[3:])
     exported = session.folder / "exported/llama-8b"
     assert json.loads((exported / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    # The import's own next: line, run as it reads: init_from names the run folder.
-    hint = "jzero train my-llama.yaml --set run.dir=runs/from-import --set train.init_from=runs/llama-8b"
-    _run(session, [Step(hint, SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/from-import")])
 
 
 def _lora_page(session: Session, hf_llama: Path) -> None:
@@ -246,18 +245,5 @@ def _lora_page(session: Session, hf_llama: Path) -> None:
     assert not (session.folder / "exported/merged/lora").exists()
 
 
-def test_the_default_gpt_trained_then_sampled_and_your_own_model(tmp_path, user_cache):
-    session = _session(tmp_path, user_cache)
-    printed = _run(session, GPT)
-    samples = [printed[s.shown] for s in GPT if s.shown.startswith("jzero sample")]
-    assert len(set(samples)) == 3  # other temperatures and prompts, other text
-
-
-def test_the_token_data_page_prepared_then_trained(tmp_path, user_cache):
-    session = _session(tmp_path, user_cache)
-    top = session.folder / "stdlib"  # the standard library's top level, 5 MB: BPE in seconds, not minutes
-    top.mkdir(parents=True)
-    for source in Path(sysconfig.get_paths()["stdlib"]).glob("*.py"):
-        shutil.copy(source, top / source.name)
-    session.env["STDLIB"] = str(top)
-    _run(session, TOKENS)
+def test_your_own_model_from_the_command_line(tmp_path, user_cache):
+    _run(_session(tmp_path, user_cache), OWN)
