@@ -415,9 +415,10 @@ def _read_msgpack(path: Path, key: str) -> dict[str, Any]:
 
 
 def _read_orbax(path: Path, key: str) -> dict[str, np.ndarray]:
-    newest = RunDir(path).newest_committed_step()
+    run = RunDir(path)
+    newest = run.newest_committed_step()
     if newest is not None:  # a run folder: its newest committed step, as a resume would take
-        path = RunDir(path).checkpoints / str(newest)
+        path = run.checkpoints / str(newest)
     path = path.absolute()  # Orbax finds no metadata under a relative path (runs/x/checkpoints/2)
     state_dir = path / "state" if (path / "state").is_dir() else path
     try:

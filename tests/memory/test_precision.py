@@ -230,7 +230,9 @@ def test_each_optimizer_equals_optax_built_from_the_config(devices, case):
     optax's own functions, over the 20 steps of ``train.steps`` on a small tree, with gradients of
     norm about 2 to 17 (so a clip of 0.5 bites, and SGD's updates are large enough that clipping
     them after the optimizer would differ); every step's update within 1e-6 of the reference's
-    largest update."""
+    largest update. Floor: both sides run the same optax operations on one device, so no sum is
+    reordered between them on any CPU; the gap measured here was 0 in all seven cases, and 1e-6
+    (about 8 float32 ulps of the largest update) is the margin over that floor."""
     config = tiny_config("train.steps=20", *OPTIMIZER_CONFIGS[case])
     ours, reference = build_job(config, jax.devices()[:1]).tx, optax_tx(config)
     rows = np.random.default_rng(0)
