@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from jzero.config.loading import load_config  # noqa: E402
 from jzero.ledger.records import to_json  # noqa: E402
-from jzero.ledger.targets import GPUS, parse_target, target_devices  # noqa: E402
+from jzero.ledger.targets import parse_target, target_devices  # noqa: E402
 from jzero.ledger.timing import EFFICIENCY, predict  # noqa: E402
 from jzero.training.prediction import step_cost  # noqa: E402
 from jzero.training.report import plan_report  # noqa: E402
@@ -89,9 +89,9 @@ def measure(run: Run) -> dict:
     start = time.perf_counter()
     job = build_job(config, target_devices(target))
     _, compiled = job.compile_step()
-    report = to_json(plan_report(job, compiled))
+    hardware = target.hardware()
+    report = to_json(plan_report(job, compiled, hardware))
     cost = step_cost(job, report, compiled.as_text(), _ops(compiled))
-    hardware = GPUS[target.gpu].hardware()
     predicted = predict(cost, hardware)
     published = run.tokens_per_sec_per_gpu * target.count
     return {

@@ -262,9 +262,30 @@ _LEDGER = (
     _m(
         "a collective's time leaves out the ring's (n - 1) / n",
         "jzero/ledger/timing.py",
-        "return transfer.bytes * (n - 1) / n / bandwidth",
-        "return transfer.bytes / bandwidth",
+        "return transfer.bytes * (n - 1) / n / bus_bandwidth(transfer, hardware)[1]",
+        "return transfer.bytes / bus_bandwidth(transfer, hardware)[1]",
         "tests/ledger/test_timing.py",
+    ),
+    _m(
+        "every cross-host byte is charged to one NIC again",
+        "jzero/ledger/timing.py",
+        'return ("rail" if per_host == 1 else "ring"), min(nics, hardware.within_host_bytes_per_s)',
+        'return ("rail" if per_host == 1 else "ring"), hardware.nic_bytes_per_s',
+        "tests/ledger/test_network.py",
+    ),
+    _m(
+        "a group's share of the host's NICs ignores how many of its devices are on the host",
+        "jzero/ledger/timing.py",
+        "min(per_host, hardware.gpus_per_host) / hardware.gpus_per_host",
+        "1",
+        "tests/ledger/test_network.py",
+    ),
+    _m(
+        "a group's shape over the hosts takes its most devices on one host, not its fewest",
+        "jzero/ledger/levels.py",
+        "fewest = min(fewest, *per_host.values())",
+        "fewest = min(fewest, max(per_host.values()))",
+        "tests/ledger/test_network.py",
     ),
     _m(
         "the predicted step leaves out the host transfers",

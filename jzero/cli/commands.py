@@ -264,15 +264,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from jzero.ledger.estimate import parse_memory
     from jzero.ledger.records import StagesReport, to_json
     from jzero.ledger.render import format_all_stages, format_plan
-    from jzero.ledger.targets import check_target_fits_mesh, parse_target, target_devices
+    from jzero.ledger.targets import check_target_fits_mesh, target_devices
     from jzero.planner.options import search_options
     from jzero.sharding.stages import STAGES
     from jzero.training.job import build_job
     from jzero.training.report import one_group_reference, plan_report, with_scaling, with_verdict
 
-    target = parse_target(args.target, args.hosts, args.gpus_per_host) if args.target else None
-    if target is None and (args.hosts or args.gpus_per_host):
-        raise ConfigError("--hosts" if args.hosts else "--gpus-per-host", "only with --target")
+    target = _target(args)
     options = search_options(args.search, args.target, args.all_stages, args.global_batch_size, args.time_budget, args.write)
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     config = _load(args)
@@ -283,13 +281,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory = target.memory_bytes if memory is None else memory
     if options is not None:
         return _plan_search(args, config, target, memory, options)
+    hardware = target.hardware() if target is not None else None
     with _watched(config):
         built = build_job(config, devices)  # the mesh, model and abstract state once; each stage is a new plan of them
         reference = one_group_reference(built)  # the same for every stage: one group partitions nothing
         stages = STAGES if args.all_stages else [config.zero.stage]
         reports = {}
         for stage in stages:
-            reports[str(stage)] = with_scaling(with_verdict(plan_report(built.replan(stage)), memory), reference)
+            report = plan_report(built.replan(stage), hardware=hardware)
+            reports[str(stage)] = with_scaling(with_verdict(report, memory), reference)
     if not is_primary():
         return 0
     if args.all_stages:
@@ -298,6 +298,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
         (report,) = reports.values()
         print(json.dumps(to_json(report)) if args.json else format_plan(report))
     return 0
+
+
+_TARGET_FLAGS = (("--hosts", "hosts"), ("--gpus-per-host", "gpus_per_host"), ("--nics-per-host", "nics_per_host"),
+                 ("--nic-gbps", "nic_gbps"))  # fmt: skip
+
+
+def _target(args: argparse.Namespace):
+    """``--target`` and the cluster flags that describe it, or None without ``--target``.
+
+    Raises:
+      ConfigError: a cluster flag without ``--target``, or a bad target (:func:`jzero.ledger.targets.parse_target`).
+    """
+    from jzero.ledger.targets import parse_target
+
+    if args.target:
+        return parse_target(args.target, args.hosts, args.gpus_per_host, args.nics_per_host, args.nic_gbps)
+    for flag, name in _TARGET_FLAGS:
+        if getattr(args, name) is not None:
+            raise ConfigError(flag, "only with --target")
+    return None
 
 
 def _plan_search(args: argparse.Namespace, config: Config, target, memory: float, options) -> int:

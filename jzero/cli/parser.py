@@ -133,6 +133,15 @@ def _add_plan(sub: _Subcommands) -> None:
     )
     plan.add_argument("--hosts", type=int, default=None, help="with --target: hosts (default: the count over 8 GPUs per host)")
     plan.add_argument("--gpus-per-host", type=int, default=None, help="with --target: GPUs per host (default 8)")
+    plan.add_argument(
+        "--nics-per-host", type=int, default=None, help="with --target: NICs per host (default: one per GPU, as in a DGX)"
+    )
+    plan.add_argument(
+        "--nic-gbps",
+        type=float,
+        default=None,
+        help="with --target: each NIC's line rate in Gb/s (default: the DGX NIC, 400 for H100)",
+    )
     plan.add_argument("--search", action="store_true", help="with --target: find the fastest configuration that fits")
     plan.add_argument(
         "--global-batch-size", default=None, help="with --search: a batch size, or 'free' to search it (default: the config's)"

@@ -10,6 +10,7 @@ its ``process_index``: a GPU target's hosts, or the processes of a multi-process
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from jzero.ledger.hlo import Collective, paper_bytes
 
-__all__ = ["LEVELS", "ZEROPP_CROSS_HOST_SHARE", "bytes_by_level", "group_members", "spans_hosts"]
+__all__ = ["LEVELS", "ZEROPP_CROSS_HOST_SHARE", "bytes_by_level", "group_members", "group_shape", "spans_hosts"]
 
 LEVELS = ("within_host", "cross_host")
 # ZeRO++'s cross-host volume at stage 3: 0.75M of ZeRO-3's 3M (qwZ halves the forward gather, hpZ
@@ -86,6 +87,28 @@ def spans_hosts(op: Collective, hosts: Sequence[int]) -> bool | None:
     if members is None:
         return None
     return any(len({hosts[i] for i in group}) > 1 for group in members)
+
+
+def group_shape(op: Collective, hosts: Sequence[int]) -> tuple[int, int]:
+    """``(hosts, per_host)``: the most hosts one of ``op``'s groups spans, and the fewest devices a
+    group has on one of its hosts (what sets its share of a host's NICs, :func:`jzero.ledger.timing.bus_bandwidth`).
+
+    Groups that cannot be read take the costlier reading: every host, one device on each.
+
+    Args:
+      op: a collective of the program.
+      hosts: the host (``process_index``) of each of the program's devices, in their order.
+    """
+    members = group_members(op.replica_groups, len(hosts))
+    if members is None:
+        spanned = len(set(hosts))
+        return spanned, 1 if spanned > 1 else len(hosts)
+    spanned, fewest = 1, len(hosts)
+    for group in members:
+        per_host = collections.Counter(hosts[i] for i in group)
+        spanned = max(spanned, len(per_host))
+        fewest = min(fewest, *per_host.values())
+    return spanned, fewest
 
 
 def bytes_by_level(ops: Sequence[Collective], hosts: Sequence[int]) -> dict[str, int]:

@@ -22,6 +22,7 @@ import typing
 from typing import Any
 
 __all__ = [
+    "BusBandwidth",
     "Activations",
     "AsyncCollective",
     "CheckedPlanReport",
@@ -263,6 +264,21 @@ class ModelFlops:
 
 
 @_record
+class BusBandwidth:
+    """The bus bandwidth each level's collectives reach, bytes per second (nccl-tests' busbw,
+    :func:`jzero.ledger.timing.bus_bandwidth`): theirs together, or a whole host's group where the
+    level has none.
+
+    Attributes:
+      within_host: over NVLink.
+      across_hosts: over the hosts' NICs.
+    """
+
+    within_host: float
+    across_hosts: float
+
+
+@_record
 class Prediction:
     """The step-time model's prediction (:func:`jzero.ledger.timing.predict`), seconds unless named.
 
@@ -287,6 +303,7 @@ class Prediction:
       executed_flops_per_device: the FLOPs the program executes per device, recomputation included.
       executed_over_model_flops: those over the model's.
       host_transfer_bytes: the bytes moved to and from host memory per step.
+      bus_bandwidth: each level's predicted bus bandwidth.
     """
 
     step_time_s: float | None
@@ -309,6 +326,7 @@ class Prediction:
     executed_flops_per_device: float
     executed_over_model_flops: float | None
     host_transfer_bytes: float
+    bus_bandwidth: BusBandwidth
 
 
 @_record

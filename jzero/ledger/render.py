@@ -97,7 +97,12 @@ def _exposed_line(p: Prediction) -> list[str]:
         if sent
     ]
     share = p.hidden_communication_share
-    return [f"  exposed communication {', '.join(levels)}; {share:.0%} of the collectives' time hidden behind compute"]
+    bus = p.bus_bandwidth
+    return [
+        f"  exposed communication {', '.join(levels)}; {share:.0%} of the collectives' time hidden behind compute",
+        f"  bus bandwidth (predicted, as nccl-tests' busbw): within a host {bus.within_host / 1e9:.4g} GB/s, "
+        f"across hosts {bus.across_hosts / 1e9:.4g} GB/s",
+    ]
 
 
 def format_plan(report: PlanReport) -> str:

@@ -29,6 +29,8 @@ from jzero.sharding.axes import mesh_text, resolve_axes
 __all__ = [
     "GPU_COMPILER_OPTIONS",
     "GPUS",
+    "GPUS_PER_HOST",
+    "NIC_SHARE",
     "LAYERS_PER_COMBINED_OP",
     "Gpu",
     "Target",
@@ -48,40 +50,59 @@ __all__ = [
 
 INSTALL = "pip install 'jzero[gpu-target]' (in a clone: pip install -e '.[gpu-target]')"
 
+GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
+
+
+# The share of a NIC's line rate NCCL's transfers reach: 48 of NDR's 50 GB/s ("CX-7 NICs at NDR rate
+# (400Gbps) should achieve up to 48-49GB/s per NIC", NVIDIA/nccl-tests#267; "46-48GB/s per NIC",
+# nccl-tests#290) and 24 of HDR's 25 ("24GB/s inter-node", NVIDIA/nccl#412), both from NCCL's developers.
+NIC_SHARE = 0.96
+
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
     """One GPU kind: its target config file, its nominal memory (the fits verdict's default), its
     dense bf16 peak (what MFU divides by) and the bandwidths the step-time model divides by, in
-    bytes per second: HBM, NVLink per direction, the GPU's own NIC (one per GPU, as in NVIDIA's
-    DGX/HGX nodes), and PCIe per direction to the host. Sources beside each entry."""
+    bytes per second unless named: HBM; NCCL's ring bus bandwidth within one host of 8 (over
+    NVSwitch, as nccl-tests measure it: below NVLink's line rate); the line rate in Gb/s of the NIC
+    NVIDIA's DGX/HGX hosts give each GPU; PCIe per direction to the host. Sources beside each entry."""
 
     config_file: str
     memory_bytes: int
     bf16_dense_flops: float
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
-    nic_bytes_per_s: float
+    nic_gbps: float
     pcie_bytes_per_s: float
 
-    def hardware(self) -> Hardware:
-        """The figures :func:`jzero.ledger.timing.predict` reads."""
+    def hardware(
+        self, gpus_per_host: int = GPUS_PER_HOST, nics_per_host: int | None = None, nic_gbps: float | None = None
+    ) -> Hardware:
+        """The figures :func:`jzero.ledger.timing.predict` reads, in hosts of ``gpus_per_host`` GPUs
+        with ``nics_per_host`` NICs of ``nic_gbps`` (default: one of this GPU's DGX NICs per GPU), each
+        at :data:`NIC_SHARE` of its line rate."""
+        nic = (nic_gbps or self.nic_gbps) * 1e9 / 8 * NIC_SHARE
         return Hardware(
-            self.bf16_dense_flops, self.hbm_bytes_per_s, self.nvlink_bytes_per_s, self.nic_bytes_per_s, self.pcie_bytes_per_s
-        )
+            self.bf16_dense_flops, self.hbm_bytes_per_s, self.nvlink_bytes_per_s, nic, self.pcie_bytes_per_s,
+            gpus_per_host, nics_per_host or gpus_per_host,
+        )  # fmt: skip
 
 
 GPUS: dict[str, Gpu] = {
-    # A100 SXM4 80GB datasheet: 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 3 600 GB/s (300 per direction);
-    # DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s); PCIe Gen4 x16 (32 GB/s per direction).
-    "a100": Gpu("a100.txtpb", 80 * 10**9, 312e12, 2.039e12, 300e9, 25e9, 32e9),
-    # H100 SXM datasheet: 1,979 TFLOPS bf16 with sparsity (989 dense), 3.35 TB/s, NVLink 4 900 GB/s
-    # (450 per direction); DGX H100: one 400 Gb/s NDR NIC per GPU (50 GB/s); PCIe Gen5 x16 (64 GB/s).
-    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12, 3.35e12, 450e9, 50e9, 64e9),
+    # A100 SXM4 80GB datasheet: 312 TFLOPS bf16 dense, 2,039 GB/s; NVLink 3 (300 GB/s per direction):
+    # one 8-GPU node's all_reduce busbw 230.77 GB/s at 1 GiB (NVIDIA/nccl#527); DGX A100: one 200 Gb/s
+    # HDR NIC per GPU ("8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW", nccl#812);
+    # PCIe Gen4 x16 (32 GB/s per direction).
+    "a100": Gpu("a100.txtpb", 80 * 10**9, 312e12, 2.039e12, 230e9, 200, 32e9),
+    # H100 SXM datasheet: 1,979 TFLOPS bf16 with sparsity (989 dense), 3.35 TB/s; NVLink 4 (450 GB/s
+    # per direction): "NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as
+    # BusBw when running non-allreduce operations" (NCCL's developer, NVIDIA/nccl-tests#212; 365-370 GB/s
+    # with NCCL_ALGO=RING on 2 to 8 GPUs, nccl#1455); DGX H100: one 400 Gb/s NDR NIC per GPU; PCIe Gen5
+    # x16 (64 GB/s).
+    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12, 3.35e12, 370e9, 400, 64e9),
     # H200 SXM datasheet: the H100's tensor cores and NVLink, 4.8 TB/s HBM3e; DGX H200 as DGX H100.
-    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12, 4.8e12, 450e9, 50e9, 64e9),
+    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12, 4.8e12, 370e9, 400, 64e9),
 }
-GPUS_PER_HOST = 8  # an HGX/DGX node; ``--gpus-per-host`` says otherwise
 
 
 def device_peak_flops(device: Any) -> float | None:
@@ -89,11 +110,12 @@ def device_peak_flops(device: Any) -> float | None:
     return peak_flops(device.device_kind) if device.platform == "gpu" else None
 
 
-def device_hardware(device: Any) -> Hardware | None:
-    """A JAX device's figures for the step-time model (:meth:`Gpu.hardware`), or None where its GPU
-    is not known (:func:`gpu_of`) or it is no GPU."""
+def device_hardware(device: Any, gpus_per_host: int = GPUS_PER_HOST) -> Hardware | None:
+    """A JAX device's figures for the step-time model (:meth:`Gpu.hardware`, in hosts of
+    ``gpus_per_host`` with one NIC per GPU), or None where its GPU is not known (:func:`gpu_of`) or
+    it is no GPU."""
     gpu = gpu_of(device.device_kind) if device.platform == "gpu" else None
-    return gpu.hardware() if gpu else None
+    return gpu.hardware(gpus_per_host) if gpu else None
 
 
 def gpu_of(device_kind: str) -> Gpu | None:
@@ -165,11 +187,18 @@ def gpu_compiler_options(layer_bytes: int = 0) -> dict[str, str | bool | int]:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """``hosts`` x ``gpus_per_host`` GPUs of one kind."""
+    """``hosts`` x ``gpus_per_host`` GPUs of one kind, with ``nics_per_host`` NICs of ``nic_gbps``
+    Gb/s each per host (None: the GPU's DGX default, one NIC per GPU at :attr:`Gpu.nic_gbps`)."""
 
     gpu: str
     hosts: int
     gpus_per_host: int
+    nics_per_host: int | None = None
+    nic_gbps: float | None = None
+
+    def hardware(self) -> Hardware:
+        """The figures of its GPU and its network, for :func:`jzero.ledger.timing.predict`."""
+        return GPUS[self.gpu].hardware(self.gpus_per_host, self.nics_per_host, self.nic_gbps)
 
     @property
     def count(self) -> int:
@@ -191,15 +220,32 @@ class Target:
 _SPEC = re.compile(r"(?P<gpu>[a-z][a-z0-9]*?)(?:x(?P<count>\d+))?")
 
 
-def parse_target(spec: str, hosts: int | None = None, gpus_per_host: int | None = None) -> Target:
+def parse_target(
+    spec: str,
+    hosts: int | None = None,
+    gpus_per_host: int | None = None,
+    nics_per_host: int | None = None,
+    nic_gbps: float | None = None,
+) -> Target:
     """``h100x8``, ``h100x64`` or ``h100`` (with ``hosts``/``gpus_per_host``) -> a :class:`Target`.
 
     A count up to 8 is one host; a larger count is hosts of 8 GPUs unless ``gpus_per_host`` says
-    otherwise.
+    otherwise. ``nics_per_host`` and ``nic_gbps`` (Gb/s per NIC) describe the network; by default a
+    host has one NIC per GPU at the GPU's DGX speed (:data:`GPUS`).
 
     Raises:
-      ConfigError: an unknown GPU, a count of 0, or a count that hosts x GPUs per host do not make.
+      ConfigError: an unknown GPU, a count of 0, a count that hosts x GPUs per host do not make, or
+        a network figure that is not positive.
     """
+    if nic_gbps is not None and not (nic_gbps > 0 and math.isfinite(nic_gbps)):
+        raise ConfigError("--nic-gbps", f"must be a positive number of Gb/s per NIC, got {nic_gbps}")
+    if nics_per_host is not None and nics_per_host < 1:
+        raise ConfigError("--nics-per-host", f"must be at least 1, got {nics_per_host}")
+    target = _hosts_of(spec, hosts, gpus_per_host)
+    return dataclasses.replace(target, nics_per_host=nics_per_host, nic_gbps=nic_gbps)
+
+
+def _hosts_of(spec: str, hosts: int | None, gpus_per_host: int | None) -> Target:
     match = _SPEC.fullmatch(spec.strip().lower())
     known = ", ".join(GPUS)
     if not match or match.group("gpu") not in GPUS:

@@ -8,7 +8,9 @@ A roofline in the JAX scaling book's manner (jax-ml/scaling-book, "rooflines"), 
 - **memory**: the bytes the optimizer update reads and writes (the model states per device, twice)
   over HBM bandwidth: elementwise work the matmul count leaves out;
 - **communication**: each collective's bytes (the paper's accounting) times (n - 1) / n for its n
-  devices, over its level's bandwidth: NVLink within a host, the GPU's NIC across hosts;
+  devices, over the bus bandwidth NCCL reaches for its group's shape (:func:`bus_bandwidth`):
+  NVLink within a host; across hosts, the share of the host's NICs its group's devices there own
+  (NCCL's rings use every NIC of a host, one channel per NIC), at most NVLink's;
 - **host transfers** (offload): the bytes that cross PCIe per step over its bandwidth, not hidden;
 - **overlap**: async collectives whose start-done spans overlap form one window
   (:func:`jzero.ledger.flops.matmul_flops`): one communication stream runs them in turn, hidden
@@ -26,7 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EFFICIENCY", "Hardware", "StepCost", "Transfer", "predict"]
+__all__ = ["EFFICIENCY", "Hardware", "StepCost", "Transfer", "bus_bandwidth", "predict"]
 
 # The share of the dense bf16 peak jzero's matmuls reach: one value for every target, chosen from
 # the calibration table of published runs (docs/planner.md, benchmarks/calibration.py).
@@ -35,13 +37,26 @@ EFFICIENCY = 0.45
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """One GPU's figures, bytes and FLOPs per second (:mod:`jzero.ledger.targets` holds them with sources)."""
+    """One GPU's figures and its cluster's network, bytes and FLOPs per second
+    (:mod:`jzero.ledger.targets` holds them with sources).
+
+    Attributes:
+      peak_flops: the dense bf16 peak.
+      hbm_bytes_per_s: HBM bandwidth.
+      within_host_bytes_per_s: NVLink, per direction per GPU.
+      nic_bytes_per_s: one NIC, per direction.
+      host_bytes_per_s: PCIe, per direction.
+      gpus_per_host: GPUs in a host.
+      nics_per_host: NICs in a host (a DGX H100: one per GPU).
+    """
 
     peak_flops: float
     hbm_bytes_per_s: float
-    within_host_bytes_per_s: float  # NVLink, per direction per GPU
-    cross_host_bytes_per_s: float  # the GPU's NIC
-    host_bytes_per_s: float  # PCIe, per direction
+    within_host_bytes_per_s: float
+    nic_bytes_per_s: float
+    host_bytes_per_s: float
+    gpus_per_host: int = 8
+    nics_per_host: int = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +66,8 @@ class Transfer:
     Attributes:
       bytes: what it sends per step in the paper's accounting (all its runs).
       devices: the devices of each of its groups (n).
-      cross_host: whether a group spans hosts.
+      hosts: the hosts its largest group spans (1: within a host).
+      per_host: the fewest devices of one group on one of its hosts (None: ``devices``, on one host).
       hiding_flops: the matmul FLOPs scheduled between its start and done (all its runs), or its
         window's; None for a synchronous op or one with no compute between.
       window: the window of overlapping collectives it shares ``hiding_flops`` with (None: its own).
@@ -59,9 +75,15 @@ class Transfer:
 
     bytes: float
     devices: int
-    cross_host: bool
+    hosts: int = 1
+    per_host: int | None = None
     hiding_flops: float | None = None
     window: str | None = None
+
+    @property
+    def cross_host(self) -> bool:
+        """Whether a group spans hosts."""
+        return self.hosts > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +107,43 @@ class StepCost:
     host_bytes: float = 0.0
 
 
+def bus_bandwidth(transfer: Transfer, hardware: Hardware) -> tuple[str, float]:
+    """The algorithm NCCL runs for ``transfer``'s groups and the bus bandwidth it reaches (nccl-tests'
+    busbw: a ring moves bytes x (n - 1) / n per device in this many seconds over it).
+
+    Within a host, ``nvlink``: NVSwitch at NVLink's speed. Across hosts, a ring per channel: NCCL
+    gives each host's NICs a channel of their own and NVLink carries the hops inside, so a host's
+    cross-host bytes leave it once, over the NICs its group's devices own (every group of the op
+    runs at once, each with its share): ``ring`` with several devices per host, ``rail`` with one
+    (each GPU's ring runs over its own NIC). Never above NVLink's, which the ring also crosses.
+
+    Returns:
+      ``(algorithm, bytes per second)``.
+    """
+    if not transfer.cross_host:
+        return "nvlink", hardware.within_host_bytes_per_s
+    per_host = transfer.per_host or 1
+    nics = hardware.nics_per_host * hardware.nic_bytes_per_s * min(per_host, hardware.gpus_per_host) / hardware.gpus_per_host
+    return ("rail" if per_host == 1 else "ring"), min(nics, hardware.within_host_bytes_per_s)
+
+
 def _seconds(transfer: Transfer, hardware: Hardware) -> float:
-    bandwidth = hardware.cross_host_bytes_per_s if transfer.cross_host else hardware.within_host_bytes_per_s
     n = max(transfer.devices, 1)
-    return transfer.bytes * (n - 1) / n / bandwidth
+    return transfer.bytes * (n - 1) / n / bus_bandwidth(transfer, hardware)[1]
+
+
+def _bus_bandwidths(cost: StepCost, hardware: Hardware) -> dict[str, float]:
+    """Each level's bus bandwidth: its collectives' ring bytes over their seconds; for a level with
+    none, what a group of every GPU of each host would reach."""
+    whole_host = hardware.gpus_per_host
+    out = {}
+    for level, hosts in (("within_host", 1), ("across_hosts", 2)):
+        members = [t for t in cost.transfers if (t.hosts > 1) == (hosts > 1) and t.bytes]
+        seconds = sum(_seconds(t, hardware) for t in members)
+        ring_bytes = sum(t.bytes * (t.devices - 1) / t.devices for t in members if t.devices)
+        fallback = bus_bandwidth(Transfer(0.0, whole_host * hosts, hosts, whole_host), hardware)[1]
+        out[level] = ring_bytes / seconds if seconds else fallback
+    return out
 
 
 def _hidden(cost: StepCost, hardware: Hardware, flops_per_s: float) -> list[float]:
@@ -134,7 +189,9 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
       none were hidden), ``exposed_communication_s``, ``host_transfer_s``; per level,
       ``communication_within_host_s``, ``communication_across_hosts_s``, ``exposed_within_host_s``,
       ``exposed_across_hosts_s``; ``hidden_communication_share`` (of ``communication_s``, None
-      without communication); ``floor_s``; ``bound``: the largest term.
+      without communication); ``floor_s``; ``bound``: the largest term; ``bus_bandwidth``: each
+      level's (``within_host``, ``across_hosts``) in bytes per second (:func:`bus_bandwidth`; its
+      collectives' together, or a whole host's group where the level has none).
     """
     flops_per_s = hardware.peak_flops * efficiency
     compute = cost.flops / flops_per_s
@@ -160,4 +217,5 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
         "host_transfer_s": host,
         "efficiency": efficiency,
         "bound": max(terms, key=terms.get),
+        "bus_bandwidth": _bus_bandwidths(cost, hardware),
     }

@@ -167,7 +167,7 @@ def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, St
 def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
     m, replica, data = c.axis_sizes
     group = data * replica
-    spans = group * m > target.gpus_per_host
+    shape = _shape(group, m, target)  # the data (and replica) axes' groups over the hosts
     matmul = f.n_layers * (4 + 2 * f.mlp_ratio) * f.d_model**2
     attention = f.n_layers * f.seq_len * f.d_model
     model_flops = f.flops_per_token * c.global_batch_size * f.seq_len / target.count
@@ -176,17 +176,16 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
     psi_compute = f.num_params * f.compute_itemsize / m
     rule = c.zero.rule
     if not rule.optimizer:  # nothing partitioned: the gradients all-reduced
-        transfers = [Transfer(2 * psi_grad, group, spans)]
+        transfers = [Transfer(2 * psi_grad, group, *shape)]
     elif not rule.params:  # gradients reduce-scattered, the updated parameters all-gathered
-        transfers = [Transfer(psi_grad, group, spans), Transfer(f.param_bytes / m, group, spans)]
+        transfers = [Transfer(psi_grad, group, *shape), Transfer(f.param_bytes / m, group, *shape)]
     else:  # parameters gathered in the forward and the backward, gradients reduce-scattered
         gather = psi_compute * (0.5 if c.zero.qwz else 1.0) * c.microbatches
         reduce = psi_grad * (0.25 if c.zero.qgz else 1.0) * c.microbatches
-        hpz = c.zero.hpz
-        transfers = [Transfer(gather, group, spans), Transfer(gather, data if hpz else group, spans and not hpz)]
-        transfers += [Transfer(reduce, group, spans)]
+        backward = Transfer(gather, data, *_shape(data, m, target)) if c.zero.hpz else Transfer(gather, group, *shape)
+        transfers = [Transfer(gather, group, *shape), backward, Transfer(reduce, group, *shape)]
     if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
-        transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m, False))
+        transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m))
     host = 2 * parts["optimizer"] * c.zero.offload_optimizer + 2 * parts["params"] * c.zero.offload_params * c.microbatches
     if offloads(c.remat):
         host += 2 * f.n_layers * tokens * f.d_model * f.compute_itemsize * (5 + f.mlp_ratio) / m * c.microbatches
@@ -198,6 +197,13 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
         transfers=tuple(transfers),
         host_bytes=host,
     )
+
+
+def _shape(group: int, model: int, target: Target) -> tuple[int, int]:
+    """``(hosts, per_host)`` of a group of ``group`` devices laid over the hosts outside a ``model``
+    axis of that size within each host (:func:`_mesh`)."""
+    per_host = max(1, min(group, target.gpus_per_host // model))
+    return max(1, group // per_host), per_host
 
 
 def estimate_inputs(plan: Plan, config: Config, flops_per_token: float, compute_itemsize: int) -> EstimateInputs:

@@ -21,8 +21,8 @@ from jzero.config.loading import load_config
 from jzero.errors import ConfigError, JzeroError, error_line
 from jzero.ledger.records import CheckedPlanReport
 from jzero.ledger.render import human_bytes
-from jzero.ledger.targets import GPUS, Target, target_devices
-from jzero.ledger.timing import predict
+from jzero.ledger.targets import Target, target_devices
+from jzero.ledger.timing import Hardware, predict
 from jzero.models.names import GPT
 from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.training.job import Job, build_job
@@ -124,7 +124,7 @@ def search(
     base = build_job(config, devices)
     base.check_xla_options()  # one line and exit 2, not a refusal in every candidate's row
     figures = estimate_inputs(base.plan, base.config, base.flops_per_token, np.dtype(base.precision.compute_dtype).itemsize)
-    hardware = GPUS[target.gpu].hardware()
+    hardware = target.hardware()
     batches = batches or [base.config.train.global_batch_size]
     queue, considered, over = [], 0, 0
     for candidate in candidates(figures, target, batches, base.config.zero):
@@ -135,7 +135,7 @@ def search(
             continue
         queue.append((predict(cost, hardware)["tokens_per_sec"], nbytes, candidate))
     queue.sort(key=lambda item: -item[0])
-    rows = [_compile(base, Row(YOURS, [], None, None), memory_per_device)]
+    rows = [_compile(base, Row(YOURS, [], None, None), memory_per_device, hardware)]
     refused = 0
     for done, (tokens, nbytes, candidate) in enumerate(queue):
         if time.perf_counter() - start >= time_budget_s:
@@ -147,7 +147,7 @@ def search(
         if job is None:
             refused += 1
             continue
-        rows.append(_compile(job, row, memory_per_device))
+        rows.append(_compile(job, row, memory_per_device, hardware))
     else:
         done = len(queue)
     left = len(queue) - done
@@ -163,11 +163,11 @@ def _job(config_path: str | Path, sets: list[str], devices: list, base: Job) -> 
         return None
 
 
-def _compile(job: Job, row: Row, memory_per_device: float) -> Row:
+def _compile(job: Job, row: Row, memory_per_device: float, hardware: Hardware) -> Row:
     """Compile a candidate and keep its plan report with the verdict; a compile that fails is kept with its error line."""
     try:
         _, compiled = job.compile_step()
-        row.report = with_verdict(plan_report(job, compiled), memory_per_device)
+        row.report = with_verdict(plan_report(job, compiled, hardware), memory_per_device)
     except Exception as err:  # noqa: BLE001 - one candidate XLA cannot compile must not end the search
         row.error = error_line(err)
     return row

@@ -10,11 +10,11 @@ from typing import Any
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.flops import MatmulFlops, matmul_flops
-from jzero.ledger.levels import spans_hosts
-from jzero.ledger.timing import StepCost, Transfer, predict
+from jzero.ledger.levels import group_shape
+from jzero.ledger.timing import Hardware, StepCost, Transfer, predict
 from jzero.training.job import Job
 
-__all__ = ["COUNTER_TOLERANCE", "counter_error", "predicted", "step_cost"]
+__all__ = ["COUNTER_TOLERANCE", "counter_error", "predicted", "step_cost", "transfers"]
 
 # How far below the FLOPs causal attention explains the executed FLOPs may fall before the counter is
 # called wrong: the model's 6 N + 12 L T d is not the program's exact GEMMs (measured 0.98x for
@@ -34,27 +34,41 @@ def step_cost(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.
     return _step_cost(job, report, matmul_flops(hlo_text), ops)
 
 
-def _step_cost(job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective]) -> StepCost:
-    hosts = [d.process_index for d in job.mesh.devices.flat]
-    transfers = []
+def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlops) -> tuple[Transfer, ...]:
+    """Each collective's traffic per step for the step-time model: its paper bytes times its runs,
+    its groups' shape over the hosts (:func:`jzero.ledger.levels.group_shape`) and, when async and
+    overlapped, the compute of its window (:func:`jzero.ledger.flops.matmul_flops`).
+
+    Args:
+      ops: the program's collectives (:func:`jzero.ledger.hlo.parse_collectives`).
+      hosts: the host of each of the program's devices, in their order.
+      counted: the program's matmul FLOPs and windows.
+    """
+    out = []
     for op in ops:
         window, hiding = counted.windows.get(op.name, (None, 0))
-        transfers.append(
+        spanned, per_host = group_shape(op, hosts)
+        out.append(
             Transfer(
                 bytes=ledger.paper_bytes(op) * op.executions,
                 devices=op.group_size or len(hosts),
-                cross_host=spans_hosts(op, hosts) is not False,
+                hosts=spanned,
+                per_host=per_host,
                 hiding_flops=hiding * op.executions if op.overlapped else None,
                 window=window if op.overlapped else None,
             )
         )
+    return tuple(out)
+
+
+def _step_cost(job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective]) -> StepCost:
     host = report["compiled_host"]
     return StepCost(
         flops=counted.executed,
         model_flops=report["model_flops"]["per_device_per_step"],
         tokens=job.config.train.global_batch_size * job.config.model.seq_len,
         state_bytes=report["per_device_bytes"]["total"],
-        transfers=tuple(transfers),
+        transfers=transfers(ops, _hosts(job), counted),
         # Offloaded states come in and go back each step; offloaded activations go out and come back.
         host_bytes=host["argument"] + host["output"] + 2 * report["activations"]["host"],
     )
@@ -93,12 +107,23 @@ def _attention_share(job: Job) -> float:
     return min(1.0, 12 * m.n_layers * m.seq_len * m.d_model / job.flops_per_token) if job.flops_per_token else 0.0
 
 
-def predicted(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.Collective]) -> dict[str, Any] | None:
+def _hosts(job: Job) -> list[int]:
+    return [d.process_index for d in job.mesh.devices.flat]
+
+
+def predicted(
+    job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.Collective], hardware: Hardware | None = None
+) -> dict[str, Any] | None:
     """The report's ``predicted`` part (:func:`jzero.ledger.timing.predict`), with the executed FLOPs
     (remat's recomputation included) against the model's; None where the devices' hardware is not
     known. Where the FLOP counter is wrong (:func:`counter_error`), ``error`` says why and the step
-    time, tokens/s, MFU and bound are None."""
-    hardware = targets.device_hardware(job.mesh.devices.flat[0])
+    time, tokens/s, MFU and bound are None.
+
+    ``hardware`` is the target's (:meth:`jzero.ledger.targets.Target.hardware`, with its network);
+    by default the devices' GPU in hosts of as many devices as the first host has, a NIC per GPU.
+    """
+    hosts = _hosts(job)
+    hardware = hardware or targets.device_hardware(job.mesh.devices.flat[0], hosts.count(hosts[0]))
     if hardware is None:
         return None
     counted = matmul_flops(hlo_text)

@@ -28,6 +28,7 @@ from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
 from jzero.ledger.records import (
     Activations,
     AsyncCollective,
+    BusBandwidth,
     CheckedPlanReport,
     CollectiveKind,
     Communication,
@@ -63,6 +64,7 @@ from jzero.ledger.records import (
     to_json,
 )
 from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
+from jzero.ledger.timing import Hardware
 from jzero.memory.offload import DEVICE, HOST
 from jzero.memory.remat import offloads, policy_name
 from jzero.models.names import GPT
@@ -124,12 +126,14 @@ def device_description(mesh: Any) -> dict[str, Any]:
     }
 
 
-def plan_report(job: Job, compiled: Any = None) -> PlanReport:
+def plan_report(job: Job, compiled: Any = None, hardware: Hardware | None = None) -> PlanReport:
     """The ``jzero plan --json`` object: specs, bytes, formula, compiled memory and collectives.
 
     Args:
       job: the built job.
       compiled: the compiled step when the caller has it already (default: compiled here).
+      hardware: the GPUs and network the prediction is for (:meth:`jzero.ledger.targets.Target.hardware`;
+        default: the devices', :func:`jzero.training.prediction.predicted`).
 
     Returns:
       The report (rendered by :func:`jzero.ledger.render.format_plan`; its JSON is
@@ -145,7 +149,7 @@ def plan_report(job: Job, compiled: Any = None) -> PlanReport:
     device = device_description(job.mesh)
     memory = _memory_part(job, compiled, hlo)
     # The step-time model reads the memory part as JSON data (jzero.training.prediction.step_cost).
-    forecast = predicted(job, {k: to_json(v) for k, v in memory.items()}, hlo, ops)
+    forecast = predicted(job, {k: to_json(v) for k, v in memory.items()}, hlo, ops, hardware)
     return PlanReport(
         devices=int(job.mesh.size),
         **device,
@@ -153,7 +157,7 @@ def plan_report(job: Job, compiled: Any = None) -> PlanReport:
         stage=plan.zero.stage,
         num_params=plan.num_params,
         **memory,
-        predicted=Prediction(**forecast) if forecast is not None else None,
+        predicted=_prediction(forecast),
         **_collectives_part(ops, collectives),
         notes=lowering_notes(plan.zero.stage, collectives, hlo, device["backend"]),
         **_tensors_part(plan),
@@ -165,6 +169,12 @@ def plan_report(job: Job, compiled: Any = None) -> PlanReport:
         hierarchical=hierarchical(job, hlo),
         compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in job.xla_options().items()}),
     )
+
+
+def _prediction(forecast: dict[str, Any] | None) -> Prediction | None:
+    if forecast is None:
+        return None
+    return Prediction(**{**forecast, "bus_bandwidth": BusBandwidth(**forecast["bus_bandwidth"])})
 
 
 def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> GradientQuantization | None:

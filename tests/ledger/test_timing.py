@@ -12,8 +12,9 @@ from jzero.training.prediction import counter_error
 # Round figures, so that every expected time below is arithmetic one can check by eye. rel=1e-12
 # throughout: a handful of float64 products and quotients, no reduction whose order a CPU could change.
 HW = Hardware(
-    peak_flops=1e15, hbm_bytes_per_s=1e12, within_host_bytes_per_s=1e11, cross_host_bytes_per_s=1e10, host_bytes_per_s=1e10
+    peak_flops=1e15, hbm_bytes_per_s=1e12, within_host_bytes_per_s=1e11, nic_bytes_per_s=1e10, host_bytes_per_s=1e10
 )
+RAILS = dict(hosts=64, per_host=1)  # one device on each of 64 hosts: each GPU's own NIC, 1e10 (tests/ledger/test_network.py)
 EFF = 0.5  # the matmuls reach 5e14 FLOP/s
 
 
@@ -29,8 +30,8 @@ def test_compute_bound_step_is_its_flops_over_the_peak_times_efficiency():
 
 
 def test_communication_bound_step_adds_each_collective_at_its_levels_bandwidth():
-    within = Transfer(bytes=8e10, devices=8, cross_host=False)  # 8e10 x 7/8 / 1e11 = 0.7 s
-    across = Transfer(bytes=4e9, devices=64, cross_host=True)  # 4e9 x 63/64 / 1e10 = 0.39375 s
+    within = Transfer(bytes=8e10, devices=8)  # 8e10 x 7/8 / 1e11 = 0.7 s
+    across = Transfer(bytes=4e9, devices=64, **RAILS)  # 4e9 x 63/64 / 1e10 = 0.39375 s
     p = predict(StepCost(flops=5e13, model_flops=5e13, tokens=1, transfers=(within, across)), HW, EFF)
     assert p["compute_s"] == pytest.approx(0.1, rel=1e-12)
     assert p["communication_s"] == pytest.approx(0.7 + 0.39375, rel=1e-12)
@@ -40,7 +41,7 @@ def test_communication_bound_step_adds_each_collective_at_its_levels_bandwidth()
 
 
 def test_an_overlapped_collective_is_hidden_up_to_the_compute_between_its_start_and_done():
-    comm = dict(bytes=8e10, devices=8, cross_host=False)  # 0.7 s on the wire
+    comm = dict(bytes=8e10, devices=8)  # 0.7 s on the wire
     partly = Transfer(**comm, hiding_flops=1e14)  # 1e14 / 5e14 = 0.2 s of compute hides 0.2 s
     wholly = Transfer(**comm, hiding_flops=1e15)  # 2 s of compute hides all 0.7 s
     cost = StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(partly, wholly))
@@ -62,13 +63,14 @@ def test_offload_bound_step_adds_its_host_transfers_over_pcie():
 def test_the_h100s_figures_are_the_datasheets():
     hw = GPUS["h100"].hardware()
     assert (hw.peak_flops, hw.hbm_bytes_per_s) == (989e12, 3.35e12)
-    assert (hw.within_host_bytes_per_s, hw.cross_host_bytes_per_s) == (450e9, 50e9)  # NVLink per direction, 400 Gb/s NIC
+    # NCCL's ring busbw over NVLink 4 (nccl-tests#212), and what NCCL reaches on one 400 Gb/s NDR NIC (nccl-tests#267).
+    assert (hw.within_host_bytes_per_s, hw.nic_bytes_per_s) == (370e9, pytest.approx(48e9, rel=1e-12))
 
 
 def test_collectives_in_one_window_share_its_compute_on_one_stream():
     # Two 0.7 s gathers in flight over the same 1 s of compute: the stream runs them in turn, so 1 s
     # of the 1.4 s hides and 0.4 s is exposed (each crediting all of it would expose none).
-    comm = dict(bytes=8e10, devices=8, cross_host=False, hiding_flops=5e14, window="body/ag1")
+    comm = dict(bytes=8e10, devices=8, hiding_flops=5e14, window="body/ag1")
     p = predict(StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(Transfer(**comm), Transfer(**comm))), HW, EFF)
     assert p["exposed_communication_s"] == pytest.approx(0.4, rel=1e-12)
     assert p["exposed_within_host_s"] == pytest.approx(0.4, rel=1e-12) and p["exposed_across_hosts_s"] == 0
@@ -78,8 +80,8 @@ def test_collectives_in_one_window_share_its_compute_on_one_stream():
 def test_the_prediction_is_never_below_its_floor():
     # Each gather claims the step's whole 0.2 s of compute as its own: hiding both would give a
     # 0.2 s step that moves 0.4 s of bytes on one level.
-    comm = dict(bytes=8e9 * 8 / 7 * 2.5, devices=8, cross_host=False, hiding_flops=1e14)  # 0.2 s each
-    across = Transfer(bytes=1e9 * 64 / 63, devices=64, cross_host=True, hiding_flops=1e14)  # 0.1 s
+    comm = dict(bytes=8e9 * 8 / 7 * 2.5, devices=8, hiding_flops=1e14)  # 0.2 s each
+    across = Transfer(bytes=1e9 * 64 / 63, devices=64, **RAILS, hiding_flops=1e14)  # 0.1 s
     cost = StepCost(flops=1e14, model_flops=1e14, tokens=1, transfers=(Transfer(**comm), Transfer(**comm), across))
     p = predict(cost, HW, EFF)
     # The 0.2 s of compute hides 0.2 s of the 0.5 s once: 0.2 + 0.3, above the 0.4 s floor.
