@@ -72,6 +72,17 @@ RUNS = (
         mpt(4096, 32, 32, 4096, 256, 2, "full"), 8611),
     Run("MPT-3B, 64 x H100", MPT, "3b | 2048 | 64 | 40.8 | ... | 6 | 3 | 1152 | 22525 | False", "h100x64",
         mpt(2560, 20, 32, 2048, 1152, 3, "none"), 22525),
+    # Multi-node, 13B and larger (issue 51): the same table's rows on 32 and 64 GPUs.
+    Run("MPT-13B, 32 x H100", MPT, "13b | 2048 | 32 | 39.95 | 39.95 | ... | 2 | 1 | 64 | 4811 | False", "h100x32",
+        mpt(5120, 40, 40, 2048, 64, 1, "none"), 4811),
+    Run("MPT-13B, 64 x H100", MPT, "13b | 2048 | 64 | 39.86 | 39.86 | ... | 2 | 1 | 128 | 4800 | False", "h100x64",
+        mpt(5120, 40, 40, 2048, 128, 1, "none"), 4800),
+    Run("MPT-30B, remat, 32 x H100", MPT, "30b | 2048 | 32 | 43.92 | 58.57 | ... | 14 | 3 | 1344 | 2308 | True",
+        "h100x32", mpt(7168, 56, 48, 2048, 1344, 3, "full"), 2308),
+    Run("MPT-70B, remat, 32 x H100", MPT, "70b | 2048 | 32 | 36.15 | 48.2 | ... | 2 | 16 | 1024 | 882 | True",
+        "h100x32", mpt(8192, 64, 80, 2048, 1024, 16, "full"), 882),
+    Run("MPT-70B, remat, 64 x H100", MPT, "70b | 2048 | 64 | 42.57 | 56.76 | ... | 8 | 4 | 2048 | 1039 | True",
+        "h100x64", mpt(8192, 64, 80, 2048, 2048, 4, "full"), 1039),
     Run("MaxText Llama-2-7B, 8 x H100", MAXTEXT, "1x A3 (h100-80gb-8) | 492 TFLOP/sec/chip (per_device_batch_size=4, "
         "max_target_length=4096, remat_policy=minimal_flash, cudnn_flash_te)", "h100x8",
         ("model.seq_len=4096", "train.global_batch_size=32", "model.remat=dots_with_no_batch_dims_saveable",

@@ -287,7 +287,7 @@ class Prediction:
       tokens_per_sec: tokens per second.
       mfu: model FLOPs per second over the peak.
       compute_s: the matmuls at the assumed efficiency.
-      memory_s: reading and writing the model states.
+      memory_s: the non-matmul work's HBM reads and writes (``hbm_bytes``) over HBM bandwidth.
       communication_s: every collective, as if none were hidden.
       exposed_communication_s: the collectives' time not hidden behind compute.
       communication_within_host_s: the collectives within a host.
@@ -303,6 +303,7 @@ class Prediction:
       executed_flops_per_device: the FLOPs the program executes per device, recomputation included.
       executed_over_model_flops: those over the model's.
       host_transfer_bytes: the bytes moved to and from host memory per step.
+      hbm_bytes: the bytes the non-matmul work reads and writes in HBM per step (the memory term's).
       bus_bandwidth: each level's predicted bus bandwidth.
     """
 
@@ -326,6 +327,7 @@ class Prediction:
     executed_flops_per_device: float
     executed_over_model_flops: float | None
     host_transfer_bytes: float
+    hbm_bytes: float
     bus_bandwidth: BusBandwidth
 
 

@@ -5,8 +5,9 @@ A roofline in the JAX scaling book's manner (jax-ml/scaling-book, "rooflines"), 
 - **compute**: the matmul FLOPs the program executes per device (:func:`jzero.ledger.flops.program_flops`,
   remat's recomputation included) over the GPU's dense bf16 peak times one efficiency factor,
   :data:`EFFICIENCY`, calibrated once against published runs (docs/planner.md);
-- **memory**: the bytes the optimizer update reads and writes (the model states per device, twice)
-  over HBM bandwidth: elementwise work the matmul count leaves out;
+- **memory**: the bytes the non-matmul work reads and writes in HBM (every fusion, copy and
+  reduce of the compiled program, the optimizer's update among them:
+  :func:`jzero.ledger.traffic.hbm_bytes`) over HBM bandwidth;
 - **communication**: each collective's bytes (the paper's accounting) times (n - 1) / n for its n
   devices, over the bus bandwidth NCCL reaches for its group's shape (:func:`bus_bandwidth`):
   NVLink within a host; across hosts, the share of the host's NICs its group's devices there own
@@ -94,7 +95,7 @@ class StepCost:
       flops: matmul FLOPs executed per device (recomputation included).
       model_flops: the model's FLOPs per device (what MFU counts; no recomputation).
       tokens: tokens per step, all devices together.
-      state_bytes: model-state bytes per device the optimizer update reads and writes.
+      hbm_bytes: bytes per device the non-matmul work reads and writes in HBM.
       transfers: the collectives.
       host_bytes: bytes that cross PCIe per device per step.
     """
@@ -102,7 +103,7 @@ class StepCost:
     flops: float
     model_flops: float
     tokens: int
-    state_bytes: float = 0.0
+    hbm_bytes: float = 0.0
     transfers: Sequence[Transfer] = ()
     host_bytes: float = 0.0
 
@@ -195,7 +196,7 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
     """
     flops_per_s = hardware.peak_flops * efficiency
     compute = cost.flops / flops_per_s
-    memory = 2 * cost.state_bytes / hardware.hbm_bytes_per_s
+    memory = cost.hbm_bytes / hardware.hbm_bytes_per_s
     levels = _levels(cost, hardware, flops_per_s)
     total = sum(t for t, _ in levels.values())
     exposed = sum(e for _, e in levels.values())

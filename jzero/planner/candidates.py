@@ -193,7 +193,7 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
         flops=model_flops * (1 + recompute),
         model_flops=model_flops,
         tokens=c.global_batch_size * f.seq_len,
-        state_bytes=parts["total"],
+        hbm_bytes=2 * parts["total"],  # the update's reads and writes; the rest is read from the compiled program
         transfers=tuple(transfers),
         host_bytes=host,
     )

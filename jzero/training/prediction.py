@@ -12,6 +12,7 @@ from jzero.ledger import targets
 from jzero.ledger.flops import MatmulFlops, matmul_flops
 from jzero.ledger.levels import group_shape
 from jzero.ledger.timing import Hardware, StepCost, Transfer, predict
+from jzero.ledger.traffic import hbm_bytes
 from jzero.training.job import Job
 
 __all__ = ["COUNTER_TOLERANCE", "counter_error", "predicted", "step_cost", "transfers"]
@@ -31,7 +32,7 @@ def step_cost(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.
       hlo_text: the compiled step's HLO.
       ops: its collectives (:func:`jzero.ledger.hlo.parse_collectives`).
     """
-    return _step_cost(job, report, matmul_flops(hlo_text), ops)
+    return _step_cost(job, report, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text))
 
 
 def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlops) -> tuple[Transfer, ...]:
@@ -61,13 +62,15 @@ def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlo
     return tuple(out)
 
 
-def _step_cost(job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective]) -> StepCost:
+def _step_cost(
+    job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective], memory_bytes: int
+) -> StepCost:
     host = report["compiled_host"]
     return StepCost(
         flops=counted.executed,
         model_flops=report["model_flops"]["per_device_per_step"],
         tokens=job.config.train.global_batch_size * job.config.model.seq_len,
-        state_bytes=report["per_device_bytes"]["total"],
+        hbm_bytes=memory_bytes,
         transfers=transfers(ops, _hosts(job), counted),
         # Offloaded states come in and go back each step; offloaded activations go out and come back.
         host_bytes=host["argument"] + host["output"] + 2 * report["activations"]["host"],
@@ -127,7 +130,7 @@ def predicted(
     if hardware is None:
         return None
     counted = matmul_flops(hlo_text)
-    cost = _step_cost(job, report, counted, ops)
+    cost = _step_cost(job, report, counted, ops, hbm_bytes(hlo_text))
     p = predict(cost, hardware)
     error = counter_error(counted, cost.model_flops, _attention_share(job), p["mfu"])
     return {
@@ -137,4 +140,5 @@ def predicted(
         "executed_flops_per_device": cost.flops,
         "executed_over_model_flops": cost.flops / cost.model_flops if cost.model_flops else None,
         "host_transfer_bytes": cost.host_bytes,
+        "hbm_bytes": cost.hbm_bytes,
     }

@@ -19,10 +19,10 @@ EFF = 0.5  # the matmuls reach 5e14 FLOP/s
 
 
 def test_compute_bound_step_is_its_flops_over_the_peak_times_efficiency():
-    cost = StepCost(flops=1e15, model_flops=7.5e14, tokens=4096, state_bytes=1e9)
+    cost = StepCost(flops=1e15, model_flops=7.5e14, tokens=4096, hbm_bytes=2e9)
     p = predict(cost, HW, EFF)
     assert p["compute_s"] == pytest.approx(2.0, rel=1e-12)  # 1e15 / 5e14
-    assert p["memory_s"] == pytest.approx(2e-3, rel=1e-12)  # 2 x 1e9 bytes / 1e12
+    assert p["memory_s"] == pytest.approx(2e-3, rel=1e-12)  # 2e9 bytes read and written / 1e12
     assert p["step_time_s"] == pytest.approx(2.002, rel=1e-12)
     assert p["tokens_per_sec"] == pytest.approx(4096 / 2.002, rel=1e-12)
     assert p["mfu"] == pytest.approx(7.5e14 / (2.002 * 1e15), rel=1e-12)  # model FLOPs, not the recomputed ones
