@@ -288,6 +288,27 @@ _LEDGER = (
         "tests/ledger/test_network.py",
     ),
     _m(
+        "a fusion that slices a stacked operand reads all of it",
+        "jzero/ledger/traffic.py",
+        "reads += sum(_bytes(u.type) for u in uses)",
+        "reads += _bytes(operands[index])",
+        "tests/ledger/test_traffic.py",
+    ),
+    _m(
+        "a buffer updated in place is written whole",
+        "jzero/ledger/traffic.py",
+        "return _bytes(types.get(_operands(root)[1]))",
+        "return _bytes(ins.type)",
+        "tests/ledger/test_traffic.py",
+    ),
+    _m(
+        "the GPU scheduler's limit leaves the live arguments in",
+        "jzero/ledger/targets.py",
+        "math.floor(100 * (gpu.memory_bytes - io_bytes) / room)",
+        "math.floor(100 * gpu.memory_bytes / room)",
+        "tests/ledger/test_targets.py::test_the_gpu_schedulers_memory_limit_is_the_fits_verdicts",
+    ),
+    _m(
         "the predicted step leaves out the host transfers",
         "jzero/ledger/timing.py",
         "step = compute + memory + exposed + host\n",

@@ -45,6 +45,7 @@ __all__ = [
     "jax_plugin_modules",
     "parse_target",
     "peak_flops",
+    "scheduler_slop_factor",
     "target_devices",
 ]
 
@@ -168,21 +169,59 @@ LAYERS_PER_COMBINED_OP = 1.25
 _LAYER_COMBINED = ("xla_gpu_all_gather_combine_threshold_bytes", "xla_gpu_reduce_scatter_combine_threshold_bytes")
 
 
-def gpu_compiler_options(layer_bytes: int = 0) -> dict[str, str | bool | int]:
+def gpu_compiler_options(layer_bytes: int = 0, gpu: Gpu | None = None, io_bytes: int = 0) -> dict[str, str | bool | int]:
     """jzero's XLA options for a GPU step whose layer gathers ``layer_bytes`` per device.
 
     Args:
       layer_bytes: one layer's gathered parameters per device in the compute dtype
         (:meth:`jzero.sharding.plan.Plan.layer_bytes`); 0 for a step without layers.
+      gpu: the GPU it compiles for (None: not known, XLA's scheduler limit stays its own).
+      io_bytes: the step's arguments per device that stay live through it (the model states in
+        device memory), for :func:`scheduler_slop_factor`.
 
     Returns:
       :data:`GPU_COMPILER_OPTIONS`, with the all-gather and reduce-scatter combining thresholds at
-      :data:`LAYERS_PER_COMBINED_OP` layers' bytes when there are layers.
+      :data:`LAYERS_PER_COMBINED_OP` layers' bytes when there are layers, and the scheduler's slop
+      factor for ``gpu``.
     """
-    if not layer_bytes:
-        return dict(GPU_COMPILER_OPTIONS)
-    threshold = math.ceil(layer_bytes * LAYERS_PER_COMBINED_OP)
-    return {**GPU_COMPILER_OPTIONS, **dict.fromkeys(_LAYER_COMBINED, threshold)}
+    options = dict(GPU_COMPILER_OPTIONS)
+    if layer_bytes:
+        options.update(dict.fromkeys(_LAYER_COMBINED, math.ceil(layer_bytes * LAYERS_PER_COMBINED_OP)))
+    if gpu is not None:
+        options["xla_gpu_memory_limit_slop_factor"] = scheduler_slop_factor(gpu, io_bytes)
+    return options
+
+
+# XLA's latency-hiding scheduler keeps a program's buffers within (80% of the device's memory - its
+# arguments and outputs) x xla_gpu_memory_limit_slop_factor / 100 (GetSchedulerMemoryLimit in
+# xla/service/gpu/gpu_hlo_schedule.cc; the slop factor's default is 95), about JAX's default pool of
+# 75% of the GPU. The fits verdict gives a program the GPU's nominal memory. Between the two, the
+# scheduler stops overlapping the layer loop's collectives to save memory the verdict would allow:
+# MPT-70B on h100x32 (docs/planner.md) exposed 14.0 s of its collectives at 95, 9.4 s at 100 and
+# 0.15 s at 120, its peak 64.2, 64.6 and 65.9 GB (benchmarks/calibration.py's run, this host).
+XLA_SCHEDULER_SHARE = 0.8
+_DEVICE_MEMORY = re.compile(r"device_memory_size:\s*(\d+)")
+XLA_DEFAULT_SLOP_FACTOR = 95
+
+
+def scheduler_slop_factor(gpu: Gpu, io_bytes: int) -> int:
+    """The ``xla_gpu_memory_limit_slop_factor`` that sets XLA's scheduler limit to what the fits
+    verdict allows a step with ``io_bytes`` of live arguments on ``gpu`` (its nominal memory, less
+    those), never below XLA's default.
+
+    Args:
+      gpu: the GPU; its driver's total memory is its target config's ``device_memory_size``.
+      io_bytes: the step's live arguments per device.
+    """
+    total = int(_DEVICE_MEMORY.search(_target_config(gpu)).group(1))
+    room = XLA_SCHEDULER_SHARE * total - io_bytes
+    if room <= 0:
+        return XLA_DEFAULT_SLOP_FACTOR
+    return max(XLA_DEFAULT_SLOP_FACTOR, math.floor(100 * (gpu.memory_bytes - io_bytes) / room))
+
+
+def _target_config(gpu: Gpu) -> str:
+    return (Path(__file__).parent / "gpu_targets" / gpu.config_file).read_text()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,7 +359,7 @@ def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host
         raise ConfigError("--target", f"compiling for a GPU needs JAX's CUDA compiler plugin: {INSTALL}")
     from jax.experimental import topologies
 
-    config = (Path(__file__).parent / "gpu_targets" / GPUS[target.gpu].config_file).read_text()
+    config = _target_config(GPUS[target.gpu])
     try:
         topology = topologies.get_topology_desc(
             target.gpu, "cuda", target_config=config, topology=f"1x{target.hosts}x{target.gpus_per_host}"

@@ -154,18 +154,21 @@ def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
     return model_parallel > 1 if cfg.partition_activations is None else cfg.partition_activations
 
 
-def compiler_options(
-    devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None, layer_bytes: int = 0
-) -> dict[str, Any] | None:
-    """The XLA options a compile on ``devices`` is given: :func:`xla_options` but those ``XLA_FLAGS``
-    sets, which XLA already has; None when there are none."""
-    effect = xla_options(devices, units=units, options=options, layer_bytes=layer_bytes)
+def compiler_options(devices: Sequence[Any], **inputs: Any) -> dict[str, Any] | None:
+    """The XLA options a compile on ``devices`` is given: :func:`xla_options` (``inputs`` are its
+    keywords) but those ``XLA_FLAGS`` sets, which XLA already has; None when there are none."""
+    effect = xla_options(devices, **inputs)
     given = {name: e["value"] for name, e in effect.items() if e["from"] != xla_flags.ENV}
     return given or None
 
 
 def xla_options(
-    devices: Sequence[Any], *, units: bool = False, options: Mapping[str, Any] | None = None, layer_bytes: int = 0
+    devices: Sequence[Any],
+    *,
+    units: bool = False,
+    options: Mapping[str, Any] | None = None,
+    layer_bytes: int = 0,
+    io_bytes: int = 0,
 ) -> dict[str, dict]:
     """The XLA options in effect for a program on ``devices``, each with where it comes from.
 
@@ -176,12 +179,15 @@ def xla_options(
       options: the config's ``compiler.xla_options``, which win over everything.
       layer_bytes: one layer's gathered bytes per device (:meth:`jzero.sharding.plan.Plan.layer_bytes`),
         which sizes the GPU combining thresholds.
+      io_bytes: the model states per device in device memory, live through the step, which set
+        the GPU scheduler's memory limit (:func:`jzero.ledger.targets.scheduler_slop_factor`).
 
     Returns:
       name -> ``{"value": ..., "from": "jzero" | "XLA_FLAGS" | "compiler.xla_options"}``
       (:func:`jzero.compiler.xla_flags.in_effect`).
     """
-    defaults = targets.gpu_compiler_options(layer_bytes) if on_gpus(devices) else {}
+    gpu = targets.gpu_of(devices[0].device_kind) if on_gpus(devices) else None
+    defaults = targets.gpu_compiler_options(layer_bytes, gpu, io_bytes) if on_gpus(devices) else {}
     needs = unit_options(devices) if units else {}
     return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
 
@@ -285,7 +291,11 @@ class Job:
     def _option_inputs(self) -> dict[str, Any]:
         """What chooses the step's XLA options besides its devices."""
         layer = self.plan.layer_bytes(self.precision.compute_dtype)
-        return {"units": bool(self.plan.units), "options": self.config.compiler.xla_options, "layer_bytes": layer}
+        states = self.plan.per_device_bytes()
+        return {
+            "units": bool(self.plan.units), "options": self.config.compiler.xla_options, "layer_bytes": layer,
+            "io_bytes": states["params"] + states["optimizer"],
+        }  # fmt: skip
 
     def _compile_inputs(self) -> tuple[list, dict[str, Any] | None, Mapping[str, Any]]:
         """The devices, the options given to XLA, and the config's own (:func:`compile_lowered`)."""
@@ -309,7 +319,6 @@ class Job:
           ConfigError: XLA does not know an option, or cannot read its value, naming it.
         """
         return compile_lowered(lowered, *self._compile_inputs())
-
 
     def init_state(self) -> TrainState:
         """A fresh train state, initialised straight into the plan's shardings."""
@@ -419,6 +428,7 @@ def build_job(
 
         def init_fn(key):
             return model.init(key, sample)["params"]
+
     rng = jax.random.key(config.seed)
     trainable = trainable_patterns(config)
     if abstract is None:

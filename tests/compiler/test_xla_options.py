@@ -13,7 +13,7 @@ from support.cli import keyed_error
 from support.configs import BF16, TINY, tiny_config
 
 from jzero.cli.main import main
-from jzero.ledger.targets import GPU_COMPILER_OPTIONS
+from jzero.ledger.targets import GPU_COMPILER_OPTIONS, GPUS, scheduler_slop_factor
 from jzero.training.job import compiler_options, xla_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,8 @@ def test_defaults_then_xla_flags_then_the_config(monkeypatch, h100x8, devices):
     assert effect["xla_gpu_enable_latency_hiding_scheduler"] == {"value": False, "from": "compiler.xla_options"}
     assert effect["xla_gpu_all_reduce_combine_threshold_bytes"]["from"] == "jzero"
     given = compiler_options(h100x8, options=mine)
-    assert given == {k: v for k, v in {**GPU_COMPILER_OPTIONS, **mine}.items() if k != GATHER}
+    slop = {"xla_gpu_memory_limit_slop_factor": scheduler_slop_factor(GPUS["h100"], 0)}
+    assert given == {k: v for k, v in {**GPU_COMPILER_OPTIONS, **slop, **mine}.items() if k != GATHER}
     monkeypatch.setenv("XLA_FLAGS", f"--{GATHER}=0")
     assert compiler_options(h100x8, options={GATHER: 7})[GATHER] == 7
     assert compiler_options(devices, options=mine) == mine and compiler_options(devices) is None

@@ -16,7 +16,7 @@ from jzero.cli.main import main
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger import hlo as ledger
-from jzero.ledger.targets import GPU_COMPILER_OPTIONS, Target, parse_target, target_devices
+from jzero.ledger.targets import GPU_COMPILER_OPTIONS, GPUS, Target, parse_target, scheduler_slop_factor, target_devices
 from jzero.training.job import build_job
 
 
@@ -199,7 +199,8 @@ def test_every_gpu_compile_gets_the_options(h100x8, devices):
     all-gathers."""
     from jzero.training.job import compiler_options
 
-    assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
+    slop = {"xla_gpu_memory_limit_slop_factor": scheduler_slop_factor(GPUS["h100"], 0)}
+    assert compiler_options(devices) is None and compiler_options(h100x8) == {**GPU_COMPILER_OPTIONS, **slop}
 
     def gathers(*sets):
         s = build_job(tiny_config("zero.stage=3", *BF16, *sets), h100x8)
@@ -226,3 +227,18 @@ def test_offload_on_the_gpu_target_is_host_memory_in_the_compiled_program(h100x8
     assert report.device_peak == report.compiled.peak  # the GPU's own figures already leave host memory out
     a = report.activations
     assert a.host_from == "compiled" and a.host > 0 and "S(5)" in compiled.as_text()
+
+
+def test_the_gpu_schedulers_memory_limit_is_the_fits_verdicts(h100x8):
+    """XLA's scheduler holds a step to (80% of the device's memory - its live arguments) x slop / 100;
+    jzero's slop factor puts that at the GPU's nominal memory less the arguments, the verdict's room."""
+    total = 84942979072  # jzero/ledger/gpu_targets/h100.txtpb's device_memory_size
+    io = 10 * 10**9
+    slop = scheduler_slop_factor(GPUS["h100"], io)
+    assert slop == 120  # floor(100 x (80e9 - 10e9) / (0.8 x 84.94e9 - 10e9)) = floor(120.78)
+    assert (0.8 * total - io) * slop / 100 <= 80 * 10**9 - io < (0.8 * total - io) * (slop + 1) / 100
+    assert scheduler_slop_factor(GPUS["h100"], 70 * 10**9) == 95  # no room under XLA's base: its default stays
+    job = build_job(tiny_config("zero.stage=3", *BF16), h100x8)
+    states = job.plan.per_device_bytes()
+    given = job.xla_options()["xla_gpu_memory_limit_slop_factor"]
+    assert given == {"value": scheduler_slop_factor(GPUS["h100"], states["params"] + states["optimizer"]), "from": "jzero"}
