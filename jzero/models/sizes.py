@@ -7,6 +7,7 @@ or anything with them) for either model (:data:`jzero.models.names.KEYS`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -14,6 +15,9 @@ from jzero.models.names import LLAMA
 
 __all__ = [
     "SAVED_BY_POLICY",
+    "LayerShape",
+    "layer_shape",
+    "matmul_params",
     "flops_per_token",
     "kv_heads",
     "llama_matmul_params",
@@ -42,6 +46,68 @@ SAVED_BY_POLICY: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """One transformer layer of either model, by its shape: the weights each token multiplies by
+    and the values it saves for the backward, per token. The one table the model FLOPs
+    (:func:`flops_per_token`), the planner's estimate (:mod:`jzero.planner.candidates`) and the
+    GPT's saved-bytes formula read.
+
+    Attributes:
+      d_model: the width.
+      n_heads: query heads.
+      kv_heads: key and value heads (fewer than ``n_heads`` with grouped-query attention).
+      mlp_hidden: the MLP's hidden units.
+      gated: a gated MLP (the Llama's SwiGLU: gate and up projections) rather than one input projection.
+    """
+
+    d_model: int
+    n_heads: int
+    kv_heads: int
+    mlp_hidden: int
+    gated: bool
+
+    @property
+    def kv_width(self) -> int:
+        """The key's (and the value's) width: ``d_model`` x ``kv_heads`` / ``n_heads``."""
+        return self.d_model * self.kv_heads // self.n_heads
+
+    @property
+    def matmul_params(self) -> int:
+        """q and o (2 d^2), k and v (2 d kv_width), the MLP (2 or, gated, 3 d mlp_hidden)."""
+        mlp = (3 if self.gated else 2) * self.d_model * self.mlp_hidden
+        return 2 * self.d_model**2 + 2 * self.d_model * self.kv_width + mlp
+
+    def values_per_token(self) -> dict[str, int]:
+        """Elements per token of each value a layer can save (:data:`SAVED_BY_POLICY`'s kinds):
+        ``mlp_in`` is the MLP's first matmul (both of a gated MLP's), ``attention`` its output."""
+        d, kv = self.d_model, self.kv_width
+        mlp_in = self.mlp_hidden * (2 if self.gated else 1)
+        return {"input": d, "query": d, "key": kv, "value": kv, "attn_out": d, "mlp_in": mlp_in, "attention": d}
+
+    def saved_per_token(self, policy: str) -> int:
+        """Elements per token one layer saves under a remat policy (cuDNN's attention: its output)."""
+        values = self.values_per_token()
+        return sum(values[kind.removesuffix("(xla)")] for kind in SAVED_BY_POLICY[policy])
+
+    def working_per_token(self) -> int:
+        """Elements per token a layer holds while its backward runs: every value it can save and the
+        MLP's activation."""
+        return sum(self.values_per_token().values()) + self.mlp_hidden
+
+
+def layer_shape(m: Any) -> LayerShape:
+    """The :class:`LayerShape` of a ``model:`` section (either model)."""
+    return LayerShape(m.d_model, m.n_heads, kv_heads(m), mlp_units(m), m.name == LLAMA)
+
+
+def matmul_params(m: Any) -> int:
+    """The weights every token of a ``model:`` section's model multiplies by: its layers'
+    (:attr:`LayerShape.matmul_params`) and the LM head's (V d, tied or not). The token embedding's
+    lookup is a gather, not a matmul; biases and norms are elementwise."""
+    return m.n_layers * layer_shape(m).matmul_params + m.vocab_size * m.d_model
+
+
 def gpt_param_count(vocab_size: int, d_model: int, n_layers: int, mlp_ratio: int) -> int:
     """The GPT's parameter count, to the leading terms: embedding and head, then per layer the
     attention (4 d^2) and MLP (2 r d^2) kernels."""
@@ -49,10 +115,10 @@ def gpt_param_count(vocab_size: int, d_model: int, n_layers: int, mlp_ratio: int
 
 
 def gpt_matmul_params(vocab_size: int, d_model: int, n_layers: int, mlp_ratio: int) -> int:
-    """The weights every token multiplies by: per layer the q, k, v and output projections (4 d^2)
-    and the MLP (2 r d^2), then the LM head (V d, tied or not). The token embedding's lookup is a
-    gather, not a matmul; biases and LayerNorms are elementwise."""
-    return n_layers * (4 + 2 * mlp_ratio) * d_model**2 + vocab_size * d_model
+    """The GPT's weights every token multiplies by (:func:`matmul_params`): per layer the q, k, v
+    and output projections (4 d^2) and the MLP (2 r d^2), then the LM head (V d)."""
+    layer = LayerShape(d_model, 1, 1, mlp_ratio * d_model, gated=False)
+    return n_layers * layer.matmul_params + vocab_size * d_model
 
 
 def gpt_flops_per_token(vocab_size: int, d_model: int, n_layers: int, mlp_ratio: int, seq_len: int) -> int:
@@ -76,10 +142,10 @@ def kv_heads(m: Any) -> int:
 
 
 def llama_matmul_params(vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, mlp_hidden: int) -> int:
-    """The weights every token of the Llama multiplies by: per layer q and o (2 d^2), k and v
-    (2 d^2 n_kv_heads / n_heads) and the SwiGLU MLP (3 d mlp_hidden), then the LM head (V d)."""
-    kv = d_model * n_kv_heads // n_heads
-    return n_layers * (2 * d_model**2 + 2 * d_model * kv + 3 * d_model * mlp_hidden) + vocab_size * d_model
+    """The Llama's weights every token multiplies by (:func:`matmul_params`): per layer q and o
+    (2 d^2), k and v (2 d^2 n_kv_heads / n_heads) and the SwiGLU MLP (3 d mlp_hidden), then the LM head (V d)."""
+    layer = LayerShape(d_model, n_heads, n_kv_heads, mlp_hidden, gated=True)
+    return n_layers * layer.matmul_params + vocab_size * d_model
 
 
 def llama_param_count(
@@ -101,10 +167,7 @@ def param_count(m: Any) -> int:
 def flops_per_token(m: Any) -> int:
     """Training FLOPs per token of a ``model:`` section's model: 6 N over its matmul weights N plus
     12 L T d for attention (:func:`gpt_flops_per_token`'s counting)."""
-    if m.name != LLAMA:
-        return gpt_flops_per_token(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio, m.seq_len)
-    matmuls = llama_matmul_params(m.vocab_size, m.d_model, m.n_layers, m.n_heads, kv_heads(m), mlp_units(m))
-    return 6 * matmuls + 12 * m.n_layers * m.seq_len * m.d_model
+    return 6 * matmul_params(m) + 12 * m.n_layers * m.seq_len * m.d_model
 
 
 def gpt_saved_per_layer(

@@ -21,6 +21,7 @@ from jzero.lazy import moved_names
 from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.memory.remat import REMAT_POLICIES, offloads
+from jzero.models.sizes import LayerShape, layer_shape
 from jzero.sharding.axes import DATA, MODEL, REPLICA
 from jzero.sharding.plan import Plan
 from jzero.sharding.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
@@ -30,11 +31,6 @@ __all__ = ["Candidate", "EstimateInputs", "candidates", "estimate", "estimate_in
 __getattr__ = moved_names(__name__, {"Figures": f"{__name__}.EstimateInputs", "figures_of": f"{__name__}.estimate_inputs"})
 
 MICROBATCHES = (1, 2, 4, 8)
-# Saved activations per token per layer, in d_model elements of the compute dtype, by remat policy:
-# the layer's input, and with no remat its norms, q/k/v, attention output, projections and the
-# MLP's 2 x ratio hidden values (flash attention keeps no T x T scores).
-_SAVED = {"none": lambda r: 8 + 2 * r, "full": lambda r: 1, "dots_saveable": lambda r: 6 + r,
-          "dots_with_no_batch_dims_saveable": lambda r: 6 + r, "offload_dots": lambda r: 1}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +84,14 @@ class EstimateInputs:
     optimizer_bytes: float
     compute_itemsize: int
     vocab: int
-    d_model: int
     n_layers: int
-    n_heads: int
-    mlp_ratio: int
+    layer: LayerShape  # what each layer multiplies by and saves (jzero.models.sizes, either model)
     seq_len: int
     flops_per_token: float
+
+    @property
+    def d_model(self) -> int:
+        return self.layer.d_model
 
 
 def candidates(
@@ -105,7 +103,8 @@ def candidates(
     Combinations a config cannot have (offload below its stage, qgZ with a model axis, a batch that
     does not split) are left out here or refused by config validation afterwards."""
     base = zero or ZeroOptions()
-    models = [m for m in (1, 2, 4, 8) if target.gpus_per_host % m == 0 and figures.n_heads % m == 0]
+    heads = (figures.layer.n_heads, figures.layer.kv_heads)
+    models = [m for m in (1, 2, 4, 8) if target.gpus_per_host % m == 0 and all(h % m == 0 for h in heads)]
     for stage, remat, mb, batch, m in itertools.product(STAGES, REMAT_POLICIES, MICROBATCHES, batches, models):
         for replica in {1, target.hosts} if stage_rule(stage).params else {1}:  # hpZ: a second copy of partitioned parameters
             data = target.count // (m * replica)
@@ -155,12 +154,11 @@ def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, St
     parts = per_device_parts(f.param_bytes, f.grad_bytes, f.optimizer_bytes, c.zero.stage, data * replica, m)
     states = parts["total"] - parts["optimizer"] * c.zero.offload_optimizer - parts["params"] * c.zero.offload_params
     tokens = c.global_batch_size // (data * replica * c.microbatches) * f.seq_len
-    layer_elems = (4 + 2 * f.mlp_ratio) * f.d_model**2
-    unit = tokens * f.d_model * f.compute_itemsize
-    working = unit * _SAVED["none"](f.mlp_ratio) / m  # one layer's values, all held while its backward runs
-    activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + working
+    unit = tokens * f.compute_itemsize  # bytes of one element per token
+    working = unit * f.layer.working_per_token() / m  # one layer's values, all held while its backward runs
+    activations = f.n_layers * unit * f.layer.saved_per_token(c.remat) / m + working
     logits = 2 * tokens * f.vocab * 4 / m
-    gathered = 2 * layer_elems * f.compute_itemsize / m if c.zero.rule.params else 0
+    gathered = 2 * f.layer.matmul_params * f.compute_itemsize / m if c.zero.rule.params else 0
     return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)
 
 
@@ -168,7 +166,7 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
     m, replica, data = c.axis_sizes
     group = data * replica
     shape = _shape(group, m, target)  # the data (and replica) axes' groups over the hosts
-    matmul = f.n_layers * (4 + 2 * f.mlp_ratio) * f.d_model**2
+    matmul = f.n_layers * f.layer.matmul_params
     attention = f.n_layers * f.seq_len * f.d_model
     model_flops = f.flops_per_token * c.global_batch_size * f.seq_len / target.count
     recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
@@ -188,7 +186,7 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
         transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m))
     host = 2 * parts["optimizer"] * c.zero.offload_optimizer + 2 * parts["params"] * c.zero.offload_params * c.microbatches
     if offloads(c.remat):
-        host += 2 * f.n_layers * tokens * f.d_model * f.compute_itemsize * (5 + f.mlp_ratio) / m * c.microbatches
+        host += 2 * f.n_layers * tokens * f.compute_itemsize * f.layer.saved_per_token(c.remat) / m * c.microbatches
     return StepCost(
         flops=model_flops * (1 + recompute),
         model_flops=model_flops,
@@ -212,6 +210,6 @@ def estimate_inputs(plan: Plan, config: Config, flops_per_token: float, compute_
     optimizer = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
     mc = config.model
     return EstimateInputs(
-        plan.num_params, params, params, optimizer, compute_itemsize, mc.vocab_size, mc.d_model, mc.n_layers,
-        mc.n_heads, mc.mlp_ratio, mc.seq_len, flops_per_token,
+        plan.num_params, params, params, optimizer, compute_itemsize, mc.vocab_size, mc.n_layers, layer_shape(mc),
+        mc.seq_len, flops_per_token,
     )  # fmt: skip

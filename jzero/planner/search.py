@@ -23,7 +23,7 @@ from jzero.ledger.records import CheckedPlanReport
 from jzero.ledger.render import human_bytes
 from jzero.ledger.targets import Target, target_devices
 from jzero.ledger.timing import Hardware, predict
-from jzero.models.names import GPT
+from jzero.models.names import GPT, LLAMA
 from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.training.job import Job, build_job
 from jzero.training.report import plan_report, with_verdict
@@ -31,6 +31,7 @@ from jzero.training.report import plan_report, with_verdict
 __all__ = ["YOURS", "Row", "Search", "pareto", "refuse_unfit", "search", "smallest_peak"]
 
 YOURS = "your config"
+BUILT_IN = (GPT, LLAMA)  # the models whose layer shape prices a candidate (jzero.models.sizes.layer_shape)
 
 
 @dataclasses.dataclass
@@ -118,8 +119,11 @@ def search(
     """
     start = time.perf_counter()
     config = load_config(config_path, sets)
-    if config.model.name != GPT:
-        raise ConfigError("--search", "searches the configurations of jzero's GPT; plan a model of your own without --search")
+    if config.model.name not in BUILT_IN:
+        raise ConfigError(
+            "--search", f"prices the candidates of jzero's own models ({' or '.join(BUILT_IN)}) by their layers' shapes, which a "
+            "model of your own does not give: plan it without --search, with your stage and mesh",
+        )  # fmt: skip
     devices = target_devices(target)
     base = build_job(config, devices)
     base.check_xla_options()  # one line and exit 2, not a refusal in every candidate's row

@@ -94,7 +94,8 @@ def test_search_and_sample_are_for_the_gpt(devices, tmp_path, capsys):
     assert main(["plan", str(CONFIG), "--search", "--target", "h100x8"]) == 2
     sample_err, search_err = capsys.readouterr().err.strip().splitlines()
     assert "model.name: " in sample_err and "jzero sample decodes jzero's GPT" in sample_err
-    assert search_err.startswith("jzero: error: --search: searches the configurations of jzero's GPT; plan a model of your own")
+    assert search_err.startswith("jzero: error: --search: prices the candidates of jzero's own models (gpt or llama)")
+    assert "plan it without --search" in search_err
 
 
 # ---------------------------------------------------------------------------------------------

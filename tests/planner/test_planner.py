@@ -4,6 +4,7 @@ config that ``jzero plan`` reproduces, and ``predicted`` in ``plan --json`` on G
 
 import dataclasses
 import json
+import math
 
 import jax
 import pytest
@@ -15,6 +16,7 @@ from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger.targets import parse_target
 from jzero.memory.remat import REMAT_POLICIES
+from jzero.models.sizes import LayerShape
 from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
@@ -161,3 +163,26 @@ def test_search_batches_are_the_configs_a_given_size_or_free():
     assert options("free").batches(2) == [1, 2, 4, 8]  # a quarter of 2 rows is no batch
     assert options(None).time_budget_s == 600.0
     assert search_options(True, "h100x8", False, None, "1.5m", None).time_budget_s == 90.0
+
+
+LLAMA_ARGS = [
+    "configs/llama3.2-1b.yaml",
+    *sets("model.vocab_size=256", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+          "model.mlp_hidden=64", "model.seq_len=16", "train.global_batch_size=16", "mesh.axes={data: 8}"),
+]  # fmt: skip
+
+
+def test_the_search_prices_a_llamas_own_layers_and_certifies_a_winner(capsys, h100x8):  # noqa: F811
+    """The Llama's candidates are priced by its layer (grouped k and v, a gated MLP), the weights of
+    which are its plan's own, and ``--search`` takes ``model.name: llama``."""
+    words = [w for w in LLAMA_ARGS[1:] if w != "--set"]
+    job = build_job(load_config(LLAMA_ARGS[0], words), jax.devices())
+    figures = estimate_inputs(job.plan, job.config, job.flops_per_token, 2)
+    assert figures.layer == LayerShape(d_model=32, n_heads=4, kv_heads=2, mlp_hidden=64, gated=True)
+    kernels = [t for t in job.plan.tensors if t.path.startswith("layers/") and t.path.endswith("/kernel")]
+    assert figures.layer.matmul_params == sum(math.prod(t.shape) for t in kernels) // 2  # 2 layers stacked
+    assert {dict(c.axes)["model"] for c in candidates(figures, parse_target("h100x8"), [16])} == {1, 2}  # 2 kv heads
+    assert main(["plan", *LLAMA_ARGS, "--target", "h100x8", "--search", "--time-budget", "20", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    winner = next(r for r in found["search"]["rows"] if r["label"] == found["search"]["winner"])
+    assert winner["fits"] and winner["predicted"]["tokens_per_sec"] > 0
