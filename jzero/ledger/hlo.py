@@ -476,28 +476,37 @@ def forward_loop_writes(hlo_text: str) -> list[list[tuple[str, tuple[int, ...], 
     loops = []
     for ins in (ins for body in computations.values() for ins in body):
         found = forward_loop(ins, computations)
-        if found is None:
-            continue
-        body, rows = found
-        state_type = ins.line.split("=", 1)[1].split(" while(")[0]
-        items = list(_ARRAY.finditer(state_type))
-        written = _written_elements(computations[body])
-        read_only = {item.group("dtype", "dims") for i, item in enumerate(items) if i not in written}
-        stacks = []
-        for index, item in enumerate(items):
-            dims = _dims(item)
-            if index in written and len(dims) > 1 and dims[0] >= rows:
-                host = "S(5)" in (item.group("layout") or "")
-                stacks.append((item.group("dtype"), dims, host, item.group("dtype", "dims") in read_only))
-        loops.append(stacks)
+        if found is not None:
+            loops.append(_loop_stacks(ins, computations, *found))
     return loops
 
 
+def _loop_stacks(ins: _Instruction, computations: Computations, body: str, rows: int) -> list:
+    """:func:`forward_loop_writes`' stacks of one forward loop."""
+    state_type = ins.line.split("=", 1)[1].split(" while(")[0]
+    items = list(_ARRAY.finditer(state_type))
+    written = _written_elements(computations[body])
+    read_only = {item.group("dtype", "dims") for i, item in enumerate(items) if i not in written}
+    stacks = []
+    for index, item in enumerate(items):
+        dims = _dims(item)
+        if index in written and len(dims) > 1 and dims[0] >= rows:
+            host = "S(5)" in (item.group("layout") or "")
+            stacks.append((item.group("dtype"), dims, host, item.group("dtype", "dims") in read_only))
+    return stacks
+
+
 def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str, int]:
-    """What the forward layer loops save for the backward, per device, from compiled HLO: the
-    stacks of :func:`forward_loop_writes` that hold activations, a batch of examples, or without
-    ``batch_rows``, a shape unlike any parameter stack the loop reads (JAX also saves the slices of
-    parameters it used). A buffer in host memory (layout ``S(5)``) counts as host bytes.
+    """What the forward layer loops save for the backward, per device, from compiled HLO, at the
+    most that is live at once: the stacks of :func:`forward_loop_writes` that hold activations, a
+    batch of examples, or without ``batch_rows``, a shape unlike any parameter stack the loop reads
+    (JAX also saves the slices of parameters it used). A buffer in host memory (layout ``S(5)``)
+    counts as host bytes.
+
+    A forward loop's stacks are live until a backward loop reads them (the last forward's, in
+    program order), so the microbatches of a step (a loop XLA peeled into the step's first and
+    last microbatch and the microbatch loop's own) count once, and two forward loops before their
+    backwards count both.
 
     Args:
       hlo_text: ``compiled.as_text()`` of an SPMD program.
@@ -505,19 +514,63 @@ def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str,
         them as its second dimension.
 
     Returns:
-      ``{"device", "host", "loops"}``: bytes per device, and how many forward layer loops save
-      (each counts once: a loop inside a microbatch loop saves for one microbatch at a time).
+      ``{"device", "host", "loops"}``: bytes per device at the peak, and how many forward layer
+      loops save.
     """
-    device = host = loops = 0
-    for stacks in forward_loop_writes(hlo_text):
-        saved = 0
+    computations, entry = _computations(hlo_text)
+    live = _LiveSaved(computations, batch_rows)
+    device, host = live.peak(entry) if entry else (0, 0)
+    return {"device": device, "host": host, "loops": live.loops}
+
+
+class _LiveSaved:
+    """The saved stacks live at once, computation by computation, in program order."""
+
+    def __init__(self, computations: Computations, batch_rows: int | None):
+        self.computations, self.rows, self.loops = computations, batch_rows, 0
+        self.memo: dict[str, tuple[int, int]] = {}
+
+    def peak(self, name: str) -> tuple[int, int]:
+        """``(device, host)`` at the most live in one run of ``name``."""
+        if name in self.memo:
+            return self.memo[name]
+        self.memo[name] = (0, 0)  # guards a malformed, cyclic module
+        live, pending, best = (0, 0), [], (0, 0)
+        for ins in self.computations.get(name, ()):
+            if (found := forward_loop(ins, self.computations)) is not None:
+                saved = self.saved(_loop_stacks(ins, self.computations, *found))
+                pending.append(saved)
+                live = (live[0] + saved[0], live[1] + saved[1])
+            elif _is_backward_loop(ins, self.computations) and pending:
+                done = pending.pop()
+                live = (live[0] - done[0], live[1] - done[1])
+            else:
+                inner = max((self.peak(c) for _, c in _callees(ins.line) if c in self.computations), key=sum, default=(0, 0))
+                live_inner = (live[0] + inner[0], live[1] + inner[1])
+                best = max(best, live_inner, key=sum)
+            best = max(best, live, key=sum)
+        self.memo[name] = best
+        return best
+
+    def saved(self, stacks: list) -> tuple[int, int]:
+        device = host = 0
         for dtype, dims, in_host, like_input in stacks:
-            if _per_example(dims, batch_rows) if batch_rows else not like_input:
+            if _per_example(dims, self.rows) if self.rows else not like_input:
                 nbytes = _array_bytes(dtype, dims)
-                saved += nbytes
                 host, device = (host + nbytes, device) if in_host else (host, device + nbytes)
-        loops += int(saved > 0)
-    return {"device": device, "host": host, "loops": loops}
+        self.loops += int(device + host > 0)
+        return device, host
+
+
+def _is_backward_loop(ins: _Instruction, computations: Computations) -> bool:
+    """A differentiated scan's backward loop: ``transpose(jvp(...))`` on the ``while`` or its body's ops."""
+    if ins.op != "while":
+        return False
+    body = dict(_callees(ins.line)).get("body")
+    names = [m.group(1) for m in map(_OP_NAME.search, [ins.line]) if m] or [
+        m.group(1) for m in (_OP_NAME.search(i.line) for i in computations.get(body, ())) if m
+    ]
+    return any("transpose(" in n for n in names)
 
 
 def _per_example(dims: tuple[int, ...], rows: int) -> bool:

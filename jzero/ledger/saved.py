@@ -51,12 +51,12 @@ def saved_by_kind(hlo_text: str, batch_rows: int) -> list[SavedKind]:
       device), ``layers`` (the loop's trip count) and ``bytes_per_layer``.
     """
     computations, _ = _computations(hlo_text)
-    rows = []
+    loops: list[list[SavedKind]] = []
     for ins in (ins for body in computations.values() for ins in body):
         found = forward_loop(ins, computations)
-        if found is not None:
-            rows += _stacks(computations, *found, batch_rows)
-    return rows
+        if found is not None and (stacks := _stacks(computations, *found, batch_rows)) not in loops:
+            loops.append(stacks)  # a copy XLA peeled for a step's first or last microbatch is the same loop
+    return [row for stacks in loops for row in stacks]
 
 
 def saved_unrolled(hlo_text: str, batch_rows: int) -> list[dict]:
