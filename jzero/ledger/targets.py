@@ -31,6 +31,7 @@ __all__ = [
     "GPUS",
     "GPUS_PER_HOST",
     "NIC_SHARE",
+    "PIPELINED_GATHERS",
     "LAYERS_PER_COMBINED_OP",
     "Gpu",
     "Target",
@@ -149,9 +150,10 @@ def peak_flops(device_kind: str) -> float | None:
 #   1 GiB is for a step without layers; gpu_compiler_options sizes them from the layer.
 # - The highest-priority stream for collectives: NCCL kernels are not starved by compute kernels
 #   at run time (NVIDIA's JAX-Toolbox advice); nothing changes in the compiled program.
+PIPELINED_GATHERS = "xla_gpu_enable_pipelined_all_gather"
 GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
-    "xla_gpu_enable_pipelined_all_gather": True,
+    PIPELINED_GATHERS: True,
     "xla_gpu_enable_pipelined_reduce_scatter": True,
     "xla_gpu_enable_pipelined_all_reduce": True,
     "xla_gpu_enable_highest_priority_async_stream": True,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from jzero.config.schema import Config
 from jzero.lazy import moved_names
-from jzero.ledger.targets import Target
+from jzero.ledger.targets import PIPELINED_GATHERS, Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.memory.remat import REMAT_POLICIES, offloads
 from jzero.models.sizes import LayerShape, layer_shape
@@ -43,14 +43,17 @@ class Candidate:
     global_batch_size: int
     axes: tuple[tuple[str, int], ...]
     dcn: tuple[tuple[str, int], ...] = ()
+    pipelined_gathers: bool = True  # XLA's all-gather pipeliner (GPU_COMPILER_OPTIONS) left on
 
     def sets(self) -> list[str]:
         """The overrides that make the user's config this candidate."""
         axes = ", ".join(f"{name}: {size}" for name, size in self.axes)
         dcn = ", ".join(f"{name}: {ways}" for name, ways in self.dcn)
+        unpipelined = [f"compiler.xla_options.{PIPELINED_GATHERS}=false"] * (not self.pipelined_gathers)
         return [
             *self.zero.words(), f"model.remat={self.remat}", f"train.microbatches={self.microbatches}",
             f"train.global_batch_size={self.global_batch_size}", f"mesh.axes={{{axes}}}", f"mesh.dcn={{{dcn}}}",
+            *unpipelined,
         ]  # fmt: skip
 
     @property
@@ -59,7 +62,7 @@ class Candidate:
         axes = " x ".join(f"{n}={s}" for n, s in self.axes if s > 1) or "data=1"
         mb = f" in {self.microbatches}" if self.microbatches > 1 else ""
         head = [f"stage {self.zero.stage}", axes, f"remat {self.remat}", f"batch {self.global_batch_size}{mb}"]
-        return ", ".join([*head, *self.zero.knobs()])
+        return ", ".join([*head, *self.zero.knobs(), *["gathers not pipelined"] * (not self.pipelined_gathers)])
 
     @property
     def axis_sizes(self) -> tuple[int, int, int]:
@@ -113,14 +116,22 @@ def candidates(
             axes, dcn = _mesh(replica, data, m, target.hosts)
             for optimizer, params in _offloads(stage):
                 z = dataclasses.replace(base, stage=stage, offload_optimizer=optimizer, offload_params=params)
-                for knobs in _zeropp(z, replica, m):
-                    yield Candidate(knobs, remat, mb, batch, axes, dcn=dcn)
+                for knobs, pipelined in itertools.product(_zeropp(z, replica, m), _pipelining(stage, mb)):
+                    yield Candidate(knobs, remat, mb, batch, axes, dcn=dcn, pipelined_gathers=pipelined)
 
 
 def _mesh(replica: int, data: int, model: int, hosts: int) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
     axes = ((REPLICA, replica),) * (replica > 1) + ((DATA, data), (MODEL, model))
     outer = REPLICA if replica > 1 else DATA
     return axes, ((outer, hosts),) * (hosts > 1)
+
+
+def _pipelining(stage: int, microbatches: int) -> tuple[bool, ...]:
+    """XLA's all-gather pipeliner on, and off where it costs memory: at stage 3 with microbatches it
+    peels the step's first and last microbatch out of the microbatch loop, and two microbatches'
+    saved values are live at once (MPT-3B at seq 8192 in 6 microbatches on h100x8: a device peak of
+    96.3 GB with it, 55.0 without; docs/planner.md)."""
+    return (True, False) if stage_rule(stage).params and microbatches > 1 else (True,)
 
 
 def _offloads(stage: int) -> list[tuple[bool, bool]]:
@@ -156,7 +167,9 @@ def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, St
     tokens = c.global_batch_size // (data * replica * c.microbatches) * f.seq_len
     unit = tokens * f.compute_itemsize  # bytes of one element per token
     working = unit * f.layer.working_per_token() / m  # one layer's values, all held while its backward runs
-    activations = f.n_layers * unit * f.layer.saved_per_token(c.remat) / m + working
+    # With the pipeliner peeling microbatches (:func:`_pipelining`), two microbatches' values at once.
+    copies = 2 if c.pipelined_gathers and c.zero.rule.params and c.microbatches > 1 else 1
+    activations = copies * f.n_layers * unit * f.layer.saved_per_token(c.remat) / m + working
     logits = 2 * tokens * f.vocab * 4 / m
     gathered = 2 * f.layer.matmul_params * f.compute_itemsize / m if c.zero.rule.params else 0
     return states + activations + logits + gathered, _cost(c, f, target, tokens, parts)

@@ -62,6 +62,9 @@ def test_the_candidates_cover_every_knob_and_the_estimate_orders_them():
     assert {(z.offload_optimizer, z.offload_params) for z in zeros} == {(False, False), (True, False), (True, True)}
     assert {z.quantized_weights for z in zeros} == {"none", "int8"} and {z.quantized_gradients for z in zeros} == {"none", "int8"}
     assert all(z.stage == 3 for z in zeros if z.offload_params or z.qwz)
+    unpipelined = [c for c in found if not c.pipelined_gathers]
+    assert unpipelined and all(c.zero.stage == 3 and c.microbatches > 1 for c in unpipelined)
+    assert all("compiler.xla_options.xla_gpu_enable_pipelined_all_gather=false" in c.sets() for c in unpipelined)
     base = next(c for c in found if c.zero.stage == 0 and c.remat == "none" and c.microbatches == 1 and dict(c.axes)["model"] < 2)
     target = parse_target("h100x16")
     by = {c: estimate(c, figures, target)[0] for c in found}
@@ -73,6 +76,9 @@ def test_the_candidates_cover_every_knob_and_the_estimate_orders_them():
     stage1 = with_zero(base, stage=1)
     assert by[stage1] < by[base]  # the optimizer state partitioned
     assert by[with_zero(stage1, offload_optimizer=True)] < by[stage1]
+    # The pipeliner's peeled microbatch holds a second microbatch's saved values.
+    peeled = next(c for c in found if c.zero.stage == 3 and c.microbatches > 1 and c.pipelined_gathers)
+    assert by[dataclasses.replace(peeled, pipelined_gathers=False)] < by[peeled]
 
 
 def test_every_candidate_is_a_config_or_refused_by_validation():
