@@ -465,8 +465,13 @@ def one_group_reference(job: Job) -> dict[str, float | None]:
     stage 0): what each device's work and temporaries should be divided by N_d.
 
     Returns:
-      ``{"flops", "temp"}`` per device of that program.
+      ``{"flops", "temp"}`` per device of that program; both None on GPUs, where nothing is
+      compiled: a GPU target's program has no FLOP count to scale, and one group's is the whole
+      model's state on one GPU, which XLA warns cannot fit ("The byte size of input/output
+      arguments (846652867956) exceeds the base limit" for Llama 3.1 70B on ``h100x128``).
     """
+    if job.mesh.devices.flat[0].platform == "gpu":
+        return {"flops": None, "temp": None}
     axes = {name: (1 if name in BATCH_AXES else size) for name, size in mesh_shape(job.mesh).items()}
     mesh = make_mesh(axes, list(job.mesh.devices.flat)[: math.prod(axes.values())])
     _, compiled = job.replan(stage=0, mesh=mesh).compile_step()

@@ -242,3 +242,12 @@ def test_the_gpu_schedulers_memory_limit_is_the_fits_verdicts(h100x8):
     states = job.plan.per_device_bytes()
     given = job.xla_options()["xla_gpu_memory_limit_slop_factor"]
     assert given == {"value": scheduler_slop_factor(GPUS["h100"], states["params"] + states["optimizer"]), "from": "jzero"}
+
+
+def test_a_gpu_plan_compiles_no_one_group_reference(h100x8):
+    """The one-group reference (a CPU check that GSPMD divides the work) is the whole model on one
+    GPU for a target: XLA warned it could not fit (gpt-7b on h100x64: "Can't reduce memory use below
+    87.44GiB"), and a deviceless program has no FLOPs to scale. A GPU plan skips it."""
+    from jzero.training.report import one_group_reference
+
+    assert one_group_reference(build_job(tiny_config("zero.stage=3", *BF16), h100x8)) == {"flops": None, "temp": None}
