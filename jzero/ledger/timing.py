@@ -45,8 +45,8 @@ class Hardware:
     Attributes:
       peak_flops: the dense bf16 peak.
       hbm_bytes_per_s: HBM bandwidth.
-      within_host_bytes_per_s: NVLink, per direction per GPU.
-      nic_bytes_per_s: one NIC, per direction.
+      within_host_bytes_per_s: NCCL's ring bus bandwidth within a host (over NVLink).
+      nic_bytes_per_s: what NCCL reaches on one NIC, per direction.
       host_bytes_per_s: PCIe, per direction.
       gpus_per_host: GPUs in a host.
       nics_per_host: NICs in a host (a DGX H100: one per GPU).
@@ -113,7 +113,7 @@ def bus_bandwidth(transfer: Transfer, hardware: Hardware) -> tuple[str, float]:
     """The algorithm NCCL runs for ``transfer``'s groups and the bus bandwidth it reaches (nccl-tests'
     busbw: a ring moves bytes x (n - 1) / n per device in this many seconds over it).
 
-    Within a host, ``nvlink``: NVSwitch at NVLink's speed. Across hosts, a ring per channel: NCCL
+    Within a host, ``nvlink``: NCCL's ring over NVSwitch. Across hosts, a ring per channel: NCCL
     gives each host's NICs a channel of their own and NVLink carries the hops inside, so a host's
     cross-host bytes leave it once, over the NICs its group's devices own (every group of the op
     runs at once, each with its share): ``ring`` with several devices per host, ``rail`` with one
