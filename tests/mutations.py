@@ -373,8 +373,8 @@ _MODELS = (
     _m(
         "the GPT's FLOPs per token leave out the LM head",
         "jzero/models/sizes.py",
-        "    return n_layers * (4 + 2 * mlp_ratio) * d_model**2 + vocab_size * d_model\n",
-        "    return n_layers * (4 + 2 * mlp_ratio) * d_model**2\n",
+        "    return m.n_layers * layer_shape(m).matmul_params + m.vocab_size * m.d_model\n",
+        "    return m.n_layers * layer_shape(m).matmul_params\n",
         "tests/training/test_throughput.py::test_a_tied_head_is_counted",
     ),
 )
@@ -390,8 +390,8 @@ _PLANNER = (
     _m(
         "the search's estimate ignores the remat policy's saved activations",
         "jzero/planner/candidates.py",
-        "activations = f.n_layers * unit * _SAVED[c.remat](f.mlp_ratio) / m + working",
-        'activations = f.n_layers * unit * _SAVED["none"](f.mlp_ratio) / m + working',
+        "activations = copies * f.n_layers * unit * f.layer.saved_per_token(c.remat) / m + working",
+        'activations = copies * f.n_layers * unit * f.layer.saved_per_token("none") / m + working',
         "tests/planner/test_planner.py::test_the_candidates_cover_every_knob_and_the_estimate_orders_them",
     ),
 )
@@ -439,7 +439,7 @@ _TRAINING = (
     _m(
         "the prediction ignores every transfer",
         "jzero/training/prediction.py",
-        "        transfers=tuple(transfers),\n",
+        "        transfers=transfers(ops, _hosts(job), counted),\n",
         "        transfers=(),\n",
         "tests/training/test_prediction.py",
     ),
