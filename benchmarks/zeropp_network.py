@@ -28,15 +28,17 @@ from jzero.ledger.targets import parse_target, target_devices  # noqa: E402
 from jzero.training.job import build_job  # noqa: E402
 from jzero.training.report import plan_report  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import zeropp_bytes  # noqa: E402  (its cases and precision: one list of ZeRO++'s configurations)
+
 NETWORKS = {"8 x 400 Gb/s": (8, 400.0), "1 x 400 Gb/s": (1, 400.0), "1 x 100 Gb/s": (1, 100.0)}
-BF16 = ["zero.stage=3", "precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]
+# zeropp_bytes.py's baseline and its case with every knob, under the names of this table.
+CASES = {"ZeRO-3": "ZeRO-3 (baseline)", "ZeRO++ (qwZ + hpZ + qgZ int8)": "+ qwZ + hpZ + qgZ int8"}
 
 
 def cases(hosts: int, per_host: int) -> dict[str, list[str]]:
-    flat = [f"mesh.axes={{data: {hosts * per_host}}}", f"mesh.dcn.data={hosts}"]
-    nested = [f"mesh.axes={{replica: {hosts}, data: {per_host}}}", f"mesh.dcn.replica={hosts}"]
-    zeropp = ["zero.quantized_weights=int8", "zero.hierarchical=hpz", "zero.quantized_gradients=int8"]
-    return {"ZeRO-3": flat, "ZeRO++ (qwZ + hpZ + qgZ int8)": [*nested, *zeropp]}
+    every = zeropp_bytes.cases(hosts, per_host)
+    return {name: every[theirs] for name, theirs in CASES.items()}
 
 
 def measure(config: str, target_name: str) -> list[dict]:
@@ -44,7 +46,7 @@ def measure(config: str, target_name: str) -> list[dict]:
     rows = []
     for name, sets in cases(target.hosts, target.gpus_per_host).items():
         start = time.perf_counter()
-        job = build_job(load_config(ROOT / config, [*BF16, *sets]), target_devices(target))
+        job = build_job(load_config(ROOT / config, [*zeropp_bytes.BF16, *sets]), target_devices(target))
         _, compiled = job.compile_step()
         compile_s = time.perf_counter() - start
         for network, (nics, gbps) in NETWORKS.items():

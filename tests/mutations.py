@@ -439,7 +439,7 @@ _TRAINING = (
     _m(
         "the prediction ignores every transfer",
         "jzero/training/prediction.py",
-        "        transfers=transfers(ops, _hosts(job), counted),\n",
+        "        transfers=transfers(ops, hosts, counted),\n",
         "        transfers=(),\n",
         "tests/training/test_prediction.py",
     ),

@@ -21,14 +21,13 @@ import re
 from typing import NamedTuple
 
 from jzero.ledger.gathered import _operands
-from jzero.ledger.hlo import _callees, _computations, _Instruction, _leaves, trip_count
+from jzero.ledger.hlo import _BRANCHES, _callees, _ComputationSum, _Instruction, _leaves, trip_count
 
 __all__ = ["MatmulFlops", "flops_between", "matmul_flops", "program_flops"]
 
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[\d,]*)\}")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
-_BRANCHES = ("branch_computations", "true_computation", "false_computation")
 # A custom call by one of these names that jzero does not count may be a matmul it misses.
 _MATMUL_LIKE = re.compile(r"gemm|matmul|cublas|conv|dot", re.IGNORECASE)
 # cuDNN's attention custom calls and their matmuls of 2 B N T S H FLOPs each.
@@ -72,21 +71,14 @@ def _gemm(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]]) -> i
     return 2 * math.prod(dims) * contracted
 
 
-class _Counter:
+class _Counter(_ComputationSum):
     """FLOPs of one run of each computation, memoised, with what it could not count."""
 
     def __init__(self, hlo_text: str):
-        self.computations, self.entry = _computations(hlo_text)
+        super().__init__(hlo_text)
         self.types = {name: _types(body) for name, body in self.computations.items()}
-        self.memo: dict[str, int] = {}
         self.unknown_loops: list[str] = []
         self.uncounted: set[str] = set()
-
-    def computation(self, name: str) -> int:
-        if name not in self.memo:
-            self.memo[name] = 0  # guards a malformed, cyclic module
-            self.memo[name] = sum(self.instruction(ins, name) for ins in self.computations.get(name, ()))
-        return self.memo[name]
 
     def instruction(self, ins: _Instruction, where: str) -> int:
         if ins.op == "dot":
@@ -162,7 +154,7 @@ def matmul_flops(hlo_text: str) -> MatmulFlops:
     """:func:`program_flops`, :func:`flops_between` and the windows of overlapping collectives from
     one reading of the program (:class:`MatmulFlops`)."""
     counter = _Counter(hlo_text)
-    executed = counter.computation(counter.entry) if counter.entry else 0
+    executed = counter.program()
     between, windows = _between(counter)
     return MatmulFlops(executed, between, windows, tuple(counter.unknown_loops), tuple(sorted(counter.uncounted)))
 

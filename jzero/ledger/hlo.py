@@ -439,6 +439,36 @@ _OPERANDS = re.compile(r"\btuple\((?P<args>[^)]*)\)")
 _GTE_INDEX = re.compile(r"get-tuple-element\(%?(?P<of>[\w.\-]+)\),\s*index=(?P<index>\d+)")
 
 
+class _ComputationSum:
+    """A figure of one run of each computation of a program, memoised: the sum of
+    :meth:`instruction` over its instructions (a subclass says what an instruction adds)."""
+
+    def __init__(self, hlo_text: str):
+        self.computations, self.entry = _computations(hlo_text)
+        self.memo: dict[str, int] = {}
+
+    def computation(self, name: str) -> int:
+        if name not in self.memo:
+            self.memo[name] = 0  # guards a malformed, cyclic module
+            self.memo[name] = sum(self.instruction(ins, name) for ins in self.computations.get(name, ()))
+        return self.memo[name]
+
+    def instruction(self, ins: _Instruction, where: str) -> int:
+        raise NotImplementedError
+
+    def program(self) -> int:
+        """One run of the entry computation."""
+        return self.computation(self.entry) if self.entry else 0
+
+
+def _loop_op_names(ins: _Instruction, computations: Computations) -> list[str]:
+    """The op names of a ``while``: its own, or where XLA made the loop anew, its body's ops'."""
+    body = dict(_callees(ins.line)).get("body")
+    return [m.group(1) for m in map(_OP_NAME.search, [ins.line]) if m] or [
+        m.group(1) for m in (_OP_NAME.search(i.line) for i in computations.get(body, ())) if m
+    ]
+
+
 def forward_loop(ins: _Instruction, computations: Computations) -> tuple[str, int] | None:
     """``(body, trip count)`` of a differentiated scan's forward loop, else None.
 
@@ -451,9 +481,7 @@ def forward_loop(ins: _Instruction, computations: Computations) -> tuple[str, in
     body = dict(_callees(ins.line)).get("body")
     if body not in computations:
         return None
-    names = [m.group(1) for m in map(_OP_NAME.search, [ins.line]) if m] or [
-        m.group(1) for m in (_OP_NAME.search(i.line) for i in computations[body]) if m
-    ]
+    names = _loop_op_names(ins, computations)
     if not any("jvp(" in n for n in names) or any("transpose(" in n for n in names):
         return None
     trip = trip_count(ins, computations)
@@ -564,13 +592,7 @@ class _LiveSaved:
 
 def _is_backward_loop(ins: _Instruction, computations: Computations) -> bool:
     """A differentiated scan's backward loop: ``transpose(jvp(...))`` on the ``while`` or its body's ops."""
-    if ins.op != "while":
-        return False
-    body = dict(_callees(ins.line)).get("body")
-    names = [m.group(1) for m in map(_OP_NAME.search, [ins.line]) if m] or [
-        m.group(1) for m in (_OP_NAME.search(i.line) for i in computations.get(body, ())) if m
-    ]
-    return any("transpose(" in n for n in names)
+    return ins.op == "while" and any("transpose(" in n for n in _loop_op_names(ins, computations))
 
 
 def _per_example(dims: tuple[int, ...], rows: int) -> bool:

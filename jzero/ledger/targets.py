@@ -15,6 +15,7 @@ starts and no ``cuda`` topology is registered. ``import jzero`` and the command 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -222,6 +223,7 @@ def scheduler_slop_factor(gpu: Gpu, io_bytes: int) -> int:
     return max(XLA_DEFAULT_SLOP_FACTOR, math.floor(100 * (gpu.memory_bytes - io_bytes) / room))
 
 
+@functools.cache  # read for every GPU compile's options: once a process
 def _target_config(gpu: Gpu) -> str:
     return (Path(__file__).parent / "gpu_targets" / gpu.config_file).read_text()
 

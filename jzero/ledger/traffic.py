@@ -17,7 +17,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from jzero.ledger.gathered import _operands
-from jzero.ledger.hlo import COLLECTIVES, _array_bytes, _callees, _computations, _Instruction, _leaves, trip_count
+from jzero.ledger.hlo import (
+    _BRANCHES,
+    COLLECTIVES,
+    _array_bytes,
+    _callees,
+    _ComputationSum,
+    _Instruction,
+    _leaves,
+    trip_count,
+)
 
 __all__ = ["hbm_bytes"]
 
@@ -27,7 +36,6 @@ _NOTHING_MOVED = {
     "async-start", "async-update", "async-done", "dot", "convolution",
 }  # fmt: skip
 _MATMUL_CALL = re.compile(r'custom_call_target="[^"]*(gemm|matmul|cublas|fmha|cudnn)', re.IGNORECASE)
-_BRANCHES = ("branch_computations", "true_computation", "false_computation")
 _SLICES = ("dynamic-slice", "slice", "gather")
 _PARAMETER = re.compile(r"parameter\((\d+)\)")
 
@@ -40,19 +48,12 @@ def _is_collective(op: str) -> bool:
     return any(op.startswith(kind) for kind in COLLECTIVES)
 
 
-class _Traffic:
+class _Traffic(_ComputationSum):
     """Bytes of one run of each computation, memoised."""
 
     def __init__(self, hlo_text: str):
-        self.computations, self.entry = _computations(hlo_text)
+        super().__init__(hlo_text)
         self.types = {name: {ins.name: ins.type for ins in body} for name, body in self.computations.items()}
-        self.memo: dict[str, int] = {}
-
-    def computation(self, name: str) -> int:
-        if name not in self.memo:
-            self.memo[name] = 0  # guards a malformed, cyclic module
-            self.memo[name] = sum(self.instruction(ins, name) for ins in self.computations.get(name, ()))
-        return self.memo[name]
 
     def instruction(self, ins: _Instruction, where: str) -> int:
         callees = _callees(ins.line)
@@ -105,5 +106,4 @@ def hbm_bytes(hlo_text: str) -> int:
     Args:
       hlo_text: ``compiled.as_text()`` of an SPMD program.
     """
-    traffic = _Traffic(hlo_text)
-    return traffic.computation(traffic.entry) if traffic.entry else 0
+    return _Traffic(hlo_text).program()

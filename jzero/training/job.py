@@ -186,8 +186,8 @@ def xla_options(
       name -> ``{"value": ..., "from": "jzero" | "XLA_FLAGS" | "compiler.xla_options"}``
       (:func:`jzero.compiler.xla_flags.in_effect`).
     """
-    gpu = targets.gpu_of(devices[0].device_kind) if on_gpus(devices) else None
-    defaults = targets.gpu_compiler_options(layer_bytes, gpu, io_bytes) if on_gpus(devices) else {}
+    gpus = on_gpus(devices)
+    defaults = targets.gpu_compiler_options(layer_bytes, targets.gpu_of(devices[0].device_kind), io_bytes) if gpus else {}
     needs = unit_options(devices) if units else {}
     return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
 

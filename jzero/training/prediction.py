@@ -32,7 +32,7 @@ def step_cost(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.
       hlo_text: the compiled step's HLO.
       ops: its collectives (:func:`jzero.ledger.hlo.parse_collectives`).
     """
-    return _step_cost(job, report, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text))
+    return _step_cost(job, report, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text), _hosts(job))
 
 
 def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlops) -> tuple[Transfer, ...]:
@@ -63,7 +63,7 @@ def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlo
 
 
 def _step_cost(
-    job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective], memory_bytes: int
+    job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective], memory_bytes: int, hosts: list[int]
 ) -> StepCost:
     host = report["compiled_host"]
     return StepCost(
@@ -71,7 +71,7 @@ def _step_cost(
         model_flops=report["model_flops"]["per_device_per_step"],
         tokens=job.config.train.global_batch_size * job.config.model.seq_len,
         hbm_bytes=memory_bytes,
-        transfers=transfers(ops, _hosts(job), counted),
+        transfers=transfers(ops, hosts, counted),
         # Offloaded states come in and go back each step; offloaded activations go out and come back.
         host_bytes=host["argument"] + host["output"] + 2 * report["activations"]["host"],
     )
@@ -130,7 +130,7 @@ def predicted(
     if hardware is None:
         return None
     counted = matmul_flops(hlo_text)
-    cost = _step_cost(job, report, counted, ops, hbm_bytes(hlo_text))
+    cost = _step_cost(job, report, counted, ops, hbm_bytes(hlo_text), hosts)
     p = predict(cost, hardware)
     error = counter_error(counted, cost.model_flops, _attention_share(job), p["mfu"])
     return {
