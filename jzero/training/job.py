@@ -269,6 +269,9 @@ class Job:
     fetches_layers: bool = False
     flops_per_token: float = 0.0
     model: Model | None = None
+    # The jitted steps and the compiled train step, made once a job: a job never changes, and
+    # jit's trace cache is per function object, so a second make_step would trace the model again.
+    _made: dict[str, Any] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def batch_shape(self) -> tuple[int, int]:
@@ -280,9 +283,10 @@ class Job:
 
     def compile_step(self):
         """Lower and compile the train step from shapes alone; returns ``(step, compiled)``."""
-        batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
-        step = self.make_step()
-        return step, self.compile(step.lower(self.abstract_state(), batch))
+        if "compiled" not in self._made:
+            batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
+            self._made["compiled"] = self.compile(self.make_step().lower(self.abstract_state(), batch))
+        return self.make_step(), self._made["compiled"]
 
     def xla_options(self) -> dict[str, dict]:
         """The XLA options the step compiles with, and where each comes from (:func:`xla_options`)."""
@@ -325,19 +329,23 @@ class Job:
         return sharded_init(self.init_fn, self.tx, self.plan, self.rng, self.precision)
 
     def make_step(self):
-        """The jitted train step (:func:`jzero.step.make_train_step`) for this plan."""
-        return make_train_step(
-            self.loss_fn,
-            self.tx,
-            self.plan,
-            precision=self.precision,
-            microbatches=self.config.train.microbatches,
-            fetched_by_model=self.fetches_layers,
-        )
+        """The jitted train step (:func:`jzero.step.make_train_step`) for this plan, made once."""
+        if "step" not in self._made:
+            self._made["step"] = make_train_step(
+                self.loss_fn,
+                self.tx,
+                self.plan,
+                precision=self.precision,
+                microbatches=self.config.train.microbatches,
+                fetched_by_model=self.fetches_layers,
+            )
+        return self._made["step"]
 
     def make_eval_step(self):
         """The jitted eval step (:func:`jzero.step.make_eval_step`) for this plan: ``(params, batch) -> loss``."""
-        return make_eval_step(self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers)
+        if "eval" not in self._made:
+            self._made["eval"] = make_eval_step(self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers)
+        return self._made["eval"]
 
     def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Job:
         """The same model and optimizer planned for another stage or mesh; the abstract state is
