@@ -344,7 +344,8 @@ class Job:
     def make_eval_step(self):
         """The jitted eval step (:func:`jzero.step.make_eval_step`) for this plan: ``(params, batch) -> loss``."""
         if "eval" not in self._made:
-            self._made["eval"] = make_eval_step(self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers)
+            made = make_eval_step(self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers)
+            self._made["eval"] = made
         return self._made["eval"]
 
     def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Job:
