@@ -30,10 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jzero.config.loading import load_config  # noqa: E402
-from jzero.ledger.records import to_json  # noqa: E402
 from jzero.ledger.targets import parse_target, target_devices  # noqa: E402
 from jzero.ledger.timing import EFFICIENCY, predict  # noqa: E402
-from jzero.training.prediction import step_cost  # noqa: E402
+from jzero.training.prediction import StepParts, step_cost  # noqa: E402
 from jzero.training.report import plan_report  # noqa: E402
 
 MPT = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, H100 80GB BF16"
@@ -105,8 +104,9 @@ def measure(run: Run) -> dict:
     job = build_job(config, target_devices(target))
     _, compiled = job.compile_step()
     hardware = target.hardware()
-    report = to_json(plan_report(job, compiled, hardware))
-    cost = step_cost(job, report, compiled.as_text(), _ops(compiled))
+    report = plan_report(job, compiled, hardware)
+    parts = StepParts(report.model_flops, report.compiled_host, report.activations)
+    cost = step_cost(job, parts, compiled.as_text(), _ops(compiled))
     predicted = predict(cost, hardware)
     published = run.tokens_per_sec_per_gpu * target.count
     return {
@@ -116,14 +116,14 @@ def measure(run: Run) -> dict:
         "target": run.target,
         "sets": list(run.sets),
         "published_tokens_per_sec_per_gpu": run.tokens_per_sec_per_gpu,
-        "predicted_tokens_per_sec_per_gpu": predicted["tokens_per_sec"] / target.count,
-        "error": predicted["tokens_per_sec"] / published - 1,
-        "predicted_mfu": predicted["mfu"],
-        "bound": predicted["bound"],
-        "terms_s": {k: predicted[k] for k in ("compute_s", "memory_s", "exposed_communication_s", "host_transfer_s")},
+        "predicted_tokens_per_sec_per_gpu": predicted.tokens_per_sec / target.count,
+        "error": predicted.tokens_per_sec / published - 1,
+        "predicted_mfu": predicted.mfu,
+        "bound": predicted.bound,
+        "terms_s": {k: getattr(predicted, k) for k in ("compute_s", "memory_s", "exposed_communication_s", "host_transfer_s")},
         "executed_over_model_flops": cost.flops / cost.model_flops,
         "matching_efficiency": _matching_efficiency(cost, hardware, published),
-        "device_peak_bytes": report["device_peak"],
+        "device_peak_bytes": report.device_peak,
         "compile_s": time.perf_counter() - start,
     }
 

@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jzero.ledger.records import StartupLedger, from_json
+from jzero.ledger.startup import StartupLedger
+from jzero.records import from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.seq_len=64", "train.global_batch_size=16"]

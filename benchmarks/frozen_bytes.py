@@ -27,10 +27,11 @@ import_jax()
 from support.configs import LR, tiny_config  # noqa: E402
 
 from jzero.ledger import hlo  # noqa: E402
+from jzero.sharding.stages import StateBytes  # noqa: E402
 from jzero.training.job import build_job  # noqa: E402
 
 
-def _row(*overrides: str) -> tuple[dict[str, int], int, dict[str, int]]:
+def _row(*overrides: str) -> tuple[StateBytes, int, dict[str, int]]:
     job = build_job(tiny_config(LR, "mesh.axes.data=8", *overrides))
     _, compiled = job.compile_step()
     sent = hlo.communication_bytes(hlo.parse_collectives(compiled.as_text()))
@@ -47,8 +48,8 @@ def main() -> None:
             _row(f"zero.stage={stage}", f"train.trainable={args.trainable}"), _row(f"zero.stage={stage}")
         )
         sent = ", ".join(f"{k} {v:,} [{sent_theirs.get(k, 0):,}]" for k, v in sorted(sent_mine.items()))
-        print(f"stage {stage}: grads {mine['grads']:,} [{theirs['grads']:,}] B, optimizer {mine['optimizer']:,} "
-              f"[{theirs['optimizer']:,}] B, compiled arguments {args_mine:,} [{args_theirs:,}] B; sent: {sent}")  # fmt: skip
+        print(f"stage {stage}: grads {mine.grads:,} [{theirs.grads:,}] B, optimizer {mine.optimizer:,} "
+              f"[{theirs.optimizer:,}] B, compiled arguments {args_mine:,} [{args_theirs:,}] B; sent: {sent}")  # fmt: skip
 
 
 if __name__ == "__main__":

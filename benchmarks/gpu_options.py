@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     from jzero.config.loading import load_config
     from jzero.ledger import gathered
     from jzero.ledger import hlo as ledger
-    from jzero.ledger.records import to_json
+    from jzero.records import to_json
     from jzero.training.job import build_job
     from jzero.training.report import plan_report
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
         p = to_json(plan_report(s, compiled).predicted)
         exposed = f"{1e3 * p['exposed_communication_s']:.1f} of {1e3 * p['communication_s']:.1f} ms"
-        held = gathered.gathered_at_once(compiled, s.plan, s.precision)["layers"]
+        held = gathered.gathered_at_once(compiled, s.plan, s.precision).layers
         memory = f"temporaries {temp:.3f} GiB; gathered at once {held:.2f} layers"
         print(f"  {name:<24} {memory}; {kinds}; exposed {exposed}", flush=True)
     for name in ("jzero's, scheduler off", "jzero's, priority off"):

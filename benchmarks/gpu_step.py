@@ -50,7 +50,7 @@ def _config(shape: list[str], batch: int, gpus: int = 1, stage: int = 0):
 
 def predicted_for(config, devices) -> dict:
     """The plan's prediction for ``config`` compiled for ``devices`` (a real GPU, or a target's)."""
-    from jzero.ledger.records import to_json
+    from jzero.records import to_json
     from jzero.training.job import build_job
     from jzero.training.report import plan_report
 

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, run in runs.items():
         s, state = run["setup"], run["state"]
         params, optimizer = split_by_memory(state.params), split_by_memory(state.opt_state)
-        grads = s.plan.per_device_bytes()["grads"]  # gradients always live in device memory
+        grads = s.plan.per_device_bytes().grads  # gradients always live in device memory
         rows.append(
             {
                 "variant": name,
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "params_host_bytes": params["host"],
                 "optimizer_host_bytes": optimizer["host"],
                 "host_state_bytes": params["host"] + optimizer["host"],
-                "formula_bytes": s.plan.ideal_per_device_bytes()["total"],  # device + host
+                "formula_bytes": s.plan.ideal_per_device_bytes().total,  # device + host
                 "temp_bytes": run["temp"],
             }
         )

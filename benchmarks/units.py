@@ -63,7 +63,7 @@ def extra_seq(extra: list[str]) -> int:
 
 def row(shape: dict, where: str, mesh: str, stage: int, units: str, extra: list[str]) -> dict:
     """One compile's figures against the whole parameters' bytes (4Ψ for fp32)."""
-    from jzero.ledger.records import to_json
+    from jzero.records import to_json
     from jzero.training.report import plan_report
 
     s = _setup(shape, where, mesh, stage, units, extra)

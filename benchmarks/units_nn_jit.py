@@ -47,7 +47,7 @@ def row(model: str, units: str) -> dict:
     whole = sum(t.nbytes for t in s.plan.tensors)
     g = gathered.gathered_at_once(compiled, s.plan)
     sent = gathered.gathered_total(compiled.as_text()) / whole
-    return {"model": model, "gather_units": units, "units": g["units"], "at_once": g["share_of_params"], "all_gather": sent}
+    return {"model": model, "gather_units": units, "units": g.units, "at_once": g.share_of_params, "all_gather": sent}
 
 
 def main() -> list[dict]:

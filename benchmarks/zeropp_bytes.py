@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from jzero.ledger.records import CheckedPlanReport, from_json
+from jzero.ledger.report import CheckedPlanReport
+from jzero.records import from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = ["zero.stage=3", "precision.param_dtype=bfloat16", "precision.compute_dtype=bfloat16"]

@@ -159,3 +159,43 @@ def test_the_state_makers_moved_from_step_still_answer_with_a_warning():
         with pytest.warns(DeprecationWarning, match=f"jzero.sharding.placement.{name}"):
             assert getattr(step, name) is getattr(placement, name)
     assert jzero.sharded_init is placement.sharded_init
+
+
+def _record_classes() -> set[str]:
+    """The names of the package's records: classes decorated ``@record`` (jzero.records)."""
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(getattr(d, "id", None) == "record" for d in node.decorator_list):
+                names.add(node.name)
+    return names
+
+
+def record_splats(source: str, records: set[str]) -> list[int]:
+    """The lines that build a record from a dict by ``**``: an instrument's dict rebuilt, where the
+    instrument should return the record itself."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and any(k.arg is None for k in node.keywords):
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+            if name in records:
+                found.append(node.lineno)
+    return found
+
+
+def test_no_record_is_rebuilt_from_a_dict_and_no_report_goes_through_its_json():
+    """Each instrument returns its record (issue 52): no ``Record(**dict)`` in the package, and
+    ``from_json`` only where JSON is read from a file (a run's ``ledger.json``)."""
+    records = _record_classes()
+    assert {"PlanReport", "Prediction", "Gathered", "StateBytes", "CompiledMemory", "GoodputReport"} <= records
+    splats = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line in record_splats(path.read_text(), records)
+    ]
+    assert not splats, splats
+    assert record_splats("x = Prediction(**forecast, error=None)\ny = Prediction(step_time_s=1.0)\n", records) == [1]
+    readers = sorted(
+        str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py") if "from_json(" in path.read_text()
+    )
+    assert readers == ["jzero/records.py", "jzero/training/loop.py"], readers

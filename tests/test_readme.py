@@ -192,7 +192,7 @@ def test_own_model_page_example_resume_and_own_loop(devices, tmp_path, monkeypat
     exec(gathered, namespace)
     g, plan = namespace["gathered"], namespace["plan"]
     assert plan.unit_tensors["Dense_0"] == ["Dense_0/bias", "Dense_0/kernel"]
-    assert g["peak_bytes"] > 0 and g["layers"] == g["peak_bytes"] / plan.layer_bytes() and g["units"] == 3
+    assert g.peak_bytes > 0 and g.layers == g.peak_bytes / plan.layer_bytes() and g.units == 3
 
     exec(export, namespace)
     params = load_file(tmp_path / "runs" / "mine" / "model.safetensors")

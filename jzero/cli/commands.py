@@ -262,10 +262,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``jzero plan``: plan the config (or every stage) without allocating; text, or JSON with ``--json``."""
     from jzero.distributed.runtime import is_primary
     from jzero.ledger.estimate import parse_memory
-    from jzero.ledger.records import StagesReport, to_json
     from jzero.ledger.render import format_all_stages, format_plan
+    from jzero.ledger.report import StagesReport
     from jzero.ledger.targets import check_target_fits_mesh, target_devices
     from jzero.planner.options import search_options
+    from jzero.records import to_json
     from jzero.sharding.stages import STAGES
     from jzero.training.job import build_job
     from jzero.training.report import one_group_reference, plan_report, with_scaling, with_verdict

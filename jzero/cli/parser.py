@@ -73,7 +73,8 @@ class _JsonSchema(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:  # like --version: no config needed
         import json
 
-        from jzero.ledger.records import CheckedPlanReport, StagesReport, json_schema
+        from jzero.ledger.report import CheckedPlanReport, StagesReport
+        from jzero.records import json_schema
 
         print(json.dumps(json_schema(CheckedPlanReport | StagesReport)))
         raise SystemExit(0)

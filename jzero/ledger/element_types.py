@@ -17,9 +17,85 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from jzero.ledger.hlo import Collective
+from jzero.ledger.collectives import Collective
+from jzero.records import record
 
-__all__ = ["HLO_TYPES", "gradient_reductions", "parameter_gathers"]
+__all__ = [
+    "HLO_TYPES",
+    "GatherMismatch",
+    "GradientReductions",
+    "ParameterGathers",
+    "ReductionMismatch",
+    "gradient_reductions",
+    "parameter_gathers",
+]
+
+
+@record
+class GatherMismatch:
+    """A gather of a quantized parameter's size sent at another element type.
+
+    Attributes:
+      name: the op's HLO name.
+      dtype: the element type it sends.
+      elements: its elements.
+    """
+
+    name: str
+    dtype: str
+    elements: int
+
+
+@record
+class ParameterGathers:
+    """What the compiled parameter gathers send (:func:`jzero.ledger.element_types.parameter_gathers`).
+
+    Attributes:
+      type: the HLO type the quantized values travel as.
+      quantized_bytes: the bytes of those gathers per device per step.
+      mismatched: the gathers of a quantized parameter's size sent otherwise.
+    """
+
+    type: str
+    quantized_bytes: int
+    mismatched: list[GatherMismatch]
+
+
+@record
+class ReductionMismatch:
+    """A gradient reduction not sent as a quantized all-to-all.
+
+    Attributes:
+      name: the op's HLO name.
+      kind: its op kind.
+      dtype: its element type.
+      bytes: its bytes per step.
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    bytes: int
+
+
+@record
+class GradientReductions:
+    """What the compiled gradient reductions send (:func:`jzero.ledger.element_types.gradient_reductions`).
+
+    Attributes:
+      type: the HLO type the values travel as.
+      width: the quantization asked for.
+      quantized_bytes: the all-to-alls' values, bytes per step.
+      scale_bytes: their scales, bytes per step.
+      mismatched: the reductions sent otherwise.
+    """
+
+    type: str
+    width: str
+    quantized_bytes: int
+    scale_bytes: int
+    mismatched: list[ReductionMismatch]
+
 
 # The HLO element type each quantization width is sent as.
 HLO_TYPES = {"int8": "s8", "int4": "s4"}
@@ -27,7 +103,7 @@ HLO_TYPES = {"int8": "s8", "int4": "s4"}
 
 def parameter_gathers(
     ops: Iterable[Collective], width: str, quantized: Iterable[int], others: Iterable[int]
-) -> dict[str, object]:
+) -> ParameterGathers:
     """The all-gathers of quantized parameters, by element type.
 
     Args:
@@ -38,7 +114,7 @@ def parameter_gathers(
         the scales.
 
     Returns:
-      ``{"type", "quantized_bytes", "mismatched"}``: the HLO type asked for, the bytes per step of
+      ``type``, ``quantized_bytes`` and ``mismatched``: the HLO type asked for, the bytes per step of
       the gathers in it (loops times their trip counts), and each other-typed array whose size is
       a quantized parameter's (``name``, ``dtype``, ``elements``).
     """
@@ -52,11 +128,11 @@ def parameter_gathers(
         for dtype, dims in op.arrays:
             elements = math.prod(dims)
             if dtype != wanted and elements in sizes and elements not in expected:
-                mismatched.append({"name": op.name, "dtype": dtype, "elements": elements})
-    return {"type": wanted, "quantized_bytes": sent, "mismatched": mismatched}
+                mismatched.append(GatherMismatch(name=op.name, dtype=dtype, elements=elements))
+    return ParameterGathers(type=wanted, quantized_bytes=sent, mismatched=mismatched)
 
 
-def gradient_reductions(ops: Iterable[Collective], width: str) -> dict[str, object]:
+def gradient_reductions(ops: Iterable[Collective], width: str) -> GradientReductions:
     """qgZ's gradient reductions, by element type.
 
     Args:
@@ -64,7 +140,7 @@ def gradient_reductions(ops: Iterable[Collective], width: str) -> dict[str, obje
       width: the quantization asked for (``int8`` or ``int4``).
 
     Returns:
-      ``{"type", "quantized_bytes", "scale_bytes", "mismatched"}``: the HLO type the values travel
+      ``type``, ``quantized_bytes``, ``scale_bytes`` and ``mismatched``: the HLO type the values travel
       as (``s8`` for both widths: XLA widens ``s4``, so int4 is packed), the bytes per step of the
       all-to-alls' values and of their scales, and each reduce-scatter or other-typed all-to-all
       left (``name``, ``kind``, ``dtype``, ``bytes`` per step).
@@ -78,7 +154,8 @@ def gradient_reductions(ops: Iterable[Collective], width: str) -> dict[str, obje
                 if dtype in sent:
                     sent[dtype] += nbytes * op.executions
                 else:
-                    mismatched.append({"name": op.name, "kind": op.kind, "dtype": dtype, "bytes": nbytes * op.executions})
+                    mismatched.append(ReductionMismatch(name=op.name, kind=op.kind, dtype=dtype, bytes=nbytes * op.executions))
         elif op.kind == "reduce-scatter":
-            mismatched.append({"name": op.name, "kind": op.kind, "dtype": op.dtype, "bytes": op.bytes * op.executions})
-    return {"type": wanted, "width": width, "quantized_bytes": sent[wanted], "scale_bytes": sent["f32"], "mismatched": mismatched}
+            mismatched.append(ReductionMismatch(name=op.name, kind=op.kind, dtype=op.dtype, bytes=op.bytes * op.executions))
+    quantized, scales = sent[wanted], sent["f32"]
+    return GradientReductions(type=wanted, width=width, quantized_bytes=quantized, scale_bytes=scales, mismatched=mismatched)

@@ -21,9 +21,30 @@ import re
 from typing import NamedTuple
 
 from jzero.ledger.gathered import _operands
-from jzero.ledger.hlo import _BRANCHES, _callees, _ComputationSum, _Instruction, _leaves, trip_count
+from jzero.ledger.hlo_text import _BRANCHES, _callees, _ComputationSum, _Instruction, _leaves, trip_count
+from jzero.records import record
 
 __all__ = ["MatmulFlops", "flops_between", "matmul_flops", "program_flops"]
+
+
+@record
+class ModelFlops:
+    """The FLOPs one step needs by the model's formula.
+
+    Attributes:
+      per_token: the model's FLOPs per token.
+      per_step: the global batch's.
+      per_device_per_step: one device's share.
+      peak_flops: the device's dense bf16 peak, FLOP/s; None where unknown.
+      peak_floor_s: the step's seconds at that peak, a floor no real step reaches.
+    """
+
+    per_token: float
+    per_step: float
+    per_device_per_step: float
+    peak_flops: float | None
+    peak_floor_s: float | None
+
 
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[\d,]*)\}")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]+)"')

@@ -15,11 +15,41 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jzero.ledger.hlo import Computations, _array_bytes, _callees, _computations, _Instruction, _results
+from jzero.ledger.hlo_text import Computations, _array_bytes, _callees, _computations, _Instruction, _results
+from jzero.ledger.tensors import TensorEntry, tensor_entry
 from jzero.memory.precision import FP32, Precision
+from jzero.records import record
 from jzero.sharding.plan import Plan, shard_bytes
 
-__all__ = ["gathered_at_once", "gathered_peak", "gathered_total"]
+__all__ = ["Gathered", "gathered_at_once", "gathered_peak", "gathered_total"]
+
+
+@record
+class Gathered:
+    """What the step holds gathered at once (:func:`jzero.ledger.gathered.gathered_at_once`).
+
+    Attributes:
+      peak_bytes: the most gathered bytes live at once, per device.
+      share_of_params: that over the whole parameters in the compute dtype.
+      layer_bytes: one layer's gathered bytes; None without units or a scanned stack.
+      layers: the peak in layers' worth.
+      units: how many gathering units are in effect.
+      merged: a line per group of units the loss could not split.
+      prefetch: how many units ahead are gathered.
+      unit_tensors: each gathering unit by name, with its tensors' paths.
+      persistent: the parameters resting whole below ``zero.persist_below_bytes``.
+    """
+
+    peak_bytes: int
+    share_of_params: float | None
+    layer_bytes: int | None
+    layers: float | None
+    units: int
+    merged: list[str]
+    prefetch: int
+    unit_tensors: dict[str, list[str]]
+    persistent: list[TensorEntry]
+
 
 # Ops whose result is (part of) their operand's buffer, or a tuple holding it.
 _ALIASING = {"bitcast", "copy", "tuple", "get-tuple-element", "opt-barrier", "all-gather-done", "copy-start", "copy-done"}
@@ -139,7 +169,7 @@ def gathered_total(hlo_text: str) -> int:
     return sum(_gather_bytes(ins) for body in computations.values() for ins in body if ins.op in _GATHERS)
 
 
-def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> dict[str, Any]:
+def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> Gathered:
     """What a compiled step holds gathered at once, against the whole parameters and one layer:
     the figures of ``jzero plan``'s "gathered at once" line, for your own loop.
 
@@ -147,7 +177,7 @@ def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> 
 
       compiled = train_step.lower(state, batch).compile()
       g = jzero.ledger.gathered_at_once(compiled, plan)
-      g["peak_bytes"], g["share_of_params"], g["layers"]
+      g.peak_bytes, g.share_of_params, g.layers
 
     Args:
       compiled: the compiled step (``jax.jit(...).lower(...).compile()``), or its ``as_text()``.
@@ -155,23 +185,26 @@ def gathered_at_once(compiled: Any, plan: Plan, precision: Precision = FP32) -> 
       precision: the step's; the loss reads parameters in its compute dtype.
 
     Returns:
-      ``peak_bytes`` (:func:`gathered_peak`, per device); ``share_of_params``, that over the whole
-      parameters in the compute dtype (model axes still split); ``layer_bytes``, one layer's
-      (:meth:`jzero.sharding.plan.Plan.layer_bytes`, None without units or a scanned stack); ``layers``,
-      the peak in layers' worth (None likewise); ``units``, how many gathering units (those in
-      effect); ``merged``, a line per group of units the loss could not split; ``prefetch``.
+      A :class:`Gathered`: ``peak_bytes`` (:func:`gathered_peak`, per device); ``share_of_params``,
+      that over the whole parameters in the compute dtype (model axes still split); ``layer_bytes``,
+      one layer's (:meth:`jzero.sharding.plan.Plan.layer_bytes`, None without units or a scanned
+      stack); ``layers``, the peak in layers' worth (None likewise); ``units``, how many gathering
+      units (those in effect); ``merged``, a line per group of units the loss could not split;
+      ``prefetch``; the units' tensors by name and the parameters left whole at rest for their size.
     """
     text = compiled if isinstance(compiled, str) else compiled.as_text()
     dtype = precision.compute_dtype
     peak = gathered_peak(text)
     whole = sum(shard_bytes(t.shape, dtype or t.dtype, t.replicated_spec, plan.mesh) for t in plan.tensors)
     layer = plan.layer_bytes(dtype)
-    return {
-        "peak_bytes": peak,
-        "share_of_params": peak / whole if whole else None,
-        "layer_bytes": layer or None,
-        "layers": peak / layer if layer else None,
-        "units": len(set(plan.units.values())),
-        "merged": list(plan.merged_units),
-        "prefetch": plan.zero.prefetch,
-    }
+    return Gathered(
+        peak_bytes=peak,
+        share_of_params=peak / whole if whole else None,
+        layer_bytes=layer or None,
+        layers=peak / layer if layer else None,
+        units=len(set(plan.units.values())),
+        merged=list(plan.merged_units),
+        prefetch=plan.zero.prefetch,
+        unit_tensors=plan.unit_tensors,
+        persistent=[tensor_entry(t) for t in plan.persistent],
+    )

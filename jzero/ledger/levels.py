@@ -16,9 +16,42 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jzero.ledger.hlo import Collective, paper_bytes
+from jzero.ledger.collectives import Collective, paper_bytes
+from jzero.records import record
 
 __all__ = ["LEVELS", "ZEROPP_CROSS_HOST_SHARE", "bytes_by_level", "group_members", "group_shape", "spans_hosts"]
+
+
+@record
+class Communication:
+    """Bytes each device sends per step, against the paper's volume, and by level.
+
+    Attributes:
+      bytes_per_step: by op kind (an all-reduce counts twice, loops times their trip counts).
+      by_dtype: by op kind, then element type.
+      total: all kinds together.
+      paper: the paper's 2Ψ or 3Ψ, in bytes.
+      paper_model: which of the two, in words.
+      ratio: ``total`` over ``paper``.
+      hosts: how many hosts the devices are on.
+      within_host_bytes: the bytes of collectives within a host.
+      cross_host_bytes: the bytes of collectives whose group spans hosts.
+      cross_host_ratio: those over ``paper``.
+      zeropp_cross_host_bytes: ZeRO++'s 0.75Ψ cross-host figure; None below stage 3.
+    """
+
+    bytes_per_step: dict[str, int]
+    by_dtype: dict[str, dict[str, int]]
+    total: int
+    paper: float
+    paper_model: str
+    ratio: float | None
+    hosts: int
+    within_host_bytes: int
+    cross_host_bytes: int
+    cross_host_ratio: float | None
+    zeropp_cross_host_bytes: float | None
+
 
 LEVELS = ("within_host", "cross_host")
 # ZeRO++'s cross-host volume at stage 3: 0.75M of ZeRO-3's 3M (qwZ halves the forward gather, hpZ

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from jzero.ledger.records import (
-    Activations,
-    CheckedPlanReport,
-    Communication,
-    ExcludedTensor,
-    GradientQuantization,
-    Hierarchical,
-    PlanReport,
-    Prediction,
-    Quantization,
-    SavedKind,
-    StartupLedger,
-    TensorEntry,
-)
+from jzero.ledger.levels import Communication
+from jzero.ledger.report import CheckedPlanReport, PlanReport
+from jzero.ledger.saved import Activations, SavedKind
+from jzero.ledger.startup import StartupLedger
+from jzero.ledger.tensors import ExcludedTensor, TensorEntry
+from jzero.ledger.timing import Prediction
+from jzero.ledger.zeropp import GradientQuantization, Hierarchical, Quantization
 from jzero.sharding.axes import mesh_text
 
 __all__ = ["devices_text", "flops_text", "format_all_stages", "format_ledger_summary", "format_plan", "human_bytes"]

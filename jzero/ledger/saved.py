@@ -13,22 +13,244 @@ import os
 import re
 from collections.abc import Mapping
 
+from jzero.ledger.collectives import COLLECTIVES
 from jzero.ledger.gathered import _operands
-from jzero.ledger.hlo import (
+from jzero.ledger.hlo_text import (
+    _ARRAY,
     _OP_NAME,
-    COLLECTIVES,
+    Computations,
     _array_bytes,
     _callees,
     _computations,
+    _dims,
     _Instruction,
-    _per_example,
-    _written_elements,
-    forward_loop,
+    _loop_op_names,
+    trip_count,
 )
+from jzero.records import omit_if_none, record
 
-__all__ = ["SavedKind", "saved_by_kind", "saved_by_unit", "saved_unrolled"]
+__all__ = [
+    "Activations",
+    "SavedKind",
+    "forward_loop",
+    "forward_loop_writes",
+    "saved_activations",
+    "saved_by_kind",
+    "saved_by_unit",
+    "saved_unrolled",
+]
 
-SavedKind = dict  # {"kind", "dtype", "shape", "layers", "bytes_per_layer"}: one residual stack
+
+_OPERANDS = re.compile(r"\btuple\((?P<args>[^)]*)\)")
+
+
+_GTE_INDEX = re.compile(r"get-tuple-element\(%?(?P<of>[\w.\-]+)\),\s*index=(?P<index>\d+)")
+
+
+def forward_loop(ins: _Instruction, computations: Computations) -> tuple[str, int] | None:
+    """``(body, trip count)`` of a differentiated scan's forward loop, else None.
+
+    The forward is named ``jvp(...)`` and the backward ``transpose(jvp(...))``, on the ``while`` or,
+    where XLA made the loop anew (its collective pipeliner peels an iteration), on its body's ops. A
+    pipelined loop runs fewer iterations than its stacks have rows: a stack has at least as many.
+    """
+    if ins.op != "while":
+        return None
+    body = dict(_callees(ins.line)).get("body")
+    if body not in computations:
+        return None
+    names = _loop_op_names(ins, computations)
+    if not any("jvp(" in n for n in names) or any("transpose(" in n for n in names):
+        return None
+    trip = trip_count(ins, computations)
+    return (body, trip) if trip else None
+
+
+def forward_loop_writes(hlo_text: str) -> list[list[tuple[str, tuple[int, ...], bool, bool]]]:
+    """The stacks each forward layer loop writes for the backward, from compiled HLO.
+
+    A differentiated scan is two while loops: the forward (``jvp(...)`` in its op name) writes
+    each iteration's residuals into stacked buffers, the backward (``transpose(jvp(...))``) reads
+    them. These are the forward loop's outputs that the loop writes (not carried through
+    unchanged) and that have one row per iteration.
+
+    Returns:
+      Per forward loop, ``(dtype, dims, in_host_memory, like_a_read_only_input)`` for each such
+      stack; the last says a state the loop only reads has the same type (a parameter stack).
+    """
+    computations, _ = _computations(hlo_text)
+    loops = []
+    for ins in (ins for body in computations.values() for ins in body):
+        found = forward_loop(ins, computations)
+        if found is not None:
+            loops.append(_loop_stacks(ins, computations, *found))
+    return loops
+
+
+def _loop_stacks(ins: _Instruction, computations: Computations, body: str, rows: int) -> list:
+    """:func:`forward_loop_writes`' stacks of one forward loop."""
+    state_type = ins.line.split("=", 1)[1].split(" while(")[0]
+    items = list(_ARRAY.finditer(state_type))
+    written = _written_elements(computations[body])
+    read_only = {item.group("dtype", "dims") for i, item in enumerate(items) if i not in written}
+    stacks = []
+    for index, item in enumerate(items):
+        dims = _dims(item)
+        if index in written and len(dims) > 1 and dims[0] >= rows:
+            host = "S(5)" in (item.group("layout") or "")
+            stacks.append((item.group("dtype"), dims, host, item.group("dtype", "dims") in read_only))
+    return stacks
+
+
+def saved_activations(hlo_text: str, batch_rows: int | None = None) -> dict[str, int]:
+    """What the forward layer loops save for the backward, per device, from compiled HLO, at the
+    most that is live at once: the stacks of :func:`forward_loop_writes` that hold activations, a
+    batch of examples, or without ``batch_rows``, a shape unlike any parameter stack the loop reads
+    (JAX also saves the slices of parameters it used). A buffer in host memory (layout ``S(5)``)
+    counts as host bytes.
+
+    A forward loop's stacks are live until a backward loop reads them (the last forward's, in
+    program order), so the microbatches of a step (a loop XLA peeled into the step's first and
+    last microbatch and the microbatch loop's own) count once, and two forward loops before their
+    backwards count both.
+
+    Args:
+      hlo_text: ``compiled.as_text()`` of an SPMD program.
+      batch_rows: the batch rows each device computes at once; when given, a saved stack must have
+        them as its second dimension.
+
+    Returns:
+      ``{"device", "host", "loops"}``: bytes per device at the peak, and how many forward layer
+      loops save.
+    """
+    computations, entry = _computations(hlo_text)
+    live = _LiveSaved(computations, batch_rows)
+    device, host = live.peak(entry) if entry else (0, 0)
+    return {"device": device, "host": host, "loops": live.loops}
+
+
+class _LiveSaved:
+    """The saved stacks live at once, computation by computation, in program order."""
+
+    def __init__(self, computations: Computations, batch_rows: int | None):
+        self.computations, self.rows, self.loops = computations, batch_rows, 0
+        self.memo: dict[str, tuple[int, int]] = {}
+
+    def peak(self, name: str) -> tuple[int, int]:
+        """``(device, host)`` at the most live in one run of ``name``."""
+        if name in self.memo:
+            return self.memo[name]
+        self.memo[name] = (0, 0)  # guards a malformed, cyclic module
+        live, pending, best = (0, 0), [], (0, 0)
+        for ins in self.computations.get(name, ()):
+            if (found := forward_loop(ins, self.computations)) is not None:
+                saved = self.saved(_loop_stacks(ins, self.computations, *found))
+                pending.append(saved)
+                live = (live[0] + saved[0], live[1] + saved[1])
+            elif _is_backward_loop(ins, self.computations) and pending:
+                done = pending.pop()
+                live = (live[0] - done[0], live[1] - done[1])
+            else:
+                inner = max((self.peak(c) for _, c in _callees(ins.line) if c in self.computations), key=sum, default=(0, 0))
+                live_inner = (live[0] + inner[0], live[1] + inner[1])
+                best = max(best, live_inner, key=sum)
+            best = max(best, live, key=sum)
+        self.memo[name] = best
+        return best
+
+    def saved(self, stacks: list) -> tuple[int, int]:
+        device = host = 0
+        for dtype, dims, in_host, like_input in stacks:
+            if _per_example(dims, self.rows) if self.rows else not like_input:
+                nbytes = _array_bytes(dtype, dims)
+                host, device = (host + nbytes, device) if in_host else (host, device + nbytes)
+        self.loops += int(device + host > 0)
+        return device, host
+
+
+def _is_backward_loop(ins: _Instruction, computations: Computations) -> bool:
+    """A differentiated scan's backward loop: ``transpose(jvp(...))`` on the ``while`` or its body's ops."""
+    return ins.op == "while" and any("transpose(" in n for n in _loop_op_names(ins, computations))
+
+
+def _per_example(dims: tuple[int, ...], rows: int) -> bool:
+    """A stack of a batch's activations: ``[iterations, rows, ...]``, or ``[iterations, 1, rows, ...]``
+    where the step maps over batch groups (``vmap``) and each device has one. An activation has a
+    position axis too: a parameter slice ``[iterations, n]`` with ``n == rows`` is not one."""
+    return len(dims) > 2 and (dims[1] == rows or (len(dims) > 3 and dims[1] == 1 and dims[2] == rows))
+
+
+def _written_elements(body: list[_Instruction]) -> set[int]:
+    """Indices of a while body's state that the body changes (not ``get-tuple-element(param), index=i``
+    handed back at position i)."""
+    params = {ins.name for ins in body if ins.op == "parameter"}
+    reads = {}
+    for ins in body:
+        match = _GTE_INDEX.search(ins.line)
+        if match and match.group("of") in params:
+            reads[ins.name] = int(match.group("index"))
+    root = next((ins for ins in body if ins.line.lstrip().startswith("ROOT")), None)
+    match = _OPERANDS.search(root.line) if root else None
+    if not match:
+        return set()
+    operands = [a.strip().lstrip("%") for a in match.group("args").split(",")]
+    return {i for i, name in enumerate(operands) if reads.get(name) != i}
+
+
+@record
+class SavedKind:
+    """One kind of value saved for the backward: a layer loop's residual stack, or an unrolled model's.
+
+    Attributes:
+      kind: what the value is (the op that makes it, or the model's input).
+      dtype: its HLO element type.
+      shape: one layer's shape.
+      layers: how many layers (or gathering units) save it.
+      bytes_per_layer: one layer's bytes.
+      role: the GPT formula's kind it counts toward; only beside a formula.
+      in_units: whether it is saved within a gathering unit; only for an unrolled model.
+    """
+
+    kind: str
+    dtype: str
+    shape: list[int]
+    layers: int
+    bytes_per_layer: int
+    role: str | None = omit_if_none()
+    in_units: bool | None = omit_if_none()
+
+
+@record
+class Activations:
+    """What the step saves for the backward, per device, and against the GPT's formula where it applies.
+
+    Attributes:
+      device: bytes saved in device memory.
+      host: bytes saved in host memory.
+      remat: the remat policy in effect.
+      partitioned: whether the saved inputs are split over ``model``.
+      host_from: where the host bytes come from: ``compiled`` (the layout) or ``policy`` (the traced program).
+      saved_by: ``layer loops`` or ``gathering units``.
+      by_kind: the saved values by kind.
+      formula: the GPT formula's bytes for all layers; GPT layer loops only.
+      formula_by_kind: the formula's bytes per layer, by role.
+      over_formula: the roles saved above the formula.
+      korthikanti_none: Korthikanti et al.'s 34 s b h per layer, 16-bit, without recomputation.
+    """
+
+    device: int
+    host: int
+    remat: str
+    partitioned: bool
+    host_from: str
+    saved_by: str
+    by_kind: list[SavedKind]
+    formula: int | None = omit_if_none()
+    formula_by_kind: dict[str, int] | None = omit_if_none()
+    over_formula: list[str] | None = omit_if_none()
+    korthikanti_none: int | None = omit_if_none()
+
+
 
 # Ops that move a value without computing a new one (a collective splits or sums what a matmul
 # made): followed to the op that made it.
@@ -46,7 +268,7 @@ def saved_by_kind(hlo_text: str, batch_rows: int) -> list[SavedKind]:
         :func:`jzero.ledger.hlo.saved_activations`).
 
     Returns:
-      One entry per stack: ``kind`` (``input`` for the layer's own input, else the producing op's
+      One record per stack: ``kind`` (``input`` for the layer's own input, else the producing op's
       name within the layer, e.g. ``mlp_in/dot_general``), ``dtype``, ``shape`` (one layer's, per
       device), ``layers`` (the loop's trip count) and ``bytes_per_layer``.
     """
@@ -100,14 +322,16 @@ def saved_by_unit(values: list[dict], units: Mapping[str, int]) -> list[SavedKin
       units: the plan's parameter path -> unit (the ``units`` of a :class:`jzero.sharding.plan.Plan`).
     """
     scopes = _unit_scopes(units)
-    out: dict[tuple, SavedKind] = {}
+    count: dict[tuple, int] = {}
     for v in values:
         scope = max((s for s in scopes if v["path"].startswith(s + "/")), key=len, default="")
         kind = v["path"][len(scope) + 1 :] if scope else v["path"]
-        first = {"kind": kind, "dtype": v["dtype"], "shape": v["shape"], "layers": 0, "bytes_per_layer": v["bytes"]}
-        row = out.setdefault((kind, v["dtype"], tuple(v["shape"]), bool(scope)), {**first, "in_units": bool(scope)})
-        row["layers"] += 1
-    return list(out.values())
+        key = (kind, v["dtype"], tuple(v["shape"]), v["bytes"], bool(scope))
+        count[key] = count.get(key, 0) + 1
+    return [
+        SavedKind(kind=kind, dtype=dtype, shape=list(shape), layers=n, bytes_per_layer=nbytes, in_units=in_units)
+        for (kind, dtype, shape, nbytes, in_units), n in count.items()
+    ]
 
 
 def _unit_scopes(units: Mapping[str, int]) -> set[str]:
@@ -163,13 +387,9 @@ def _stacks(computations: dict, body_name: str, trip: int, batch_rows: int) -> l
         dtype, dims = ins.type
         if len(dims) < 2 or dims[0] < trip or not _per_example(dims, batch_rows):
             continue
-        out.append({
-            "kind": origin.kind(ins),
-            "dtype": dtype,
-            "shape": list(dims[1:]),
-            "layers": dims[0],
-            "bytes_per_layer": _array_bytes(dtype, dims[1:]),
-        })  # fmt: skip
+        layer = dims[1:]
+        nbytes = _array_bytes(dtype, layer)
+        out.append(SavedKind(kind=origin.kind(ins), dtype=dtype, shape=list(layer), layers=dims[0], bytes_per_layer=nbytes))
     return out
 
 

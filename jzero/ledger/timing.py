@@ -29,7 +29,78 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from jzero.records import record
+
 __all__ = ["EFFICIENCY", "Hardware", "StepCost", "Transfer", "bus_bandwidth", "predict"]
+
+
+@record
+class BusBandwidth:
+    """The bus bandwidth each level's collectives reach, bytes per second (nccl-tests' busbw,
+    :func:`jzero.ledger.timing.bus_bandwidth`): theirs together, or a whole host's group where the
+    level has none.
+
+    Attributes:
+      within_host: over NVLink.
+      across_hosts: over the hosts' NICs.
+    """
+
+    within_host: float
+    across_hosts: float
+
+
+@record
+class Prediction:
+    """The step-time model's prediction (:func:`jzero.ledger.timing.predict`), seconds unless named.
+
+    Attributes:
+      step_time_s: the predicted step; None when ``error`` says why not.
+      tokens_per_sec: tokens per second.
+      mfu: model FLOPs per second over the peak.
+      compute_s: the matmuls at the assumed efficiency.
+      memory_s: the non-matmul work's HBM reads and writes (``hbm_bytes``) over HBM bandwidth.
+      communication_s: every collective, as if none were hidden.
+      exposed_communication_s: the collectives' time not hidden behind compute.
+      communication_within_host_s: the collectives within a host.
+      communication_across_hosts_s: the collectives across hosts.
+      exposed_within_host_s: within a host, exposed.
+      exposed_across_hosts_s: across hosts, exposed.
+      hidden_communication_share: the share of ``communication_s`` hidden; None without communication.
+      floor_s: the largest of compute and each level's communication.
+      host_transfer_s: offloaded states and activations moving to and from host memory.
+      efficiency: the share of the peak the matmuls are assumed to reach.
+      bound: the largest term: compute, memory, communication or host_transfer.
+      error: why the FLOP counter's figure cannot be a prediction; None when it can.
+      executed_flops_per_device: the FLOPs the program executes per device, recomputation included.
+      executed_over_model_flops: those over the model's.
+      host_transfer_bytes: the bytes moved to and from host memory per step.
+      hbm_bytes: the bytes the non-matmul work reads and writes in HBM per step (the memory term's).
+      bus_bandwidth: each level's predicted bus bandwidth.
+    """
+
+    step_time_s: float | None
+    tokens_per_sec: float | None
+    mfu: float | None
+    compute_s: float
+    memory_s: float
+    communication_s: float
+    exposed_communication_s: float
+    communication_within_host_s: float
+    communication_across_hosts_s: float
+    exposed_within_host_s: float
+    exposed_across_hosts_s: float
+    hidden_communication_share: float | None
+    floor_s: float
+    host_transfer_s: float
+    efficiency: float
+    bound: str | None
+    error: str | None
+    executed_flops_per_device: float
+    executed_over_model_flops: float | None
+    host_transfer_bytes: float
+    hbm_bytes: float
+    bus_bandwidth: BusBandwidth
+
 
 # The share of the dense bf16 peak jzero's matmuls reach: one value for every target, chosen from
 # the calibration table of published runs (docs/planner.md, benchmarks/calibration.py) to balance its
@@ -134,7 +205,7 @@ def _seconds(transfer: Transfer, hardware: Hardware) -> float:
     return transfer.bytes * (n - 1) / n / bus_bandwidth(transfer, hardware)[1]
 
 
-def _bus_bandwidths(cost: StepCost, hardware: Hardware) -> dict[str, float]:
+def _bus_bandwidths(cost: StepCost, hardware: Hardware) -> BusBandwidth:
     """Each level's bus bandwidth: its collectives' ring bytes over their seconds; for a level with
     none, what a group of every GPU of each host would reach."""
     whole_host = hardware.gpus_per_host
@@ -145,7 +216,7 @@ def _bus_bandwidths(cost: StepCost, hardware: Hardware) -> dict[str, float]:
         ring_bytes = sum(t.bytes * (t.devices - 1) / t.devices for t in members if t.devices)
         fallback = bus_bandwidth(Transfer(0.0, whole_host * hosts, hosts, whole_host), hardware)[1]
         out[level] = ring_bytes / seconds if seconds else fallback
-    return out
+    return BusBandwidth(within_host=out["within_host"], across_hosts=out["across_hosts"])
 
 
 def _hidden(cost: StepCost, hardware: Hardware, flops_per_s: float) -> list[float]:
@@ -177,7 +248,7 @@ def _levels(cost: StepCost, hardware: Hardware, flops_per_s: float) -> dict[str,
     return levels
 
 
-def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) -> dict[str, Any]:
+def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) -> Prediction:
     """The predicted step time of ``cost`` on ``hardware``, with its terms.
 
     Args:
@@ -186,7 +257,8 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
       efficiency: the share of the peak the matmuls reach.
 
     Returns:
-      ``step_time_s``, ``tokens_per_sec``, ``mfu`` (model FLOPs over the step time at the peak), and
+      A :class:`Prediction` (its ``error`` None): ``step_time_s``, ``tokens_per_sec``, ``mfu`` (model
+      FLOPs over the step time at the peak), the step's executed FLOPs and bytes, and
       the terms in seconds: ``compute_s``, ``memory_s``, ``communication_s`` (every collective, if
       none were hidden), ``exposed_communication_s``, ``host_transfer_s``; per level,
       ``communication_within_host_s``, ``communication_across_hosts_s``, ``exposed_within_host_s``,
@@ -204,20 +276,27 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
     host = cost.host_bytes / hardware.host_bytes_per_s
     step = compute + memory + exposed + host
     terms = {"compute": compute, "memory": memory, "communication": exposed, "host_transfer": host}
-    return {
-        "step_time_s": step,
-        "tokens_per_sec": cost.tokens / step if step else None,
-        "mfu": cost.model_flops / (step * hardware.peak_flops) if step else None,
-        "compute_s": compute,
-        "memory_s": memory,
-        "communication_s": total,
-        "exposed_communication_s": exposed,
-        **{f"communication_{name}_s": t for name, (t, _) in levels.items()},
-        **{f"exposed_{name}_s": e for name, (_, e) in levels.items()},
-        "hidden_communication_share": 1 - exposed / total if total else None,
-        "floor_s": max(compute, *(t for t, _ in levels.values())),
-        "host_transfer_s": host,
-        "efficiency": efficiency,
-        "bound": max(terms, key=terms.get),
-        "bus_bandwidth": _bus_bandwidths(cost, hardware),
-    }
+    return Prediction(
+        step_time_s=step,
+        tokens_per_sec=cost.tokens / step if step else None,
+        mfu=cost.model_flops / (step * hardware.peak_flops) if step else None,
+        compute_s=compute,
+        memory_s=memory,
+        communication_s=total,
+        exposed_communication_s=exposed,
+        communication_within_host_s=levels["within_host"][0],
+        communication_across_hosts_s=levels["across_hosts"][0],
+        exposed_within_host_s=levels["within_host"][1],
+        exposed_across_hosts_s=levels["across_hosts"][1],
+        hidden_communication_share=1 - exposed / total if total else None,
+        floor_s=max(compute, *(t for t, _ in levels.values())),
+        host_transfer_s=host,
+        efficiency=efficiency,
+        bound=max(terms, key=terms.get),
+        error=None,
+        executed_flops_per_device=cost.flops,
+        executed_over_model_flops=cost.flops / cost.model_flops if cost.model_flops else None,
+        host_transfer_bytes=cost.host_bytes,
+        hbm_bytes=cost.hbm_bytes,
+        bus_bandwidth=_bus_bandwidths(cost, hardware),
+    )

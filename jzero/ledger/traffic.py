@@ -16,10 +16,10 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 
+from jzero.ledger.collectives import COLLECTIVES
 from jzero.ledger.gathered import _operands
-from jzero.ledger.hlo import (
+from jzero.ledger.hlo_text import (
     _BRANCHES,
-    COLLECTIVES,
     _array_bytes,
     _callees,
     _ComputationSum,

@@ -19,8 +19,8 @@ import numpy as np
 
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError, JzeroError, error_line
-from jzero.ledger.records import CheckedPlanReport
 from jzero.ledger.render import human_bytes
+from jzero.ledger.report import CheckedPlanReport
 from jzero.ledger.targets import Target, target_devices
 from jzero.ledger.timing import Hardware, predict
 from jzero.models.names import GPT, LLAMA
@@ -137,7 +137,7 @@ def search(
         if nbytes > memory_per_device:
             over += 1
             continue
-        queue.append((predict(cost, hardware)["tokens_per_sec"], nbytes, candidate))
+        queue.append((predict(cost, hardware).tokens_per_sec, nbytes, candidate))
     queue.sort(key=lambda item: -item[0])
     rows = [_compile(base, Row(YOURS, [], None, None), memory_per_device, hardware)]
     refused = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jzero.ledger.records import to_json
 from jzero.planner.search import Row, Search, pareto
+from jzero.records import to_json
 
 __all__ = ["format_search", "search_json", "why_it_wins"]
 

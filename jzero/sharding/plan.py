@@ -36,7 +36,7 @@ from jzero.errors import PlanError
 from jzero.memory.offload import on_host
 from jzero.memory.precision import MasterState
 from jzero.sharding.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
-from jzero.sharding.stages import StageRule, ZeroOptions, per_device_parts
+from jzero.sharding.stages import StageRule, StateBytes, ZeroOptions, per_device_parts
 from jzero.sharding.state import TrainState
 from jzero.sharding.trainable import frozen_out, trainable_mask
 from jzero.trees import path_str
@@ -206,27 +206,28 @@ class _Bytes:
             if t.param_spec != t.replicated_spec
         )
 
-    def state_bytes(self) -> dict[str, int]:
+    def state_bytes(self) -> StateBytes:
         """Model-state bytes of each device's shards, wherever they rest (the largest shard of each tensor)."""
         params = sum(shard_bytes(t.shape, t.dtype, t.param_spec, self.mesh) for t in self.tensors)
         grads = sum(shard_bytes(t.shape, t.dtype, t.grad_spec, self.mesh) for t in self.tensors if t.trainable)
         opt = sum(shard_bytes(s, d, spec, self.mesh) for _, s, d, spec in self.opt_leaves)
-        return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
+        return StateBytes.of(params, grads, opt)
 
-    def per_device_bytes(self) -> dict[str, int]:
+    def per_device_bytes(self) -> StateBytes:
         """Model-state bytes per device in device memory, from the specs; an offloaded group counts 0."""
         return self._split(on_host=False)
 
-    def host_bytes(self) -> dict[str, int]:
+    def host_bytes(self) -> StateBytes:
         """Model-state bytes per device that rest in pinned host memory (an offloaded group's shards)."""
         return self._split(on_host=True)
 
-    def _split(self, on_host: bool) -> dict[str, int]:
-        offloaded = {"params": self.zero.offload_params, "grads": False, "optimizer": self.zero.offload_optimizer}
-        parts = {k: (v if offloaded[k] == on_host else 0) for k, v in self.state_bytes().items() if k != "total"}
-        return {**parts, "total": sum(parts.values())}
+    def _split(self, on_host: bool) -> StateBytes:
+        every = self.state_bytes()
+        params = every.params if self.zero.offload_params == on_host else 0
+        optimizer = every.optimizer if self.zero.offload_optimizer == on_host else 0
+        return StateBytes.of(params, 0 if on_host else every.grads, optimizer)  # gradients never rest on the host
 
-    def ideal_per_device_bytes(self) -> dict[str, int]:
+    def ideal_per_device_bytes(self) -> StateBytes:
         """The paper's formula: each state's full bytes, over N_d when the stage partitions it, over N_m.
 
         For fp32 Adam this is 4Ψ, 4Ψ and 8Ψ (K = 8), each divided by N_d where sharded; with frozen
@@ -237,9 +238,7 @@ class _Bytes:
         full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
         n_m = model_ways(self.mesh.shape)
         parts = per_device_parts(full_params, full_grads, full_opt, self.zero.stage, self.partition_size, n_m)
-        out = {k: int(round(parts[k])) for k in ("params", "grads", "optimizer")}
-        out["total"] = sum(out.values())
-        return out
+        return StateBytes.of(*(int(round(parts[k])) for k in ("params", "grads", "optimizer")))
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from jzero.communication import units
 from jzero.errors import JzeroError, PlanError
+from jzero.records import record
 from jzero.sharding.axes import MODEL, REPLICA
 
 __all__ = [
@@ -35,6 +36,85 @@ __all__ = [
     "per_device_parts",
     "stage_rule",
 ]
+
+
+@record
+class StateBytes:
+    """Model-state bytes per device, by part.
+
+    Attributes:
+      params: the parameters.
+      grads: the gradients.
+      optimizer: the optimizer state.
+      total: the three together.
+    """
+
+    params: int
+    grads: int
+    optimizer: int
+    total: int
+
+    @classmethod
+    def of(cls, params: int, grads: int, optimizer: int) -> StateBytes:
+        """The three parts and their total."""
+        return cls(params=params, grads=grads, optimizer=optimizer, total=params + grads + optimizer)
+
+
+@record
+class HostBytes(StateBytes):
+    """Bytes per device resting in pinned host memory: model states by part, and saved activations.
+
+    Attributes:
+      activations: the activations the layer loops save in host memory.
+    """
+
+    activations: int
+
+    @classmethod
+    def of(cls, states: StateBytes, activations: int) -> HostBytes:  # type: ignore[override]
+        """The model states resting in host memory and the activations saved there."""
+        return cls(
+            params=states.params, grads=states.grads, optimizer=states.optimizer, total=states.total, activations=activations
+        )
+
+
+@record
+class PaperRow:
+    """One stage's row of the paper's table.
+
+    Attributes:
+      stage: the ZeRO stage.
+      partitioned: what it partitions, in words.
+      bytes: model-state bytes per device by the paper's formula.
+    """
+
+    stage: int
+    partitioned: str
+    bytes: float
+
+
+@record
+class PaperTable:
+    """The paper's per-stage model-state bytes for this model and mesh (Figure 1 / Table 1 style).
+
+    Attributes:
+      psi: Ψ, the parameter count.
+      k: K, optimizer-state bytes per parameter that trains.
+      param_bytes: bytes per parameter (and per gradient).
+      n_d: N_d, the devices a stage partitions over.
+      n_m: N_m, the model-parallel ways.
+      rows: one row per stage.
+      trainable: the parameters that train (``train.trainable``, LoRA), which alone have gradients
+        and optimizer state: (p Ψ + (g + K) Ψ_t) per row; None when all of them train.
+    """
+
+    psi: int
+    k: float
+    param_bytes: float
+    n_d: int
+    n_m: int
+    rows: list[PaperRow]
+    trainable: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

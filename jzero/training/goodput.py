@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
+
+from jzero.ledger.startup import GoodputReport
 
 __all__ = ["KINDS", "NOT_TRAINING", "Goodput", "format_goodput"]
 
@@ -41,16 +42,16 @@ class Goodput:
     def charge(self, kind: str, seconds: float) -> None:
         self.seconds[kind] += seconds
 
-    def report(self) -> dict[str, Any]:
-        """``{"wall_s", "goodput", "seconds": {"steps", "startup", ...}}``: the steps' time is the wall
-        time less every other kind's, and ``goodput`` its share."""
+    def report(self) -> GoodputReport:
+        """The wall time, the seconds by kind (``steps``, ``startup``, ...; the steps' time is the
+        wall time less every other kind's) and ``goodput``, the steps' share."""
         wall = time.perf_counter() - self.started
         steps = max(wall - sum(self.seconds.values()), 0.0)
-        return {"wall_s": wall, "goodput": steps / wall if wall > 0 else 0.0, "seconds": {"steps": steps, **self.seconds}}
+        return GoodputReport(wall_s=wall, goodput=steps / wall if wall > 0 else 0.0, seconds={"steps": steps, **self.seconds})
 
 
-def format_goodput(report: dict[str, Any]) -> str:
+def format_goodput(report: GoodputReport) -> str:
     """One line: ``goodput 0.81 of 95.2 s: steps 81.0%, start-up 3.1%, compile 9.8%, ...``."""
-    wall = report["wall_s"]
-    parts = ", ".join(f"{kind.replace('startup', 'start-up')} {100 * s / wall:.1f}%" for kind, s in report["seconds"].items())
-    return f"goodput {report['goodput']:.2f} of {wall:.1f} s: {parts}"
+    wall = report.wall_s
+    parts = ", ".join(f"{kind.replace('startup', 'start-up')} {100 * s / wall:.1f}%" for kind, s in report.seconds.items())
+    return f"goodput {report.goodput:.2f} of {wall:.1f} s: {parts}"

@@ -283,10 +283,9 @@ class Job:
 
     def compile_step(self):
         """Lower and compile the train step from shapes alone; returns ``(step, compiled)``."""
-        if "compiled" not in self._made:
-            batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
-            self._made["compiled"] = self.compile(self.make_step().lower(self.abstract_state(), batch))
-        return self.make_step(), self._made["compiled"]
+        batch = jax.ShapeDtypeStruct(self.batch_shape, jnp.int32, sharding=self.plan.batch)
+        compiled = self._once("compiled", lambda: self.compile(self.make_step().lower(self.abstract_state(), batch)))
+        return self.make_step(), compiled
 
     def xla_options(self) -> dict[str, dict]:
         """The XLA options the step compiles with, and where each comes from (:func:`xla_options`)."""
@@ -298,7 +297,7 @@ class Job:
         states = self.plan.per_device_bytes()
         return {
             "units": bool(self.plan.units), "options": self.config.compiler.xla_options, "layer_bytes": layer,
-            "io_bytes": states["params"] + states["optimizer"],
+            "io_bytes": states.params + states.optimizer,
         }  # fmt: skip
 
     def _compile_inputs(self) -> tuple[list, dict[str, Any] | None, Mapping[str, Any]]:
@@ -330,23 +329,19 @@ class Job:
 
     def make_step(self):
         """The jitted train step (:func:`jzero.step.make_train_step`) for this plan, made once."""
-        if "step" not in self._made:
-            self._made["step"] = make_train_step(
-                self.loss_fn,
-                self.tx,
-                self.plan,
-                precision=self.precision,
-                microbatches=self.config.train.microbatches,
-                fetched_by_model=self.fetches_layers,
-            )
-        return self._made["step"]
+        options = {"microbatches": self.config.train.microbatches, "fetched_by_model": self.fetches_layers}
+        return self._once("step", lambda: make_train_step(self.loss_fn, self.tx, self.plan, precision=self.precision, **options))
 
     def make_eval_step(self):
         """The jitted eval step (:func:`jzero.step.make_eval_step`) for this plan: ``(params, batch) -> loss``."""
-        if "eval" not in self._made:
-            made = make_eval_step(self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers)
-            self._made["eval"] = made
-        return self._made["eval"]
+        return self._once("eval", lambda: make_eval_step(
+            self.loss_fn, self.plan, precision=self.precision, fetched_by_model=self.fetches_layers
+        ))  # fmt: skip
+
+    def _once(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     def replan(self, stage: int | None = None, mesh: Mesh | None = None) -> Job:
         """The same model and optimizer planned for another stage or mesh; the abstract state is

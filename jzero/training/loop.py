@@ -36,11 +36,12 @@ from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
 from jzero.errors import ConfigError
 from jzero.lazy import moved_names
-from jzero.ledger.records import GoodputReport, StartupLedger, from_json, to_json
 from jzero.ledger.render import format_ledger_summary
+from jzero.ledger.startup import GoodputReport, StartupLedger
 from jzero.models.lora import is_adapter
 from jzero.models.names import LLAMA
 from jzero.optimizers import build_schedule
+from jzero.records import from_json, to_json
 from jzero.sharding.axes import mesh_text
 from jzero.sharding.mesh import mesh_shape
 from jzero.sharding.placement import state_from_params
@@ -73,7 +74,7 @@ class TrainResult:
     final_step: int
     saved: list[int]  # checkpoint steps written by this run
     preempted: str | None = None  # the signal that stopped it early
-    goodput: dict[str, Any] | None = None  # where the wall time went (jzero.training.goodput)
+    goodput: GoodputReport | None = None  # where the wall time went (jzero.training.goodput)
 
 
 def initial_state(
@@ -530,13 +531,13 @@ def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches |
     return Extras(logged.Throughput.of(job), evaluator, goodput, config.run.profile, nonfinite)
 
 
-def _goodput_out(goodput: Goodput, run: PreparedRun) -> dict[str, Any]:
+def _goodput_out(goodput: Goodput, run: PreparedRun) -> GoodputReport:
     """The goodput report, added to the start-up ledger by process 0."""
     report = goodput.report()
     if run.primary and run.ledger is not None:
         with writing(run.ledger):
             ledger = from_json(StartupLedger, json.loads(run.ledger.read_text()))
-            run.ledger.write_text(json.dumps(to_json(dataclasses.replace(ledger, goodput=GoodputReport(**report))), indent=1))
+            run.ledger.write_text(json.dumps(to_json(dataclasses.replace(ledger, goodput=report)), indent=1))
     return report
 
 

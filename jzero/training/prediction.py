@@ -5,17 +5,20 @@ counter is wrong (:func:`counter_error`) the prediction says why instead of a st
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import NamedTuple
 
-from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
-from jzero.ledger.flops import MatmulFlops, matmul_flops
+from jzero.ledger.collectives import Collective, paper_bytes
+from jzero.ledger.flops import MatmulFlops, ModelFlops, matmul_flops
 from jzero.ledger.levels import group_shape
-from jzero.ledger.timing import Hardware, StepCost, Transfer, predict
+from jzero.ledger.memory import CompiledHost
+from jzero.ledger.saved import Activations
+from jzero.ledger.timing import Hardware, Prediction, StepCost, Transfer, predict
 from jzero.ledger.traffic import hbm_bytes
 from jzero.training.job import Job
 
-__all__ = ["COUNTER_TOLERANCE", "counter_error", "predicted", "step_cost", "transfers"]
+__all__ = ["COUNTER_TOLERANCE", "StepParts", "counter_error", "predicted", "step_cost", "transfers"]
 
 # How far below the FLOPs causal attention explains the executed FLOPs may fall before the counter is
 # called wrong: the model's 6 N + 12 L T d is not the program's exact GEMMs (measured 0.98x for
@@ -23,19 +26,28 @@ __all__ = ["COUNTER_TOLERANCE", "counter_error", "predicted", "step_cost", "tran
 COUNTER_TOLERANCE = 0.05
 
 
-def step_cost(job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.Collective]) -> StepCost:
+class StepParts(NamedTuple):
+    """The plan report's parts the time model reads (a :class:`jzero.ledger.report.PlanReport` has
+    them, by the same names)."""
+
+    model_flops: ModelFlops  # the FLOPs the model needs per device per step
+    compiled_host: CompiledHost  # offloaded states: in and back each step
+    activations: Activations  # offloaded activations: out and back
+
+
+def step_cost(job: Job, parts: StepParts, hlo_text: str, ops: list[Collective]) -> StepCost:
     """What the compiled step asks of each device, for :func:`jzero.ledger.timing.predict`.
 
     Args:
       job: the built job.
-      report: the plan report's memory part (``model_flops``, ``per_device_bytes``, ``compiled_host``, ``activations``).
+      parts: the plan report's parts the time model reads.
       hlo_text: the compiled step's HLO.
       ops: its collectives (:func:`jzero.ledger.hlo.parse_collectives`).
     """
-    return _step_cost(job, report, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text), _hosts(job))
+    return _step_cost(job, parts, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text), _hosts(job))
 
 
-def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlops) -> tuple[Transfer, ...]:
+def transfers(ops: list[Collective], hosts: list[int], counted: MatmulFlops) -> tuple[Transfer, ...]:
     """Each collective's traffic per step for the step-time model: its paper bytes times its runs,
     its groups' shape over the hosts (:func:`jzero.ledger.levels.group_shape`) and, when async and
     overlapped, the compute of its window (:func:`jzero.ledger.flops.matmul_flops`).
@@ -51,7 +63,7 @@ def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlo
         spanned, per_host = group_shape(op, hosts)
         out.append(
             Transfer(
-                bytes=ledger.paper_bytes(op) * op.executions,
+                bytes=paper_bytes(op) * op.executions,
                 devices=op.group_size or len(hosts),
                 hosts=spanned,
                 per_host=per_host,
@@ -63,17 +75,17 @@ def transfers(ops: list[ledger.Collective], hosts: list[int], counted: MatmulFlo
 
 
 def _step_cost(
-    job: Job, report: dict[str, Any], counted: MatmulFlops, ops: list[ledger.Collective], memory_bytes: int, hosts: list[int]
+    job: Job, parts: StepParts, counted: MatmulFlops, ops: list[Collective], memory_bytes: int, hosts: list[int]
 ) -> StepCost:
-    host = report["compiled_host"]
+    host = parts.compiled_host
     return StepCost(
         flops=counted.executed,
-        model_flops=report["model_flops"]["per_device_per_step"],
+        model_flops=parts.model_flops.per_device_per_step,
         tokens=job.config.train.global_batch_size * job.config.model.seq_len,
         hbm_bytes=memory_bytes,
         transfers=transfers(ops, hosts, counted),
         # Offloaded states come in and go back each step; offloaded activations go out and come back.
-        host_bytes=host["argument"] + host["output"] + 2 * report["activations"]["host"],
+        host_bytes=host.argument + host.output + 2 * parts.activations.host,
     )
 
 
@@ -115,8 +127,8 @@ def _hosts(job: Job) -> list[int]:
 
 
 def predicted(
-    job: Job, report: dict[str, Any], hlo_text: str, ops: list[ledger.Collective], hardware: Hardware | None = None
-) -> dict[str, Any] | None:
+    job: Job, parts: StepParts, hlo_text: str, ops: list[Collective], hardware: Hardware | None = None
+) -> Prediction | None:
     """The report's ``predicted`` part (:func:`jzero.ledger.timing.predict`), with the executed FLOPs
     (remat's recomputation included) against the model's; None where the devices' hardware is not
     known. Where the FLOP counter is wrong (:func:`counter_error`), ``error`` says why and the step
@@ -130,15 +142,9 @@ def predicted(
     if hardware is None:
         return None
     counted = matmul_flops(hlo_text)
-    cost = _step_cost(job, report, counted, ops, hbm_bytes(hlo_text), hosts)
+    cost = _step_cost(job, parts, counted, ops, hbm_bytes(hlo_text), hosts)
     p = predict(cost, hardware)
-    error = counter_error(counted, cost.model_flops, _attention_share(job), p["mfu"])
-    return {
-        **p,
-        **(dict.fromkeys(("step_time_s", "tokens_per_sec", "mfu", "bound")) if error else {}),
-        "error": error,
-        "executed_flops_per_device": cost.flops,
-        "executed_over_model_flops": cost.flops / cost.model_flops if cost.model_flops else None,
-        "host_transfer_bytes": cost.host_bytes,
-        "hbm_bytes": cost.hbm_bytes,
-    }
+    error = counter_error(counted, cost.model_flops, _attention_share(job), p.mfu)
+    if error is None:
+        return p
+    return dataclasses.replace(p, step_time_s=None, tokens_per_sec=None, mfu=None, bound=None, error=error)

@@ -1,7 +1,7 @@
 """What a compiled plan shows: the ``jzero plan --json`` report and the start-up ledger.
 
-Each report is a record (:mod:`jzero.ledger.records`, rendered by :mod:`jzero.ledger.render`, its
-JSON by :func:`jzero.ledger.records.to_json`): the plan's specs and bytes against
+Each report is a record (:mod:`jzero.ledger.report`, each part beside the instrument that makes it,
+rendered by :mod:`jzero.ledger.render`, its JSON by :func:`jzero.records.to_json`): the plan's specs and bytes against
 the paper's formulas (:mod:`jzero.sharding.stages`), the compiled step's memory, FLOPs and collectives
 (:mod:`jzero.ledger.hlo`), and how per-device work scales against one batch group's.
 """
@@ -16,83 +16,57 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 
 from jzero.communication.gather import UNIT_REMAT
-from jzero.communication.quantize import Layout
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
-from jzero.ledger.element_types import gradient_reductions, parameter_gathers
+from jzero.ledger.collectives import async_collectives, collective_kinds
+from jzero.ledger.flops import ModelFlops
+from jzero.ledger.gathered import Gathered
 from jzero.ledger.gathered import gathered_at_once as at_once
-from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, bytes_by_level
-from jzero.ledger.records import (
-    Activations,
-    AsyncCollective,
-    BusBandwidth,
-    CheckedPlanReport,
-    CollectiveKind,
-    Communication,
-    CompiledHost,
-    CompiledMemory,
-    Compiler,
-    ExcludedTensor,
-    Gathered,
-    GatherMismatch,
-    GradientQuantization,
-    GradientReductions,
-    Hierarchical,
-    HostBytes,
-    LiveBytes,
-    LiveProcessBytes,
-    ModelFlops,
-    PaperRow,
-    PaperTable,
-    ParameterGathers,
-    PlanReport,
-    Prediction,
-    ProcessBytes,
-    Processes,
-    Quantization,
-    ReductionMismatch,
-    SavedKind,
-    Scaling,
-    StartupLedger,
-    StateBytes,
-    TensorEntry,
-    TensorRow,
-    XlaOption,
-    to_json,
-)
-from jzero.ledger.saved import saved_by_kind, saved_by_unit, saved_unrolled
+from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, Communication, bytes_by_level
+from jzero.ledger.memory import CompiledHost, CompiledMemory
+from jzero.ledger.report import CheckedPlanReport, Compiler, PlanReport, Scaling, XlaOption
+from jzero.ledger.saved import Activations, saved_by_kind, saved_by_unit, saved_unrolled
+from jzero.ledger.startup import LiveBytes, LiveProcessBytes, ProcessBytes, Processes, StartupLedger
+from jzero.ledger.tensors import largest, tensor_entry, tensor_rows
 from jzero.ledger.timing import Hardware
+from jzero.ledger.zeropp import (
+    gradient_quantization,
+    hierarchical,
+    quantization,
+)
 from jzero.memory.offload import DEVICE, HOST
 from jzero.memory.remat import offloads, policy_name
 from jzero.models.names import GPT
 from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
-from jzero.sharding.axes import BATCH_AXES, LAYERS, batch_ways, model_ways
+from jzero.records import extend
+from jzero.sharding.axes import BATCH_AXES, batch_ways, model_ways
 from jzero.sharding.mesh import make_mesh, mesh_shape
 from jzero.sharding.placement import sharded_abstract
-from jzero.sharding.plan import Plan, TensorPlan, shard_bytes
-from jzero.sharding.stages import STAGES, paper_bytes_per_device, paper_communication_bytes, stage_rule
+from jzero.sharding.plan import Plan
+from jzero.sharding.stages import (
+    STAGES,
+    HostBytes,
+    PaperRow,
+    PaperTable,
+    paper_bytes_per_device,
+    paper_communication_bytes,
+    stage_rule,
+)
 from jzero.sharding.state import TrainState
 from jzero.step import activation_rules
 from jzero.training.job import Job, partitions_activations
-from jzero.training.prediction import predicted
-
-# HLO element types by their NumPy names, where the two differ.
-_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+from jzero.training.prediction import StepParts, predicted
 
 __all__ = [
     "communication",
     "device_description",
-    "hierarchical",
     "lowering_notes",
     "model_flops",
     "one_group_reference",
     "paper_table",
-    "gradient_quantization",
     "plan_report",
-    "quantization",
     "startup_ledger",
     "with_scaling",
     "with_verdict",
@@ -137,146 +111,53 @@ def plan_report(job: Job, compiled: Any = None, hardware: Hardware | None = None
 
     Returns:
       The report (rendered by :func:`jzero.ledger.render.format_plan`; its JSON is
-      :func:`jzero.ledger.records.to_json`'s).
+      :func:`jzero.records.to_json`'s).
     """
     if compiled is None:
         _, compiled = job.compile_step()
-    hlo = compiled.as_text()
-    ops = ledger.parse_collectives(hlo)
-    table = paper_table(job.plan)
-    collectives = ledger.summarize_collectives(ops)
-    plan = job.plan
-    device = device_description(job.mesh)
-    memory = _memory_part(job, compiled, hlo)
-    # The step-time model reads the memory part as JSON data (jzero.training.prediction.step_cost).
-    forecast = predicted(job, {k: to_json(v) for k, v in memory.items()}, hlo, ops, hardware)
+    hlo, plan = compiled.as_text(), job.plan
+    ops, table, device = ledger.parse_collectives(hlo), paper_table(plan), device_description(job.mesh)
+    summary, mem = ledger.summarize_collectives(ops), ledger.compiled_memory(compiled, hlo)
+    activations, gathered, flops = saved_activations(job, hlo), gathered_at_once(job, hlo), model_flops(job)
+    host = CompiledHost(argument=mem["host_argument"], output=mem["host_output"])
+    states_on_host = plan.host_bytes()
     return PlanReport(
         devices=int(job.mesh.size),
-        **device,
+        backend=device["backend"],
+        device_kind=device["device_kind"],
+        hosts=device["hosts"],
         mesh=mesh_shape(job.mesh),
         stage=plan.zero.stage,
         num_params=plan.num_params,
-        **memory,
-        predicted=_prediction(forecast),
-        **_collectives_part(ops, collectives),
-        notes=lowering_notes(plan.zero.stage, collectives, hlo, device["backend"]),
-        **_tensors_part(plan),
+        per_device_bytes=plan.per_device_bytes(),
+        host_bytes=HostBytes.of(states_on_host, activations.host),
+        ideal_per_device_bytes=plan.ideal_per_device_bytes(),
+        activations=activations,
+        compiled=CompiledMemory(argument=mem["argument"], output=mem["output"], temp=mem["temp"], peak=mem["peak"]),
+        gathered_peak_bytes=gathered.peak_bytes,
+        gathered=gathered,
+        compiled_host=host,  # what rests in host memory among the arguments and outputs
+        device_peak=mem["device_peak"],  # the peak without it
+        flops_per_device=ledger.flops_per_device(compiled),
+        model_flops=flops,
+        predicted=predicted(job, StepParts(flops, host, activations), hlo, ops, hardware),
+        collectives=collective_kinds(summary),
+        collectives_in_loop={k: v["in_loop"] for k, v in summary.items()},
+        collective_groups={k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in summary},
+        async_collectives=async_collectives(ops),
+        notes=lowering_notes(plan.zero.stage, summary, hlo, device["backend"]),
+        tensors=tensor_rows(plan),
+        replicated=[tensor_entry(t) for t in plan.replicated],
+        largest=largest(plan),
+        not_on_model=[tensor_entry(t) for t in plan.not_on_model],
         paper_table=table,
         communication=communication(plan, ops, table),
         quantization=quantization(plan, ops),
         gradient_quantization=gradient_quantization(plan, ops),
         attention=job.model.attention if job.model is not None else None,
-        hierarchical=hierarchical(job, hlo),
+        hierarchical=hierarchical(plan, job.precision, hlo),
         compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in job.xla_options().items()}),
     )
-
-
-def _prediction(forecast: dict[str, Any] | None) -> Prediction | None:
-    if forecast is None:
-        return None
-    return Prediction(**{**forecast, "bus_bandwidth": BusBandwidth(**forecast["bus_bandwidth"])})
-
-
-def gradient_quantization(plan: Plan, ops: list[ledger.Collective]) -> GradientQuantization | None:
-    """qgZ's part of the report: the gradients reduced by quantized all-to-alls, those whole at rest
-    (whose gradients ``shard_map`` all-reduces at full precision), and what the compiled reductions
-    really send (:func:`jzero.ledger.element_types.gradient_reductions`); None without qgZ."""
-    if not plan.qgz:
-        return None
-    blocks = plan.gradient_blocks()
-    by_path = {t.path: t for t in plan.tensors}
-    reductions = gradient_reductions(ops, plan.zero.quantized_gradients)
-    return GradientQuantization(
-        gradients=plan.zero.quantized_gradients,
-        quantized=len(blocks),
-        quantized_bytes=sum(by_path[p].nbytes for p in blocks),
-        smallest_block=min(blocks.values(), default=0),
-        not_quantized=[_excluded(t, "whole at rest") for t in plan.tensors if t.path not in blocks],
-        reductions=GradientReductions(**{**reductions, "mismatched": [ReductionMismatch(**m) for m in reductions["mismatched"]]}),
-    )
-
-
-def hierarchical(job: Job, hlo_text: str) -> Hierarchical | None:
-    """hpZ's secondary copy per device: the plan's bytes, the paper's formula (the parameters in
-    the compute dtype over the devices of a host, ``data``, and N_m), and what the compiled layer
-    loops save of it (its scanned layers' stacks, found by shape); None without hpZ."""
-    plan = job.plan
-    if not plan.hpz:
-        return None
-    dtype = job.precision.compute_dtype
-    itemsize = np.dtype(dtype).itemsize
-    gathered = [t for t in plan.tensors if t.param_spec != t.replicated_spec]
-    formula = sum(math.prod(t.shape) for t in gathered) * itemsize / plan.data_size / model_ways(plan.mesh.shape)
-    stacks = [
-        (np.dtype(dtype).name, NamedSharding(plan.mesh, plan.secondary_spec(t.param_spec)).shard_shape(t.shape))
-        for t in gathered
-        if (t.logical or (None,))[0] == LAYERS
-    ]
-    written = [(_DTYPE_NAMES.get(d, d), dims) for loop in ledger.forward_loop_writes(hlo_text) for d, dims, _, _ in loop]
-    saved = 0
-    for stack in stacks:
-        if stack in written:
-            written.remove(stack)
-            saved += math.prod(stack[1]) * itemsize
-    alone = [t for t in gathered if plan.secondary_spec(t.param_spec) == t.param_spec]
-    return Hierarchical(
-        not_over_replica=[_excluded(t, "replica x data divides none of its dimensions") for t in alone],
-        secondary_bytes=plan.secondary_bytes(dtype),
-        formula_bytes=formula,
-        scanned_bytes=sum(math.prod(dims) * itemsize for _, dims in stacks),
-        saved_by_loops_bytes=saved,
-    )
-
-
-def quantization(plan: Plan, ops: list[ledger.Collective]) -> Quantization | None:
-    """qwZ's part of the report: what is quantized, what is gathered at full precision and why,
-    and what the compiled gathers really send (:func:`jzero.ledger.element_types.parameter_gathers`);
-    None when weights are not quantized."""
-    layouts = plan.weight_layouts()
-    if not layouts:
-        return None
-    by_path = {t.path: t for t in plan.tensors}
-    quantized, others, kept = [], [], []
-    for path, lay in layouts.items():
-        shape, _, target = plan.parameter_gather(by_path[path])
-        elements = math.prod(NamedSharding(plan.mesh, target).shard_shape(shape))
-        if isinstance(lay, Layout):
-            quantized.append(elements)
-            others.append(lay.blocks * math.prod(NamedSharding(plan.mesh, target).shard_shape(shape)) // lay.local_size)
-        else:
-            others.append(elements)
-            kept.append(_excluded(by_path[path], lay))
-    gathers = parameter_gathers(ops, plan.zero.quantized_weights, quantized, others)
-    return Quantization(
-        weights=plan.zero.quantized_weights,
-        block=plan.zero.quantization_block,
-        quantized=len(quantized),
-        quantized_bytes=sum(by_path[p].nbytes for p, lay in layouts.items() if isinstance(lay, Layout)),
-        not_quantized=kept,
-        gathers=ParameterGathers(**{**gathers, "mismatched": [GatherMismatch(**m) for m in gathers["mismatched"]]}),
-    )
-
-
-def _memory_part(job: Job, compiled: Any, hlo: str) -> dict[str, Any]:
-    """The report's bytes, planned and compiled, and its FLOPs: :class:`PlanReport`'s fields by name."""
-    plan = job.plan
-    mem = ledger.compiled_memory(compiled, hlo)
-    activations = saved_activations(job, hlo)
-    gathered = gathered_at_once(job, hlo)
-    return {
-        "per_device_bytes": StateBytes(**plan.per_device_bytes()),
-        "host_bytes": HostBytes(**plan.host_bytes(), activations=activations.host),
-        "ideal_per_device_bytes": StateBytes(**plan.ideal_per_device_bytes()),
-        "activations": activations,
-        "compiled": CompiledMemory(**{k: mem[k] for k in ("argument", "output", "temp", "peak")}),
-        "gathered_peak_bytes": gathered.peak_bytes,
-        "gathered": gathered,
-        # What rests in host memory among the arguments and outputs, and the peak without it.
-        "compiled_host": CompiledHost(argument=mem["host_argument"], output=mem["host_output"]),
-        "device_peak": mem["device_peak"],
-        "flops_per_device": ledger.flops_per_device(compiled),
-        "model_flops": model_flops(job),
-    }
 
 
 def model_flops(job: Job) -> ModelFlops:
@@ -296,74 +177,11 @@ def model_flops(job: Job) -> ModelFlops:
     )
 
 
-def _collectives_part(ops: list[ledger.Collective], collectives: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The report's collectives: per kind, then each asynchronous one."""
-    return {
-        "collectives": {
-            k: CollectiveKind(
-                count=v["count"], bytes=v["bytes"], dtypes=v["dtypes"], async_=v["async"], overlapped=v["overlapped"]
-            )
-            for k, v in collectives.items()
-        },
-        "collectives_in_loop": {k: v["in_loop"] for k, v in collectives.items()},
-        "collective_groups": {k: sorted({o.group_size for o in ops if o.kind == k and o.group_size}) for k in collectives},
-        "async_collectives": [
-            AsyncCollective(
-                name=o.name,
-                kind=o.kind,
-                dtype=o.dtype,
-                bytes=o.bytes,
-                computation=o.computation,
-                executions=o.executions,
-                overlapped=o.overlapped,
-            )
-            for o in ops
-            if o.is_async
-        ],
-    }
-
-
-FROZEN = "frozen"  # a frozen parameter's gradient and optimizer specs: it has neither (train.trainable)
-
-
-def _tensors_part(plan: Plan) -> dict[str, Any]:
-    """The report's tensors: each one's specs, then the replicated, largest and not-on-``model`` ones."""
-    return {
-        "tensors": [
-            TensorRow(
-                path=t.path,
-                shape=list(t.shape),
-                dtype=str(t.dtype),
-                param_spec=str(t.param_spec),
-                grad_spec=str(t.grad_spec) if t.trainable else FROZEN,
-                optimizer_spec=str(t.optimizer_spec) if t.trainable else FROZEN,
-                param_bytes_per_device=shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
-            )
-            for t in plan.tensors
-        ],
-        "replicated": [_tensor_entry(t) for t in plan.replicated],
-        "largest": [_tensor_entry(t) for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:5]],
-        "not_on_model": [_tensor_entry(t) for t in plan.not_on_model],
-    }
-
-
-def _tensor_entry(t: TensorPlan) -> TensorEntry:
-    """A tensor named in a list: its path, shape and bytes."""
-    return TensorEntry(path=t.path, shape=list(t.shape), bytes=t.nbytes)
-
-
-def _excluded(t: TensorPlan, why: str) -> ExcludedTensor:
-    """A tensor a ZeRO++ technique leaves out, and why."""
-    return ExcludedTensor(path=t.path, shape=list(t.shape), bytes=t.nbytes, why=why)
-
-
 def gathered_at_once(job: Job, hlo_text: str) -> Gathered:
     """What the job's step holds gathered at once (:func:`jzero.ledger.gathered.gathered_at_once`),
     with the gathering units by name (:attr:`jzero.sharding.plan.Plan.unit_tensors`) and the parameters left
     whole at rest for their size (``persistent``)."""
-    plan = job.plan
-    persistent = [_tensor_entry(t) for t in plan.persistent]
-    return Gathered(**at_once(hlo_text, plan, job.precision), unit_tensors=plan.unit_tensors, persistent=persistent)
+    return at_once(hlo_text, job.plan, job.precision)
 
 
 def saved_activations(job: Job, hlo_text: str) -> Activations:
@@ -385,46 +203,47 @@ def saved_activations(job: Job, hlo_text: str) -> Activations:
         saved["host"] = round(saved["device"] * share)
         saved["device"] -= saved["host"]
         source = "policy"
-    remat = policy_name(cfg.model.remat)
-    out = {"device": saved["device"], "host": saved["host"], "remat": remat, "partitioned": partitioned, "host_from": source}
-    return Activations(**out, saved_by="layer loops", **_saved_against_formula(job, hlo_text, rows, partitioned))
+    loops = Activations(
+        device=saved["device"], host=saved["host"], remat=policy_name(cfg.model.remat), partitioned=partitioned,
+        host_from=source, saved_by="layer loops", by_kind=saved_by_kind(hlo_text, rows),
+    )  # fmt: skip
+    return _against_formula(job, loops, rows)
 
 
 def _saved_by_units(job: Job, hlo_text: str, rows: int, partitioned: bool) -> Activations:
     """An unrolled model's saved values (:func:`jzero.ledger.saved.saved_unrolled`), by kind within
     its gathering units; the policy is the units' own checkpoints'."""
     values = saved_unrolled(hlo_text, rows)
-    device = sum(v["bytes"] for v in values)
-    out = {"device": device, "host": 0, "remat": UNIT_REMAT, "partitioned": partitioned, "host_from": "compiled"}
-    by_kind = [SavedKind(**row) for row in saved_by_unit(values, job.plan.units)]
-    return Activations(**out, saved_by="gathering units", by_kind=by_kind)
+    return Activations(
+        device=sum(v["bytes"] for v in values), host=0, remat=UNIT_REMAT, partitioned=partitioned, host_from="compiled",
+        saved_by="gathering units", by_kind=saved_by_unit(values, job.plan.units),
+    )  # fmt: skip
 
 
-def _saved_against_formula(job: Job, hlo_text: str, rows: int, partitioned: bool) -> dict[str, Any]:
-    """The layer loops' saved stacks by kind (:func:`jzero.ledger.saved.saved_by_kind`) and, for the
-    GPT, each kind's bytes per layer by the formula of its remat policy; kinds over it are listed:
-    :class:`Activations`' fields by name."""
-    by_kind = saved_by_kind(hlo_text, rows)
+def _against_formula(job: Job, loops: Activations, rows: int) -> Activations:
+    """For jzero's GPT, ``loops`` with each saved kind's role and bytes per layer by the formula of
+    its remat policy, and the kinds saved over it; other models' as they are."""
     if job.model is None or job.config.model.name != GPT:  # the formula is jzero's GPT's
-        return {"by_kind": [SavedKind(**row) for row in by_kind]}
+        return loops
     m, policy = job.config.model, policy_name(job.config.model.remat)
     itemsize = jnp.dtype(job.precision.compute_dtype or jnp.float32).itemsize
     formula = gpt_saved_per_layer(
         policy, rows, m.seq_len, m.d_model, m.n_heads, m.mlp_ratio, dtype_bytes=itemsize,
-        attention=job.model.attention, model_parallel=model_ways(job.mesh.shape), partitioned=partitioned,
+        attention=job.model.attention, model_parallel=model_ways(job.mesh.shape), partitioned=loops.partitioned,
     )  # fmt: skip
+    by_kind = [dataclasses.replace(row, role=gpt_saved_role(row.kind, row.shape)) for row in loops.by_kind]
     measured: dict[str, int] = {}
     for row in by_kind:
-        row["role"] = gpt_saved_role(row["kind"], row["shape"])
-        measured[row["role"]] = measured.get(row["role"], 0) + row["bytes_per_layer"]
-    layers = max((row["layers"] for row in by_kind), default=m.n_layers)
-    return {
-        "by_kind": [SavedKind(**row) for row in by_kind],
-        "formula": sum(formula.values()) * layers,
-        "formula_by_kind": formula,
-        "over_formula": sorted(role for role, nbytes in measured.items() if nbytes > formula.get(role, 0)),
-        "korthikanti_none": 34 * rows * m.seq_len * m.d_model * layers,  # 16-bit, no recomputation
-    }
+        measured[row.role] = measured.get(row.role, 0) + row.bytes_per_layer
+    layers = max((row.layers for row in by_kind), default=m.n_layers)
+    return dataclasses.replace(
+        loops,
+        by_kind=by_kind,
+        formula=sum(formula.values()) * layers,
+        formula_by_kind=formula,
+        over_formula=sorted(role for role, nbytes in measured.items() if nbytes > formula.get(role, 0)),
+        korthikanti_none=34 * rows * m.seq_len * m.d_model * layers,  # 16-bit, no recomputation
+    )
 
 
 def _may_offload(job: Job) -> bool:
@@ -507,12 +326,7 @@ def with_verdict(report: PlanReport, memory_per_device: float | None) -> Checked
     fits = None if memory_per_device is None else report.device_peak <= memory_per_device
     if isinstance(report, CheckedPlanReport):
         return dataclasses.replace(report, memory_per_device=memory_per_device, fits=fits)
-    return CheckedPlanReport(**_fields(report, PlanReport), memory_per_device=memory_per_device, fits=fits)
-
-
-def _fields(record: Any, cls: type) -> dict[str, Any]:
-    """``cls``'s fields of ``record`` (an instance of it or of a subclass), by name: a shallow copy."""
-    return {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)}
+    return extend(report, CheckedPlanReport, memory_per_device=memory_per_device, fits=fits)
 
 
 def startup_ledger(job: Job, compiled: Any, state: TrainState) -> StartupLedger:
@@ -524,7 +338,7 @@ def startup_ledger(job: Job, compiled: Any, state: TrainState) -> StartupLedger:
         optimizer = ledger.live_bytes_per_device(state.opt_state, kind)
         live[key] = LiveBytes(params=params, optimizer=optimizer, total=params + optimizer)
     processes = process_figures(job, state, report.per_device_bytes.total)
-    return StartupLedger(**_fields(report, PlanReport), **live, processes=processes)
+    return extend(report, StartupLedger, **live, processes=processes)
 
 
 def process_figures(job: Job, state: TrainState, planned_per_device: int) -> Processes:

@@ -247,7 +247,7 @@ def _own(parts, *overrides):
 def _held_and_sent(s):
     """The share of the parameters gathered at once, and the bytes all-gathered per device."""
     _, compiled = s.compile_step()
-    return gathered.gathered_at_once(compiled, s.plan)["share_of_params"], gathered.gathered_total(compiled.as_text())
+    return gathered.gathered_at_once(compiled, s.plan).share_of_params, gathered.gathered_total(compiled.as_text())
 
 
 def test_units_take_effect_inside_an_nn_jit_model(devices):

@@ -16,6 +16,7 @@ from jzero.checkpoint.runs import RunCheckpoints
 from jzero.communication.gather import UnitSpec, gather
 from jzero.communication.quantize import Layout, dequantize, from_blocks, layout, quantize, to_blocks
 from jzero.ledger import hlo as ledger
+from jzero.ledger import hlo_text
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
@@ -95,7 +96,7 @@ def _gathered_arrays(compiled, sizes, dtypes):
         if op.kind == "all-gather":
             for dtype, dims in op.arrays:
                 if dtype in dtypes and int(np.prod(dims)) in sizes:
-                    total += int(np.prod(dims)) * ledger._DTYPE_BYTES[dtype] * op.executions
+                    total += int(np.prod(dims)) * hlo_text._DTYPE_BYTES[dtype] * op.executions
     return total
 
 
@@ -227,10 +228,10 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
     s = build_job(tiny_config("zero.stage=3", *BF16, *HPZ))
     flat = build_job(tiny_config("zero.stage=3", *BF16, "mesh.axes.data=8"))
     assert s.plan.per_device_bytes() == flat.plan.per_device_bytes()
-    assert s.plan.per_device_bytes()["total"] <= s.plan.ideal_per_device_bytes()["total"] + 64  # whole-row rounding
+    assert s.plan.per_device_bytes().total <= s.plan.ideal_per_device_bytes().total + 64  # whole-row rounding
     state, planned = s.init_state(), s.plan.per_device_bytes()
-    assert live_bytes_per_device(state.params) == planned["params"]
-    assert 0 <= live_bytes_per_device(state.opt_state) - planned["optimizer"] <= 8  # the optimizer's step counts
+    assert live_bytes_per_device(state.params) == planned.params
+    assert 0 <= live_bytes_per_device(state.opt_state) - planned.optimizer <= 8  # the optimizer's step counts
     job, compiled = compiled_step(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
     h = plan_report(job, compiled).hierarchical
     whole = sum(int(np.prod(t.shape)) * 2 for t in job.plan.tensors)  # bf16

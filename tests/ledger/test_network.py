@@ -25,6 +25,7 @@ from jzero.ledger.hlo import parse_collectives
 from jzero.ledger.levels import group_shape
 from jzero.ledger.targets import NIC_SHARE, parse_target
 from jzero.ledger.timing import Hardware, StepCost, Transfer, bus_bandwidth, predict
+from jzero.records import to_json
 from jzero.training.prediction import transfers
 
 # No sum over a batch here: each figure is a few float64 products and quotients. Their floor, the
@@ -91,10 +92,10 @@ def test_each_collectives_bus_bandwidth_and_time_by_hand():
     }
     for name, seconds in expected.items():
         p = predict(StepCost(flops=0.0, model_flops=1.0, tokens=1, transfers=(t[name],)), HW)
-        assert p["communication_s"] == pytest.approx(seconds, rel=REL), name
+        assert p.communication_s == pytest.approx(seconds, rel=REL), name
         level = "within_host" if name == "within" else "across_hosts"
-        assert p[f"communication_{level}_s"] == pytest.approx(seconds, rel=REL), name
-        assert p["bus_bandwidth"][level] == pytest.approx(bus_bandwidth(t[name], HW)[1], rel=REL), name
+        assert getattr(p, f"communication_{level}_s") == pytest.approx(seconds, rel=REL), name
+        assert getattr(p.bus_bandwidth, level) == pytest.approx(bus_bandwidth(t[name], HW)[1], rel=REL), name
 
 
 def test_fewer_nics_per_host_share_the_same_bytes():
@@ -113,13 +114,13 @@ def test_a_step_adds_each_levels_collectives_and_reports_each_levels_bus_bandwid
     t = _transfers()
     p = predict(StepCost(flops=0.0, model_flops=1.0, tokens=1, transfers=tuple(t.values())), HW)
     across = [1.6e9 * 15 / 16 / 200e9, 8e8 * 7 / 8 / 100e9, 2e8 / 2 / 25e9, 4e8 * 3 / 4 / 25e9]
-    assert p["communication_within_host_s"] == pytest.approx(8e8 * 7 / 8 / 300e9, rel=REL)
-    assert p["communication_across_hosts_s"] == pytest.approx(sum(across), rel=REL)
+    assert p.communication_within_host_s == pytest.approx(8e8 * 7 / 8 / 300e9, rel=REL)
+    assert p.communication_across_hosts_s == pytest.approx(sum(across), rel=REL)
     ring_bytes = 1.6e9 * 15 / 16 + 8e8 * 7 / 8 + 2e8 / 2 + 4e8 * 3 / 4
-    assert p["bus_bandwidth"] == pytest.approx({"within_host": 300e9, "across_hosts": ring_bytes / sum(across)}, rel=REL)
+    assert to_json(p.bus_bandwidth) == pytest.approx({"within_host": 300e9, "across_hosts": ring_bytes / sum(across)}, rel=REL)
     # A level without collectives reports what a group of every GPU of each host reaches.
     alone = predict(StepCost(flops=0.0, model_flops=1.0, tokens=1, transfers=(t["within"],)), HW)
-    assert alone["bus_bandwidth"]["across_hosts"] == 200e9
+    assert alone.bus_bandwidth.across_hosts == 200e9
 
 
 def test_a_targets_network_comes_from_its_gpu_or_the_flags():

@@ -1,4 +1,4 @@
-"""The plan report's records (jzero.ledger.records): real ``jzero plan --json`` outputs and a
+"""The plan report's records (each beside its instrument, serialised by jzero.records): real ``jzero plan --json`` outputs and a
 start-up ledger validate against the generated JSON Schema, read back strictly and write back
 exactly; the schema has every field of every record."""
 
@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import io
 import json
+import typing
 
 import jsonschema
 import pytest
@@ -15,17 +16,11 @@ from support.configs import BF16, CONFIG, HPZ, QWZ, TINY, tiny_config
 
 from jzero.cli.main import main
 from jzero.ledger import records
-from jzero.ledger.records import (
-    CheckedPlanReport,
-    PlanReport,
-    RecordError,
-    StagesReport,
-    StartupLedger,
-    from_json,
-    json_schema,
-    to_json,
-)
 from jzero.ledger.render import format_all_stages, format_ledger_summary, format_plan
+from jzero.ledger.report import CheckedPlanReport, PlanReport, StagesReport
+from jzero.ledger.startup import GoodputReport, StartupLedger
+from jzero.records import RecordError, from_json, json_schema, to_json
+from jzero.sharding.stages import StateBytes
 from jzero.training.job import build_job
 from jzero.training.report import startup_ledger
 
@@ -93,7 +88,7 @@ def test_the_startup_ledger_is_its_schemas_and_reads_back_exactly(devices):
     jsonschema.validate(data, json_schema(StartupLedger), cls=jsonschema.Draft202012Validator)
     assert to_json(from_json(StartupLedger, data)) == data
     assert format_ledger_summary(from_json(StartupLedger, data)) == format_ledger_summary(ledger)
-    ended = dataclasses.replace(ledger, goodput=records.GoodputReport(wall_s=2.0, goodput=0.5, seconds={"steps": 1.0}))
+    ended = dataclasses.replace(ledger, goodput=GoodputReport(wall_s=2.0, goodput=0.5, seconds={"steps": 1.0}))
     jsonschema.validate(to_json(ended), json_schema(StartupLedger), cls=jsonschema.Draft202012Validator)
     with pytest.raises(jsonschema.ValidationError):  # a plan report is not a start-up ledger
         jsonschema.validate(json.loads(plan_json("stage 3")), json_schema(StartupLedger), cls=jsonschema.Draft202012Validator)
@@ -133,7 +128,29 @@ def test_a_value_of_another_type_fails_naming_its_path():
 
 
 def every_record() -> list[type]:
-    return [getattr(records, name) for name in records.__all__ if dataclasses.is_dataclass(getattr(records, name))]
+    """The reports' records and every record their fields hold, found through the type hints."""
+    found: dict[str, type] = {}
+
+    def walk(hint):
+        if dataclasses.is_dataclass(hint) and hint.__name__ not in found:
+            found[hint.__name__] = hint
+            for sub in typing.get_type_hints(hint).values():
+                walk(sub)
+        for arg in typing.get_args(hint):
+            walk(arg)
+
+    for report in (PlanReport, CheckedPlanReport, StagesReport, StartupLedger):
+        walk(report)
+    return sorted(found.values(), key=lambda cls: cls.__name__)
+
+
+def test_every_record_is_found_and_the_old_names_warn():
+    """37 records (each now beside its instrument); each name of the old module still answers, with a warning."""
+    found = every_record()
+    assert len(found) == 37, [cls.__name__ for cls in found]
+    for cls in found:
+        with pytest.warns(DeprecationWarning, match=f"jzero.ledger.records.{cls.__name__} is now {cls.__module__}"):
+            assert getattr(records, cls.__name__) is cls
 
 
 @pytest.mark.parametrize("cls", every_record(), ids=lambda c: c.__name__)
@@ -171,3 +188,11 @@ def test_json_schema_flag_prints_the_schema_without_a_config(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and json.loads(out) == json_schema(CheckedPlanReport | StagesReport)
+
+
+def test_a_record_read_as_a_dict_still_answers_with_a_warning():
+    """Instruments that returned dicts return records (issue 52): ``r["key"]`` reads the field until 0.2.0."""
+    states = StateBytes.of(1, 2, 3)
+    assert (states.params, states.grads, states.optimizer, states.total) == (1, 2, 3, 6)
+    with pytest.warns(DeprecationWarning, match=r"^StateBytes\['total'\] is now \.total$"):
+        assert states["total"] == 6

@@ -6,8 +6,8 @@ from support.configs import tiny_config
 from support.llama import llama_job
 
 from jzero.ledger.hlo import forward_loop_writes
-from jzero.ledger.records import Activations, SavedKind
 from jzero.ledger.render import _saved_kind_lines
+from jzero.ledger.saved import Activations, SavedKind
 from jzero.memory.remat import REMAT_POLICIES
 from jzero.models.sizes import SAVED_BY_POLICY, gpt_saved_per_layer
 from jzero.training.job import build_job

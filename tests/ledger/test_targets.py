@@ -182,8 +182,9 @@ def test_all_stages_and_a_memory_budget_on_a_target(capsys, h100x8):
         assert report["fits"] is (report["compiled"]["peak"] <= 200 * 1024)
         assert ("reduce-scatter" in report["collectives"]) is (stage != "0")
     assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
-    from jzero.ledger.records import CheckedPlanReport, from_json
     from jzero.ledger.render import format_all_stages
+    from jzero.ledger.report import CheckedPlanReport
+    from jzero.records import from_json
 
     # every compile's prediction, as jzero plan prints it, from the reports read back
     text = format_all_stages({stage: from_json(CheckedPlanReport, report) for stage, report in stages.items()})
@@ -240,7 +241,7 @@ def test_the_gpu_schedulers_memory_limit_is_the_fits_verdicts(h100x8):
     job = build_job(tiny_config("zero.stage=3", *BF16), h100x8)
     states = job.plan.per_device_bytes()
     given = job.xla_options()["xla_gpu_memory_limit_slop_factor"]
-    assert given == {"value": scheduler_slop_factor(GPUS["h100"], states["params"] + states["optimizer"]), "from": "jzero"}
+    assert given == {"value": scheduler_slop_factor(GPUS["h100"], states.params + states.optimizer), "from": "jzero"}
 
 
 def test_a_gpu_plan_compiles_no_one_group_reference(h100x8):

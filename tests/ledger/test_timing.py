@@ -23,23 +23,23 @@ EFF = 0.5  # the matmuls reach 5e14 FLOP/s
 def test_compute_bound_step_is_its_flops_over_the_peak_times_efficiency():
     cost = StepCost(flops=1e15, model_flops=7.5e14, tokens=4096, hbm_bytes=2e9)
     p = predict(cost, HW, EFF)
-    assert p["compute_s"] == pytest.approx(2.0, rel=1e-12)  # 1e15 / 5e14
-    assert p["memory_s"] == pytest.approx(2e-3, rel=1e-12)  # 2e9 bytes read and written / 1e12
-    assert p["step_time_s"] == pytest.approx(2.002, rel=1e-12)
-    assert p["tokens_per_sec"] == pytest.approx(4096 / 2.002, rel=1e-12)
-    assert p["mfu"] == pytest.approx(7.5e14 / (2.002 * 1e15), rel=1e-12)  # model FLOPs, not the recomputed ones
-    assert p["bound"] == "compute"
+    assert p.compute_s == pytest.approx(2.0, rel=1e-12)  # 1e15 / 5e14
+    assert p.memory_s == pytest.approx(2e-3, rel=1e-12)  # 2e9 bytes read and written / 1e12
+    assert p.step_time_s == pytest.approx(2.002, rel=1e-12)
+    assert p.tokens_per_sec == pytest.approx(4096 / 2.002, rel=1e-12)
+    assert p.mfu == pytest.approx(7.5e14 / (2.002 * 1e15), rel=1e-12)  # model FLOPs, not the recomputed ones
+    assert p.bound == "compute"
 
 
 def test_communication_bound_step_adds_each_collective_at_its_levels_bandwidth():
     within = Transfer(bytes=8e10, devices=8)  # 8e10 x 7/8 / 1e11 = 0.7 s
     across = Transfer(bytes=4e9, devices=64, **RAILS)  # 4e9 x 63/64 / 1e10 = 0.39375 s
     p = predict(StepCost(flops=5e13, model_flops=5e13, tokens=1, transfers=(within, across)), HW, EFF)
-    assert p["compute_s"] == pytest.approx(0.1, rel=1e-12)
-    assert p["communication_s"] == pytest.approx(0.7 + 0.39375, rel=1e-12)
-    assert p["exposed_communication_s"] == pytest.approx(0.7 + 0.39375, rel=1e-12)
-    assert p["step_time_s"] == pytest.approx(0.1 + 0.7 + 0.39375, rel=1e-12)
-    assert p["bound"] == "communication"
+    assert p.compute_s == pytest.approx(0.1, rel=1e-12)
+    assert p.communication_s == pytest.approx(0.7 + 0.39375, rel=1e-12)
+    assert p.exposed_communication_s == pytest.approx(0.7 + 0.39375, rel=1e-12)
+    assert p.step_time_s == pytest.approx(0.1 + 0.7 + 0.39375, rel=1e-12)
+    assert p.bound == "communication"
 
 
 def test_an_overlapped_collective_is_hidden_up_to_the_compute_between_its_start_and_done():
@@ -48,18 +48,18 @@ def test_an_overlapped_collective_is_hidden_up_to_the_compute_between_its_start_
     wholly = Transfer(**comm, hiding_flops=1e15)  # 2 s of compute hides all 0.7 s
     cost = StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(partly, wholly))
     p = predict(cost, HW, EFF)
-    assert p["communication_s"] == pytest.approx(1.4, rel=1e-12)
-    assert p["exposed_communication_s"] == pytest.approx(0.5, rel=1e-12)
-    assert p["step_time_s"] == pytest.approx(2.0 + 0.5, rel=1e-12)
+    assert p.communication_s == pytest.approx(1.4, rel=1e-12)
+    assert p.exposed_communication_s == pytest.approx(0.5, rel=1e-12)
+    assert p.step_time_s == pytest.approx(2.0 + 0.5, rel=1e-12)
     synchronous = predict(StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(Transfer(**comm),)), HW, EFF)
-    assert synchronous["exposed_communication_s"] == pytest.approx(0.7, rel=1e-12)  # None: nothing hides it
+    assert synchronous.exposed_communication_s == pytest.approx(0.7, rel=1e-12)  # None: nothing hides it
 
 
 def test_offload_bound_step_adds_its_host_transfers_over_pcie():
     p = predict(StepCost(flops=5e13, model_flops=5e13, tokens=1, host_bytes=3e10), HW, EFF)
-    assert p["host_transfer_s"] == pytest.approx(3.0, rel=1e-12)  # 3e10 / 1e10
-    assert p["step_time_s"] == pytest.approx(3.1, rel=1e-12)
-    assert p["bound"] == "host_transfer"
+    assert p.host_transfer_s == pytest.approx(3.0, rel=1e-12)  # 3e10 / 1e10
+    assert p.step_time_s == pytest.approx(3.1, rel=1e-12)
+    assert p.bound == "host_transfer"
 
 
 def test_the_h100s_figures_are_the_datasheets():
@@ -74,9 +74,9 @@ def test_collectives_in_one_window_share_its_compute_on_one_stream():
     # of the 1.4 s hides and 0.4 s is exposed (each crediting all of it would expose none).
     comm = dict(bytes=8e10, devices=8, hiding_flops=5e14, window="body/ag1")
     p = predict(StepCost(flops=1e15, model_flops=1e15, tokens=1, transfers=(Transfer(**comm), Transfer(**comm))), HW, EFF)
-    assert p["exposed_communication_s"] == pytest.approx(0.4, rel=1e-12)
-    assert p["exposed_within_host_s"] == pytest.approx(0.4, rel=1e-12) and p["exposed_across_hosts_s"] == 0
-    assert p["hidden_communication_share"] == pytest.approx(1.0 / 1.4, rel=1e-12)
+    assert p.exposed_communication_s == pytest.approx(0.4, rel=1e-12)
+    assert p.exposed_within_host_s == pytest.approx(0.4, rel=1e-12) and p.exposed_across_hosts_s == 0
+    assert p.hidden_communication_share == pytest.approx(1.0 / 1.4, rel=1e-12)
 
 
 def test_the_prediction_is_never_below_its_floor():
@@ -87,10 +87,10 @@ def test_the_prediction_is_never_below_its_floor():
     cost = StepCost(flops=1e14, model_flops=1e14, tokens=1, transfers=(Transfer(**comm), Transfer(**comm), across))
     p = predict(cost, HW, EFF)
     # The 0.2 s of compute hides 0.2 s of the 0.5 s once: 0.2 + 0.3, above the 0.4 s floor.
-    assert p["step_time_s"] == pytest.approx(0.5, rel=1e-12)
-    assert p["floor_s"] == pytest.approx(max(0.2, 0.4, 0.1), rel=1e-12)  # compute, within a host, across hosts
-    assert p["communication_within_host_s"] == pytest.approx(0.4, rel=1e-12)
-    assert p["communication_across_hosts_s"] == pytest.approx(0.1, rel=1e-12)
+    assert p.step_time_s == pytest.approx(0.5, rel=1e-12)
+    assert p.floor_s == pytest.approx(max(0.2, 0.4, 0.1), rel=1e-12)  # compute, within a host, across hosts
+    assert p.communication_within_host_s == pytest.approx(0.4, rel=1e-12)
+    assert p.communication_across_hosts_s == pytest.approx(0.1, rel=1e-12)
 
 
 def _counted(executed, unknown_loops=(), uncounted=()):

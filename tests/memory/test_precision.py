@@ -34,11 +34,11 @@ def test_bf16_params_fp32_master_adam_bytes_are_the_papers(devices, stage):
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
     assert {x.dtype for x in jax.tree.leaves(state.opt_state.master)} == {jnp.dtype(jnp.float32)}
     live = ledger.live_bytes_per_device(state.params) + ledger.live_bytes_per_device(state.opt_state)
-    live += s.plan.per_device_bytes()["grads"]  # gradients exist only inside the step
+    live += s.plan.per_device_bytes().grads  # gradients exist only inside the step
     want = paper_bytes_per_device(psi, stage, 8)  # K = 12, 16-bit params and grads
     assert live == pytest.approx(want, rel=0.02)
-    assert s.plan.per_device_bytes()["total"] == pytest.approx(want, rel=0.02)
-    assert s.plan.ideal_per_device_bytes()["total"] == pytest.approx(want, rel=0.001)
+    assert s.plan.per_device_bytes().total == pytest.approx(want, rel=0.02)
+    assert s.plan.ideal_per_device_bytes().total == pytest.approx(want, rel=0.001)
 
 
 def test_bf16_training_tracks_fp32(devices, data):
@@ -173,8 +173,8 @@ def test_halt_names_the_step(devices, tmp_path, capsys):
 @pytest.mark.parametrize("name, lr", [("lion", 3e-3)])
 def test_other_optimizers_train_at_stage3(devices, data, name, lr):
     s = build_job(tiny_config("zero.stage=3", f"optimizer.name={name}", f"optimizer.learning_rate={lr}"))
-    planned = s.plan.per_device_bytes()["optimizer"]
-    ideal = s.plan.ideal_per_device_bytes()["optimizer"]
+    planned = s.plan.per_device_bytes().optimizer
+    ideal = s.plan.ideal_per_device_bytes().optimizer
     assert planned == pytest.approx(ideal, rel=0.05), (planned, ideal)  # the plan reports them partitioned
     state = s.init_state()
     assert ledger.live_bytes_per_device(state.opt_state) == planned
@@ -197,7 +197,7 @@ def test_adafactor_where_it_factors_equals_one_device_optax(devices, data):
     rows = [x for path, x in jax.tree_util.tree_leaves_with_path(state.opt_state) if "v_row" in jax.tree_util.keystr(path)]
     factored = [x for x in rows if x.size > 1]  # an unfactored tensor's v_row is a placeholder of one element
     assert len(factored) >= 4 and all(not x.sharding.is_fully_replicated for x in factored), [x.shape for x in rows]
-    assert ledger.live_bytes_per_device(state.opt_state) == s.plan.per_device_bytes()["optimizer"]
+    assert ledger.live_bytes_per_device(state.opt_state) == s.plan.per_device_bytes().optimizer
     ref = reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: jnp.asarray(data.global_batch(k)), 5)
     ref.check(params=jax.device_get(train_sharded(s, data.device_batch, 5).params))
 

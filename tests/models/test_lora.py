@@ -97,7 +97,7 @@ def test_only_the_adapters_train_like_one_device_and_hold_the_optimizer_state(st
         d, mlp, layers = 32, 4 * 32, 2  # support.configs.TINY
         psi_a = layers * RANK * (4 * (d + d) + 2 * (d + mlp))
         counts = sum(leaf.nbytes for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim == 0)
-        assert s.plan.per_device_bytes()["optimizer"] == 8 * psi_a // 8 + counts
+        assert s.plan.per_device_bytes().optimizer == 8 * psi_a // 8 + counts
 
 
 def test_a_target_that_adapts_nothing_is_refused_by_name(capsys):

@@ -51,9 +51,9 @@ def test_dp4_mp2_live_bytes_follow_formula_over_n_m(devices, stage):
         for x, sh in zip(jax.tree.leaves(state), jax.tree.leaves(s.plan.state), strict=True)
     )
     want = _fp32_adam_formula(s.plan.num_params, stage, 4, 2)
-    grads = s.plan.per_device_bytes()["grads"]
+    grads = s.plan.per_device_bytes().grads
     assert live + grads == pytest.approx(want, rel=0.02)
-    assert s.plan.per_device_bytes()["total"] == pytest.approx(want, rel=0.02)
+    assert s.plan.per_device_bytes().total == pytest.approx(want, rel=0.02)
 
 
 def test_dp4_mp2_mesh_file_and_plan_json(devices, tmp_path, capsys):
@@ -119,7 +119,7 @@ def test_unannotated_model_at_stage3_on_dp8(devices, data):
 
     psi = plan.num_params
     kept_whole = sum(t.nbytes for t in plan.replicated)  # params; its grads and 2 moments likewise
-    live = ledger.live_bytes_per_device(state.params) + plan.per_device_bytes()["grads"]
+    live = ledger.live_bytes_per_device(state.params) + plan.per_device_bytes().grads
     live += ledger.live_bytes_per_device(state.opt_state)
     allowance = 4 * kept_whole * (1 - 1 / 8)
     assert live == pytest.approx(_fp32_adam_formula(psi, 3, 8) + allowance, rel=0.02)
@@ -219,7 +219,7 @@ def test_replica2_data4(devices, data, reference):
     s = build_job(cfg)
     assert s.plan.batch.spec == P(("replica", "data"))
     psi = s.plan.num_params
-    assert s.plan.per_device_bytes()["total"] == pytest.approx(_fp32_adam_formula(psi, 3, 4), rel=0.02)
+    assert s.plan.per_device_bytes().total == pytest.approx(_fp32_adam_formula(psi, 3, 4), rel=0.02)
 
     _, compiled = s.compile_step()
     ops = ledger.parse_collectives(compiled.as_text())

@@ -83,7 +83,7 @@ def test_optimizer_leaves_unlike_any_parameter_get_their_own_partition(devices):
         if shape and shape not in {t.shape for t in plan.tensors}:
             want, _ = data_partition(shape, P(), plan.mesh)
             assert spec == want, path
-    assert plan.per_device_bytes()["optimizer"] < sum(
+    assert plan.per_device_bytes().optimizer < sum(
         jnp.dtype(d).itemsize * max(1, int(jnp.prod(jnp.array(s)))) for _, s, d, _ in plan.opt_leaves
     )
 
@@ -146,8 +146,8 @@ def test_plan_bytes_per_stage_follow_formula(devices):
         ideal = plan.ideal_per_device_bytes()
         got = plan.per_device_bytes()
         # Only `b` (84 bytes, replicated) keeps these apart.
-        assert got["total"] >= ideal["total"]
-        assert got["total"] - ideal["total"] <= 4 * 84
+        assert got.total >= ideal.total
+        assert got.total - ideal.total <= 4 * 84
 
 
 def test_tied_embeddings_drop_the_lm_head(devices):

@@ -78,9 +78,9 @@ def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(
         "grads": 4 * psi_t // over["grads"],
         "optimizer": 8 * psi_t // over["optimizer"] + counts,
     }
-    assert {k: frozen.plan.per_device_bytes()[k] for k in want} == want
+    assert {k: getattr(frozen.plan.per_device_bytes(), k) for k in want} == want
     assert live_bytes_per_device(state.opt_state) == want["optimizer"]
-    assert frozen.plan.ideal_per_device_bytes()["grads"] == want["grads"]
+    assert frozen.plan.ideal_per_device_bytes().grads == want["grads"]
     table = paper_table(frozen.plan)  # pΨ + (g + K)Ψ_t at each stage: the counts, too, over N_d where partitioned
     assert (table.psi, table.trainable, table.k) == (psi_t + psi_f, psi_t, round((8 * psi_t + counts) / psi_t, 3))
     paper = want["params"] + want["grads"] + (8 * psi_t + counts) / over["optimizer"]

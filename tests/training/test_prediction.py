@@ -5,11 +5,14 @@ weight over 8 GPUs, one matmul with it, then one elementwise op on its result.""
 import pytest
 from support.configs import tiny_config
 
+from jzero.ledger.flops import ModelFlops
 from jzero.ledger.hlo import parse_collectives
+from jzero.ledger.memory import CompiledHost
+from jzero.ledger.saved import Activations
 from jzero.ledger.targets import device_hardware
 from jzero.ledger.timing import EFFICIENCY
 from jzero.training.job import build_job
-from jzero.training.prediction import predicted
+from jzero.training.prediction import StepParts, predicted
 
 M, K, N = 4096, 1024, 1024
 PROGRAM = f"""\
@@ -28,12 +31,12 @@ ENTRY %main (w: bf16[{K // 8},{N}], x: bf16[{M},{K}]) -> bf16[{M},{N}] {{
 def test_a_handwritten_programs_predicted_step_worked_by_hand(h100x8):
     job = build_job(tiny_config("zero.stage=3", "precision.compute_dtype=bfloat16"), h100x8)
     flops = 2 * M * N * K  # the one matmul
-    report = {
-        "model_flops": {"per_device_per_step": flops},
-        "compiled_host": {"argument": 0, "output": 0},
-        "activations": {"host": 0},
-    }
-    p = predicted(job, report, PROGRAM, parse_collectives(PROGRAM))
+    parts = StepParts(
+        ModelFlops(per_token=0.0, per_step=flops, per_device_per_step=flops, peak_flops=None, peak_floor_s=None),
+        CompiledHost(argument=0, output=0),
+        Activations(device=0, host=0, remat="none", partitioned=False, host_from="compiled", saved_by="layer loops", by_kind=[]),
+    )
+    p = predicted(job, parts, PROGRAM, parse_collectives(PROGRAM))
     hw = device_hardware(h100x8[0])
     compute = flops / (hw.peak_flops * EFFICIENCY)
     gather = K * N * 2 * 7 / 8 / hw.within_host_bytes_per_s  # the whole bf16 weight, 7 of 8 shards received, NVLink
@@ -41,11 +44,11 @@ def test_a_handwritten_programs_predicted_step_worked_by_hand(h100x8):
     # No sum over a batch here, so no reordering floor: the same few float64 operations in another
     # order differ by a few ulps (~1e-15 relative); rel=1e-12 leaves a margin of about 1e3, and a
     # missing term (the gather is 0.3% of this step) is 1e9 times over it.
-    assert p["compute_s"] == pytest.approx(compute, rel=1e-12)
-    assert p["communication_s"] == pytest.approx(gather, rel=1e-12)
-    assert p["exposed_communication_s"] == pytest.approx(gather, rel=1e-12)  # synchronous: nothing under it
-    assert p["memory_s"] == pytest.approx(memory, rel=1e-12)
-    assert p["step_time_s"] == pytest.approx(compute + gather + memory, rel=1e-12)
+    assert p.compute_s == pytest.approx(compute, rel=1e-12)
+    assert p.communication_s == pytest.approx(gather, rel=1e-12)
+    assert p.exposed_communication_s == pytest.approx(gather, rel=1e-12)  # synchronous: nothing under it
+    assert p.memory_s == pytest.approx(memory, rel=1e-12)
+    assert p.step_time_s == pytest.approx(compute + gather + memory, rel=1e-12)
     tokens = job.config.train.global_batch_size * job.config.model.seq_len
-    assert p["tokens_per_sec"] == pytest.approx(tokens / (compute + gather + memory), rel=1e-12)
-    assert p["executed_over_model_flops"] == 1.0 and p["error"] is None
+    assert p.tokens_per_sec == pytest.approx(tokens / (compute + gather + memory), rel=1e-12)
+    assert p.executed_over_model_flops == 1.0 and p.error is None

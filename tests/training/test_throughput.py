@@ -12,6 +12,7 @@ import pytest
 from support.runs import run_config
 
 from jzero.ledger.targets import GPUS, peak_flops
+from jzero.records import to_json
 from jzero.training.hooks import Hook
 from jzero.training.job import build_job
 from jzero.training.loop import train
@@ -52,10 +53,10 @@ def test_a_runs_throughput_eval_rows_trace_and_goodput(devices, tmp_path):
     # Goodput: the shares add up to the wall time, and the ledger has the same figures.
     report = result.goodput
     # Seven float64 timings summed in another order: rounding only, far inside approx's 1e-6.
-    assert sum(report["seconds"].values()) == pytest.approx(report["wall_s"])
-    assert report["goodput"] == pytest.approx(report["seconds"]["steps"] / report["wall_s"])
-    assert all(report["seconds"][k] > 0 for k in ("startup", "compile", "checkpoint", "eval", "profile"))
-    assert json.loads((tmp_path / "ledger.json").read_text())["goodput"] == report
+    assert sum(report.seconds.values()) == pytest.approx(report.wall_s)
+    assert report.goodput == pytest.approx(report.seconds["steps"] / report.wall_s)
+    assert all(report.seconds[k] > 0 for k in ("startup", "compile", "checkpoint", "eval", "profile"))
+    assert json.loads((tmp_path / "ledger.json").read_text())["goodput"] == to_json(report)
 
 
 def _independent_flops_per_token(config, devices) -> int:
