@@ -131,7 +131,6 @@ REACHED_THROUGH = {
     "jzero.cli.program": ("jzero.cli.main", "tests/cli/test_cli.py"),
     "jzero.config.validation": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.ledger.element_types": ("jzero.training.report", "tests/communication/test_zeropp.py"),
-    "jzero.ledger.saved": ("jzero.training.report", "tests/ledger/test_saved.py"),
     "jzero.models.names": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.planner.progress": ("jzero.cli.main", "tests/planner/test_planner.py"),
     "jzero.planner.search": ("jzero.cli.main", "tests/planner/test_planner.py"),

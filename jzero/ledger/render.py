@@ -1,5 +1,5 @@
 """Human-readable renderings of the plan and ledger reports (``jzero plan``, ``jzero train``'s
-startup summary). The reports themselves are records (:mod:`jzero.ledger.records`), built by
+startup summary). The reports themselves are records (:mod:`jzero.ledger.report`, each part beside its instrument), built by
 :mod:`jzero.training.report`."""
 
 from __future__ import annotations

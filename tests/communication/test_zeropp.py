@@ -224,6 +224,7 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
     """Live model states: ZeRO-3's formula over all 8 devices. The secondary copy: the parameters
     (bf16) over the 4 devices of a host, and the compiled layer loop saves it for every scanned kernel."""
     from jzero.ledger.hlo import forward_loop_writes, live_bytes_per_device
+    from jzero.ledger.zeropp import hierarchical
 
     s = build_job(tiny_config("zero.stage=3", *BF16, *HPZ))
     flat = build_job(tiny_config("zero.stage=3", *BF16, "mesh.axes.data=8"))
@@ -233,7 +234,8 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
     assert live_bytes_per_device(state.params) == planned.params
     assert 0 <= live_bytes_per_device(state.opt_state) - planned.optimizer <= 8  # the optimizer's step counts
     job, compiled = compiled_step(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
-    h = plan_report(job, compiled).hierarchical
+    h = hierarchical(job.plan, job.precision, compiled.as_text())
+    assert plan_report(job, compiled).hierarchical == h
     whole = sum(int(np.prod(t.shape)) * 2 for t in job.plan.tensors)  # bf16
     assert h.secondary_bytes == h.formula_bytes == whole / 4
     written = [dims for loop in forward_loop_writes(compiled.as_text()) for dtype, dims, _, _ in loop if dtype == "bf16"]

@@ -3,7 +3,7 @@
 import pytest
 from support.xla import own_devices_env
 
-from jzero.ledger.hlo import group_size, parse_collectives, summarize_collectives
+from jzero.ledger.collectives import group_size, parse_collectives, summarize_collectives
 from jzero.sharding.stages import STAGES, paper_bytes_per_device
 
 HLO = """\

@@ -13,6 +13,7 @@ from support.reference import frozen_tx, reference_with_floor
 from jzero.errors import PlanError
 from jzero.ledger import flops, hlo
 from jzero.ledger.hlo import live_bytes_per_device
+from jzero.ledger.tensors import FROZEN, tensor_rows
 from jzero.sharding.trainable import frozen_out, merged, trainable_mask
 from jzero.training.job import build_job
 from jzero.training.report import paper_table
@@ -81,6 +82,11 @@ def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(
     assert {k: getattr(frozen.plan.per_device_bytes(), k) for k in want} == want
     assert live_bytes_per_device(state.opt_state) == want["optimizer"]
     assert frozen.plan.ideal_per_device_bytes().grads == want["grads"]
+    # The report's rows: a frozen tensor has neither gradient nor optimizer spec.
+    rows = {row.path: row for row in tensor_rows(frozen.plan)}
+    for t in frozen.plan.tensors:
+        row = rows[t.path]
+        assert (row.grad_spec == FROZEN) is (row.optimizer_spec == FROZEN) is (not t.trainable), t.path
     table = paper_table(frozen.plan)  # pΨ + (g + K)Ψ_t at each stage: the counts, too, over N_d where partitioned
     assert (table.psi, table.trainable, table.k) == (psi_t + psi_f, psi_t, round((8 * psi_t + counts) / psi_t, 3))
     paper = want["params"] + want["grads"] + (8 * psi_t + counts) / over["optimizer"]
