@@ -52,3 +52,20 @@ def test_a_handwritten_programs_predicted_step_worked_by_hand(h100x8):
     tokens = job.config.train.global_batch_size * job.config.model.seq_len
     assert p.tokens_per_sec == pytest.approx(tokens / (compute + gather + memory), rel=1e-12)
     assert p.executed_over_model_flops == 1.0 and p.error is None
+
+
+def test_a_step_the_flop_counter_cannot_explain_gets_the_reason_and_no_step_time(h100x8):
+    """The same program claimed to need 10x its matmul's FLOPs: the counter finds 0.10x the model's,
+    below what causal attention explains, so the prediction says so and gives no step time, tokens/s,
+    MFU or bound; its terms stay, as the compiled program's."""
+    job = build_job(tiny_config("zero.stage=3", "precision.compute_dtype=bfloat16"), h100x8)
+    flops = 2 * M * N * K
+    parts = StepParts(
+        ModelFlops(per_token=0.0, per_step=10 * flops, per_device_per_step=10 * flops, peak_flops=None, peak_floor_s=None),
+        CompiledHost(argument=0, output=0),
+        Activations(device=0, host=0, remat="none", partitioned=False, host_from="compiled", saved_by="layer loops", by_kind=[]),
+    )
+    p = predicted(job, parts, PROGRAM, parse_collectives(PROGRAM))
+    assert p.error.startswith("the FLOP counter found only 0.10x the model's FLOPs"), p.error
+    assert (p.step_time_s, p.tokens_per_sec, p.mfu, p.bound) == (None, None, None, None)
+    assert p.compute_s > 0 and p.executed_over_model_flops == pytest.approx(0.1, rel=1e-12)
