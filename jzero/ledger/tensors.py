@@ -3,44 +3,12 @@
 
 from __future__ import annotations
 
+from jzero.records import record
 from jzero.sharding.plan import Plan, TensorPlan, shard_bytes
 
 __all__ = ["FROZEN", "ExcludedTensor", "TensorEntry", "TensorRow", "excluded", "largest", "tensor_entry", "tensor_rows"]
 
-from jzero.records import record
-
 FROZEN = "frozen"  # a frozen parameter's gradient and optimizer specs: it has neither (train.trainable)
-
-
-def tensor_rows(plan: Plan) -> list[TensorRow]:
-    """Each tensor of the plan: its shape, dtype, three specs and parameter bytes per device."""
-    return [
-        TensorRow(
-            path=t.path,
-            shape=list(t.shape),
-            dtype=str(t.dtype),
-            param_spec=str(t.param_spec),
-            grad_spec=str(t.grad_spec) if t.trainable else FROZEN,
-            optimizer_spec=str(t.optimizer_spec) if t.trainable else FROZEN,
-            param_bytes_per_device=shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
-        )
-        for t in plan.tensors
-    ]
-
-
-def largest(plan: Plan, count: int = 5) -> list[TensorEntry]:
-    """The plan's ``count`` largest tensors, largest first."""
-    return [tensor_entry(t) for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:count]]
-
-
-def tensor_entry(t: TensorPlan) -> TensorEntry:
-    """A tensor named in a list: its path, shape and bytes."""
-    return TensorEntry(path=t.path, shape=list(t.shape), bytes=t.nbytes)
-
-
-def excluded(t: TensorPlan, why: str) -> ExcludedTensor:
-    """A tensor a ZeRO++ technique leaves out, and why."""
-    return ExcludedTensor(path=t.path, shape=list(t.shape), bytes=t.nbytes, why=why)
 
 
 @record
@@ -90,3 +58,34 @@ class TensorRow:
     grad_spec: str
     optimizer_spec: str
     param_bytes_per_device: int
+
+
+def tensor_rows(plan: Plan) -> list[TensorRow]:
+    """Each tensor of the plan: its shape, dtype, three specs and parameter bytes per device."""
+    return [
+        TensorRow(
+            path=t.path,
+            shape=list(t.shape),
+            dtype=str(t.dtype),
+            param_spec=str(t.param_spec),
+            grad_spec=str(t.grad_spec) if t.trainable else FROZEN,
+            optimizer_spec=str(t.optimizer_spec) if t.trainable else FROZEN,
+            param_bytes_per_device=shard_bytes(t.shape, t.dtype, t.param_spec, plan.mesh),
+        )
+        for t in plan.tensors
+    ]
+
+
+def largest(plan: Plan, count: int = 5) -> list[TensorEntry]:
+    """The plan's ``count`` largest tensors, largest first."""
+    return [tensor_entry(t) for t in sorted(plan.tensors, key=lambda t: t.nbytes, reverse=True)[:count]]
+
+
+def tensor_entry(t: TensorPlan) -> TensorEntry:
+    """A tensor named in a list: its path, shape and bytes."""
+    return TensorEntry(path=t.path, shape=list(t.shape), bytes=t.nbytes)
+
+
+def excluded(t: TensorPlan, why: str) -> ExcludedTensor:
+    """A tensor a ZeRO++ technique leaves out, and why."""
+    return ExcludedTensor(path=t.path, shape=list(t.shape), bytes=t.nbytes, why=why)

@@ -10,21 +10,79 @@ from jax.sharding import NamedSharding
 
 from jzero.communication.quantize import Layout
 from jzero.ledger.collectives import Collective
-from jzero.ledger.element_types import gradient_reductions, parameter_gathers
+from jzero.ledger.element_types import GradientReductions, ParameterGathers, gradient_reductions, parameter_gathers
 from jzero.ledger.saved import forward_loop_writes
-from jzero.ledger.tensors import excluded
+from jzero.ledger.tensors import ExcludedTensor, excluded
 from jzero.memory.precision import Precision
+from jzero.records import record
 from jzero.sharding.axes import LAYERS, model_ways
 from jzero.sharding.plan import Plan
 
 __all__ = ["GradientQuantization", "Hierarchical", "Quantization", "gradient_quantization", "hierarchical", "quantization"]
 
-from jzero.ledger.element_types import GradientReductions, ParameterGathers
-from jzero.ledger.tensors import ExcludedTensor
-from jzero.records import record
-
 # HLO element types by their NumPy names, where the two differ.
 _DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+@record
+class Quantization:
+    """qwZ: what is quantized, what is gathered at full precision and why, and what the gathers send.
+
+    Attributes:
+      weights: the quantization asked for (``int8``).
+      block: elements per scale.
+      quantized: how many parameters are gathered quantized.
+      quantized_bytes: their whole bytes.
+      not_quantized: those gathered at full precision.
+      gathers: what the compiled gathers send.
+    """
+
+    weights: str
+    block: int
+    quantized: int
+    quantized_bytes: int
+    not_quantized: list[ExcludedTensor]
+    gathers: ParameterGathers
+
+
+@record
+class GradientQuantization:
+    """qgZ: the gradients reduced by quantized all-to-alls, those left whole, and what the reductions send.
+
+    Attributes:
+      gradients: the quantization asked for (``int8`` or ``int4``).
+      quantized: how many gradients are reduced quantized.
+      quantized_bytes: their whole bytes.
+      smallest_block: the smallest quantization block among them.
+      not_quantized: those all-reduced at full precision.
+      reductions: what the compiled reductions send.
+    """
+
+    gradients: str
+    quantized: int
+    quantized_bytes: int
+    smallest_block: int
+    not_quantized: list[ExcludedTensor]
+    reductions: GradientReductions
+
+
+@record
+class Hierarchical:
+    """hpZ: the secondary copy per device against the paper's formula, and what the layer loops save of it.
+
+    Attributes:
+      not_over_replica: the gathered tensors partitioned over ``data`` alone.
+      secondary_bytes: the plan's secondary copy per device.
+      formula_bytes: the formula's: parameters in the compute dtype over a host's devices and N_m.
+      scanned_bytes: the scanned layers' share of the copy.
+      saved_by_loops_bytes: what the compiled layer loops save of it.
+    """
+
+    not_over_replica: list[ExcludedTensor]
+    secondary_bytes: int
+    formula_bytes: float
+    scanned_bytes: int
+    saved_by_loops_bytes: int
 
 
 def gradient_quantization(plan: Plan, ops: list[Collective]) -> GradientQuantization | None:
@@ -104,64 +162,3 @@ def quantization(plan: Plan, ops: list[Collective]) -> Quantization | None:
         not_quantized=kept,
         gathers=gathers,
     )
-
-
-@record
-class Quantization:
-    """qwZ: what is quantized, what is gathered at full precision and why, and what the gathers send.
-
-    Attributes:
-      weights: the quantization asked for (``int8``).
-      block: elements per scale.
-      quantized: how many parameters are gathered quantized.
-      quantized_bytes: their whole bytes.
-      not_quantized: those gathered at full precision.
-      gathers: what the compiled gathers send.
-    """
-
-    weights: str
-    block: int
-    quantized: int
-    quantized_bytes: int
-    not_quantized: list[ExcludedTensor]
-    gathers: ParameterGathers
-
-
-@record
-class GradientQuantization:
-    """qgZ: the gradients reduced by quantized all-to-alls, those left whole, and what the reductions send.
-
-    Attributes:
-      gradients: the quantization asked for (``int8`` or ``int4``).
-      quantized: how many gradients are reduced quantized.
-      quantized_bytes: their whole bytes.
-      smallest_block: the smallest quantization block among them.
-      not_quantized: those all-reduced at full precision.
-      reductions: what the compiled reductions send.
-    """
-
-    gradients: str
-    quantized: int
-    quantized_bytes: int
-    smallest_block: int
-    not_quantized: list[ExcludedTensor]
-    reductions: GradientReductions
-
-
-@record
-class Hierarchical:
-    """hpZ: the secondary copy per device against the paper's formula, and what the layer loops save of it.
-
-    Attributes:
-      not_over_replica: the gathered tensors partitioned over ``data`` alone.
-      secondary_bytes: the plan's secondary copy per device.
-      formula_bytes: the formula's: parameters in the compute dtype over a host's devices and N_m.
-      scanned_bytes: the scanned layers' share of the copy.
-      saved_by_loops_bytes: what the compiled layer loops save of it.
-    """
-
-    not_over_replica: list[ExcludedTensor]
-    secondary_bytes: int
-    formula_bytes: float
-    scanned_bytes: int
-    saved_by_loops_bytes: int

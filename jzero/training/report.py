@@ -120,7 +120,6 @@ def plan_report(job: Job, compiled: Any = None, hardware: Hardware | None = None
     summary, mem = ledger.summarize_collectives(ops), ledger.compiled_memory(compiled, hlo)
     activations, gathered, flops = saved_activations(job, hlo), gathered_at_once(job, hlo), model_flops(job)
     host = CompiledHost(argument=mem["host_argument"], output=mem["host_output"])
-    states_on_host = plan.host_bytes()
     return PlanReport(
         devices=int(job.mesh.size),
         backend=device["backend"],
@@ -130,7 +129,7 @@ def plan_report(job: Job, compiled: Any = None, hardware: Hardware | None = None
         stage=plan.zero.stage,
         num_params=plan.num_params,
         per_device_bytes=plan.per_device_bytes(),
-        host_bytes=HostBytes.of(states_on_host, activations.host),
+        host_bytes=HostBytes.of(plan.host_bytes(), activations.host),
         ideal_per_device_bytes=plan.ideal_per_device_bytes(),
         activations=activations,
         compiled=CompiledMemory(argument=mem["argument"], output=mem["output"], temp=mem["temp"], peak=mem["peak"]),

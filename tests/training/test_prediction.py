@@ -68,4 +68,5 @@ def test_a_step_the_flop_counter_cannot_explain_gets_the_reason_and_no_step_time
     p = predicted(job, parts, PROGRAM, parse_collectives(PROGRAM))
     assert p.error.startswith("the FLOP counter found only 0.10x the model's FLOPs"), p.error
     assert (p.step_time_s, p.tokens_per_sec, p.mfu, p.bound) == (None, None, None, None)
+    # One float64 quotient, x / (10 x): its floor is one rounding (~1e-16 relative); rel=1e-12, as above.
     assert p.compute_s > 0 and p.executed_over_model_flops == pytest.approx(0.1, rel=1e-12)
