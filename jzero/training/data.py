@@ -18,6 +18,7 @@ windows of ``data.path``, which training then leaves out.
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,7 +56,14 @@ def stdlib_package_sources() -> list[Path]:
     """The ``.py`` files of the standard library's packages (its sub-folders, ``site-packages``
     left out): whole documents that :func:`stdlib_sources` never holds, the default's validation split."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.glob("*/**/*.py") if "site-packages" not in p.relative_to(root).parts)
+    # site-packages is pruned, not walked and filtered: a Python with packages installed beside its
+    # stdlib holds thousands of files there (docs/design.md, "Start-up").
+    found = []
+    for top in (p for p in root.iterdir() if p.is_dir() and p.name != "site-packages"):
+        for folder, names, files in os.walk(top):
+            names[:] = [n for n in names if n != "site-packages"]
+            found += [Path(folder, f) for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def resolve_files(path: str | None, key: str = "data.path") -> list[Path]:

@@ -4,6 +4,7 @@ preemption, corruption fallback, failed writes, export and init_from."""
 import json
 import os
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from support.runs import cli_args, host, jzero_process, run_config
 from jzero.checkpoint.export import restore_numpy
 from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
 from jzero.cli.main import main
-from jzero.config.loading import ConfigError
+from jzero.config.loading import ConfigError, dump_config
 from jzero.errors import CheckpointError
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
@@ -38,13 +39,43 @@ def assert_bit_identical(got: dict, want: dict):
         assert got[path].dtype == want[path].dtype and np.array_equal(got[path], want[path]), path
 
 
+# Runs many tests start from, each trained once (``train(run_config(DIR, *overrides))``) and copied
+# into a test's own folder by :func:`copy_run`, rather than trained again for each test.
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, devices):
+    """``train.steps=2``: one checkpoint, step 2."""
+    return _trained(tmp_path_factory, "train.steps=2")
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory, devices):
+    """``train.steps=4``: checkpoints at steps 2 and 4."""
+    return _trained(tmp_path_factory, "train.steps=4")
+
+
+def _trained(tmp_path_factory, *overrides):
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(run_config(run, *overrides), progress=False)
+    return run, overrides
+
+
+def copy_run(trained, run_dir):
+    """A copy of a ``trained`` run at ``run_dir``, as ``train(run_config(run_dir, *overrides))`` would
+    have left it there: every file copied, and ``config.yaml`` (which holds ``run.dir``) the one that
+    run would have written. Returns ``run_dir``."""
+    source, overrides = trained
+    shutil.copytree(source, run_dir, dirs_exist_ok=True)
+    (Path(run_dir) / "config.yaml").write_text(dump_config(run_config(run_dir, *overrides)))
+    return run_dir
+
+
 # ---------------------------------------------------------------------------------------------
 # Kill, preempt, resume
 
 
 def test_sigkill_at_random_moments_then_resume_is_bit_identical(devices, tmp_path):
-    """Five SIGKILLs, each at a random moment after the run has committed a new checkpoint or
-    while a save is in flight; every rerun resumes from the latest committed step. The final
+    """Three SIGKILLs, two while a save is in flight and one at a random moment after the run has
+    committed a new checkpoint; every rerun resumes from the latest committed step. The final
     state equals an uninterrupted run's bit for bit."""
     steps = ["train.steps=16"]
     train(run_config(tmp_path / "reference", *steps), progress=False)
@@ -60,7 +91,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(devices, tmp_pat
 
     rng = random.Random(0)
     mid_save = 0
-    for kind in ["random", "save", "random", "save", "random"]:
+    for kind in ["save", "random", "save"]:
         before, writing = committed(), in_flight()
         proc = jzero_process(run, *steps)
         deadline = time.monotonic() + 120
@@ -147,8 +178,8 @@ def test_two_sigints_that_arrive_together_abort(capsys):
     assert capsys.readouterr().err.count("SIGINT: saving at the next step boundary") == 1
 
 
-def test_no_resume_refuses_a_run_with_checkpoints(devices, tmp_path, capsys):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_no_resume_refuses_a_run_with_checkpoints(devices, two_steps, tmp_path, capsys):
+    copy_run(two_steps, tmp_path)
     before = sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir())
     code = main(["train", "--quiet", "--no-resume", *cli_args(tmp_path)])
     err = capsys.readouterr().err.strip()
@@ -157,8 +188,8 @@ def test_no_resume_refuses_a_run_with_checkpoints(devices, tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir()) == before
 
 
-def test_finished_run_has_nothing_to_do(devices, tmp_path):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_finished_run_has_nothing_to_do(devices, two_steps, tmp_path):
+    copy_run(two_steps, tmp_path)
     result = train(run_config(tmp_path, "train.steps=2"), progress=False)
     assert (result.start_step, result.final_step, result.saved) == (2, 2, [])
 
@@ -196,7 +227,7 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         state = restored.state
     start = jax.device_get((state.params, state.opt_state))  # the step below donates state
     after_one_device, _ = s.make_step()(state, data.device_batch(3, s.plan.batch))
-    original = build_job(tiny_config(LR, "zero.stage=3"))
+    original = first  # the dp8 stage-3 job again (its step is traced once)
     ckpts = RunCheckpoints(tmp_path / "0")
     restored = ckpts.restore(3, original.abstract_state()).state
     after_dp8, _ = original.make_step()(restored, data.device_batch(3, original.plan.batch))
@@ -208,8 +239,8 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         reference.check(params=after.params, opt_state=after.opt_state)
 
 
-def test_resume_with_other_shapes_lists_the_paths(devices, tmp_path, capsys):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_resume_with_other_shapes_lists_the_paths(devices, two_steps, tmp_path, capsys):
+    copy_run(two_steps, tmp_path)
     code = main(["train", "--quiet", *cli_args(tmp_path, "model.d_model=64")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
@@ -219,9 +250,9 @@ def test_resume_with_other_shapes_lists_the_paths(devices, tmp_path, capsys):
                            f"run.dir with train.init_from={tmp_path / CHECKPOINTS / '2'}")
 
 
-def test_a_lora_asked_of_a_runs_own_folder_says_to_start_a_new_run_from_it(devices, tmp_path, capsys):
+def test_a_lora_asked_of_a_runs_own_folder_says_to_start_a_new_run_from_it(devices, two_steps, tmp_path, capsys):
     """The hint is what works: the same LoRA in a new run.dir, from the step the refusal names."""
-    train(run_config(tmp_path / "run", "train.steps=2"), progress=False)
+    copy_run(two_steps, tmp_path / "run")
     lora = ["lora.rank=2", "train.steps=3"]
     assert main(["train", "--quiet", *cli_args(tmp_path / "run", *lora)]) == 2
     err = capsys.readouterr().err.strip()
@@ -230,8 +261,8 @@ def test_a_lora_asked_of_a_runs_own_folder_says_to_start_a_new_run_from_it(devic
     assert main(["train", "--quiet", *cli_args(tmp_path / "lora", *lora, f"train.init_from={init_from}")]) == 0
 
 
-def test_resume_with_another_batch_size_is_refused(devices, tmp_path):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_resume_with_another_batch_size_is_refused(devices, two_steps, tmp_path):
+    copy_run(two_steps, tmp_path)
     with pytest.raises(ConfigError, match="train.global_batch_size: the checkpoint's sample order"):
         train(run_config(tmp_path, "train.steps=4", "train.global_batch_size=32"), progress=False)
 
@@ -241,8 +272,8 @@ def test_resume_with_another_batch_size_is_refused(devices, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "remove"])
-def test_corrupted_latest_checkpoint_falls_back_to_the_previous(devices, tmp_path, capsys, damage):
-    train(run_config(tmp_path, "train.steps=4"), progress=False)
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous(devices, four_steps, tmp_path, capsys, damage):
+    copy_run(four_steps, tmp_path)
     files = sorted((tmp_path / CHECKPOINTS / "4" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
     if damage == "truncate":
         with open(files[-1], "r+b") as f:
@@ -310,8 +341,8 @@ def test_non_finite_state_is_never_checkpointed(devices, tmp_path):
 # Info, export, plain Orbax, init_from
 
 
-def test_info_lists_steps_mesh_stage_size_and_commit(devices, tmp_path, capsys):
-    train(run_config(tmp_path, "train.steps=4"), progress=False)
+def test_info_lists_steps_mesh_stage_size_and_commit(devices, four_steps, tmp_path, capsys):
+    copy_run(four_steps, tmp_path)
     (tmp_path / CHECKPOINTS / "6.orbax-checkpoint-tmp").mkdir()  # a save that never finished
     assert main(["checkpoint", "info", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -329,12 +360,15 @@ def test_info_lists_steps_mesh_stage_size_and_commit(devices, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_export_equals_the_live_parameters(devices, tmp_path, capsys, precision):
+def test_export_equals_the_live_parameters(devices, four_steps, tmp_path, capsys, precision):
     """With bf16 params the export is the fp32 master (zero_to_fp32's job)."""
     from safetensors.numpy import load_file
 
     bf16 = [f"precision.param_dtype={precision}"]
-    train(run_config(tmp_path, "train.steps=4", *bf16), progress=False)
+    if precision == "float32":  # the default: the shared run is this run (its config resolves the same)
+        copy_run(four_steps, tmp_path)
+    else:
+        train(run_config(tmp_path, "train.steps=4", *bf16), progress=False)
     s = build_job(run_config(tmp_path, *bf16))
     live = RunCheckpoints(tmp_path).restore(4, s.abstract_state()).state
     source = live.opt_state.master if precision == "bfloat16" else live.params
@@ -353,8 +387,8 @@ def test_export_equals_the_live_parameters(devices, tmp_path, capsys, precision)
     assert not (tmp_path / "x.safetensors").exists()
 
 
-def test_export_of_a_damaged_checkpoint_writes_nothing(devices, tmp_path, capsys):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_export_of_a_damaged_checkpoint_writes_nothing(devices, two_steps, tmp_path, capsys):
+    copy_run(two_steps, tmp_path)
     for data_file in (tmp_path / CHECKPOINTS / "2" / "state").rglob("d/*"):
         with open(data_file, "r+b") as f:
             f.truncate(100)
@@ -365,10 +399,10 @@ def test_export_of_a_damaged_checkpoint_writes_nothing(devices, tmp_path, capsys
     assert list(tmp_path.glob("model.safetensors*")) == []
 
 
-def test_export_bfloat16_loads_with_safetensors(devices, tmp_path):
+def test_export_bfloat16_loads_with_safetensors(devices, two_steps, tmp_path):
     from safetensors.flax import load_file
 
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    copy_run(two_steps, tmp_path)
     out = tmp_path / "half.safetensors"
     assert main(["checkpoint", "export", str(tmp_path), "--out", str(out), "--dtype", "bfloat16"]) == 0
     half = load_file(str(out))
@@ -378,9 +412,9 @@ def test_export_bfloat16_loads_with_safetensors(devices, tmp_path):
         np.testing.assert_array_equal(np.asarray(value), full["params/" + name].astype(jax.numpy.bfloat16))
 
 
-def test_plain_orbax_reads_a_checkpoint(devices, tmp_path):
+def test_plain_orbax_reads_a_checkpoint(devices, two_steps, tmp_path):
     """The README's snippet: no jzero, only orbax-checkpoint."""
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    copy_run(two_steps, tmp_path)
     import orbax.checkpoint as ocp
 
     path = (tmp_path / "checkpoints" / "2" / "state").absolute()
@@ -405,10 +439,10 @@ def _flatten(tree, prefix=()):
 
 
 @pytest.mark.parametrize("form", ["safetensors", "msgpack", "orbax"])
-def test_init_from_exported_or_plain_flax_params(devices, tmp_path, form):
+def test_init_from_exported_or_plain_flax_params(devices, two_steps, tmp_path, form):
     from flax import serialization
 
-    train(run_config(tmp_path / "a", "train.steps=2"), progress=False)
+    copy_run(two_steps, tmp_path / "a")
     params = {k.removeprefix("params/"): v for k, v in saved_state(tmp_path / "a", 2).items() if k.startswith("params/")}
     nested = {}
     for path, value in params.items():
@@ -440,8 +474,8 @@ def test_init_from_exported_or_plain_flax_params(devices, tmp_path, form):
         assert leaf.sharding.spec == t.param_spec
 
 
-def test_init_from_with_wrong_shapes_is_refused(devices, tmp_path, capsys):
-    train(run_config(tmp_path / "a", "train.steps=2"), progress=False)
+def test_init_from_with_wrong_shapes_is_refused(devices, two_steps, tmp_path, capsys):
+    copy_run(two_steps, tmp_path / "a")
     out = tmp_path / "p.safetensors"
     assert main(["checkpoint", "export", str(tmp_path / "a"), "--out", str(out)]) == 0
     code = main(["train", "--quiet", *cli_args(tmp_path / "b", f"train.init_from={out}", "model.n_layers=3")])

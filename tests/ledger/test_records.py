@@ -64,6 +64,23 @@ def test_a_plans_json_is_its_schemas_and_reads_back_exactly(name):
         assert format_plan(record).startswith("jzero plan: ZeRO stage 3 on mesh ")
 
 
+def test_all_stages_and_a_memory_budget_on_a_target():
+    """--all-stages and --memory-per-device work on a GPU target as without one; the budget overrides
+    the GPU's (the plan above, compiled once per test process)."""
+    stages = json.loads(plan_json("h100x8 stages"))["stages"]
+    assert sorted(stages) == ["0", "1", "2", "3"]
+    for stage, report in stages.items():
+        assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["memory_per_device"] == 200 * 1024
+        assert report["fits"] is (report["compiled"]["peak"] <= 200 * 1024)
+        assert ("reduce-scatter" in report["collectives"]) is (stage != "0")
+    assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
+    # every compile's prediction, as jzero plan prints it, from the reports read back
+    text = format_all_stages({stage: from_json(CheckedPlanReport, report) for stage, report in stages.items()})
+    for stage, report in stages.items():
+        p = report["predicted"]
+        assert f"stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s" in text
+
+
 def test_the_optional_parts_are_there_when_the_program_has_them():
     """The plans above cover the report's optional parts, so the schema test sees each one filled."""
     zeropp = from_json(CheckedPlanReport, json.loads(plan_json("zero++")))
