@@ -355,7 +355,7 @@ _LEDGER = (
         "jzero/training/report.py",
         "return extend(report, CheckedPlanReport, memory_per_device=memory_per_device, fits=fits)",
         "return extend(report, CheckedPlanReport, memory_per_device=None, fits=fits)",
-        "tests/ledger/test_targets.py::test_all_stages_and_a_memory_budget_on_a_target",
+        "tests/ledger/test_records.py::test_all_stages_and_a_memory_budget_on_a_target",
     ),
     _m(
         "the predicted step leaves out the host transfers",
