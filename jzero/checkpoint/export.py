@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import secrets
 import struct
@@ -41,6 +40,7 @@ from jzero.checkpoint.runs import array_metadata, read_newest, shape_differences
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES
+from jzero.dtypes import array_bytes, by_name
 from jzero.errors import CheckpointError, ConfigError, checked_path, clip, error_line, path_error, show_value
 from jzero.models.lora import adapted_kernels, adapter_paths, is_adapter, lora_spec, merged_kernel
 from jzero.trees import tree_paths
@@ -62,7 +62,8 @@ __all__ = [
     "write_safetensors",
 ]
 
-SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64"}
+# The types jzero reads from and writes to safetensors, by numpy's name: their codes from jzero.dtypes.
+SAFETENSORS_DTYPES = {name: by_name(name).safetensors for name in ("float32", "bfloat16", "float16", "float64", "int32", "int64")}
 NUMPY_DTYPES = {code: np.dtype(jnp.dtype(name)) for name, code in SAFETENSORS_DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors reference reader's own limit
 
@@ -80,7 +81,7 @@ def write_safetensors(
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, shape, dtype in tensors:
-        size = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[SAFETENSORS_DTYPES[dtype]].itemsize
+        size = array_bytes(shape, NUMPY_DTYPES[SAFETENSORS_DTYPES[dtype]])
         header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -159,7 +160,7 @@ def _tensor_range(name: str, info: Any, bad: Callable[[str], ConfigError]) -> tu
         raise bad(f"{what} has shape {show_value(shape)}; expected a list of at most 32 sizes")
     if not count(offsets, 2) or offsets[0] > offsets[1]:
         raise bad(f"{what} has data_offsets {show_value(offsets)}; expected [begin, end]")
-    nbytes = math.prod(shape) * NUMPY_DTYPES[dtype].itemsize
+    nbytes = array_bytes(shape, NUMPY_DTYPES[dtype])
     if offsets[1] - offsets[0] != nbytes:
         raise bad(f"{what}: {offsets[1] - offsets[0]} bytes for shape {show_value(shape)} of {dtype} ({nbytes} bytes)")
     return offsets[0], offsets[1]

@@ -40,6 +40,7 @@ from jzero.checkpoint.runs import array_metadata, read_newest, verify_step
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES
+from jzero.dtypes import array_bytes
 from jzero.errors import CheckpointError, ConfigError, checked_path, path_error, show_value
 from jzero.models.lora import A, B, adapted_kernels, adapter_paths, is_adapter, lora_spec, merged_kernel
 from jzero.models.names import LLAMA
@@ -126,7 +127,7 @@ class _StepExport:
             raise unreadable_step(step_dir, err) from None
         tensors = self._tensors({p: v for p, v in params.items() if not is_adapter(p)})
         adapted = adapted_kernels(list(params))
-        shards = _shards(tensors, NUMPY_DTYPES[SAFETENSORS_DTYPES[self.dtype]].itemsize, self.shard_bytes)
+        shards = _shards(tensors, NUMPY_DTYPES[SAFETENSORS_DTYPES[self.dtype]], self.shard_bytes)
         tmp = out.with_name(f".{out.name[:200]}.jzero-export-{secrets.token_hex(6)}")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)  # as transformers' save_pretrained does
@@ -245,12 +246,12 @@ def _produce(source: _Source, places: dict[str, tuple[str, int | None]], hf: str
     return source.read(*places[hf])
 
 
-def _shards(tensors: list[tuple[str, tuple[int, ...], str, int | None]], itemsize: int, limit: int) -> list[list[int]]:
+def _shards(tensors: list[tuple[str, tuple[int, ...], str, int | None]], dtype: np.dtype, limit: int) -> list[list[int]]:
     """The tensors' indices grouped into files of at most ``limit`` bytes (a larger tensor alone)."""
     shards: list[list[int]] = [[]]
     size = 0
     for i, (_, shape, _, _) in enumerate(tensors):
-        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        nbytes = array_bytes(shape, dtype)
         if shards[-1] and size + nbytes > limit:
             shards.append([])
             size = 0

@@ -9,6 +9,7 @@ import dataclasses
 import struct
 from typing import Annotated, Any
 
+from jzero.dtypes import PRECISION_DTYPES
 from jzero.models.names import AUTO_ATTENTION
 from jzero.sharding.axes import DATA, MODEL
 from jzero.sharding.stages import ZeroOptions
@@ -276,7 +277,7 @@ def _yaml_names(tree: Any) -> Any:
 
 
 SCHEDULES = ("constant", "cosine")
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = PRECISION_DTYPES
 EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtype`` writes
 EXPORT_FORMATS = ("safetensors", "hf")  # what ``jzero checkpoint export --format`` writes: one file, or a Hugging Face folder
 

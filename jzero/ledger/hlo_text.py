@@ -12,13 +12,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from jzero.dtypes import hlo_bytes
+
 __all__ = ["Computations", "trip_count"]
 
-_DTYPE_BYTES = {
-    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-}  # fmt: skip
 _ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?P<layout>\{[^}]*\})?")
 _COMMENT = re.compile(r"/\*.*?\*/")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
@@ -58,7 +55,7 @@ def _leaves(node: Any) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
-    return int(math.prod(dims) * _DTYPE_BYTES.get(dtype, 0))
+    return int(math.prod(dims) * hlo_bytes(dtype))
 
 
 @dataclasses.dataclass(frozen=True)

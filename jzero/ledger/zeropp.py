@@ -9,6 +9,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from jzero.communication.quantize import Layout
+from jzero.dtypes import by_hlo
 from jzero.ledger.collectives import Collective
 from jzero.ledger.element_types import GradientReductions, ParameterGathers, gradient_reductions, parameter_gathers
 from jzero.ledger.saved import forward_loop_writes
@@ -21,7 +22,6 @@ from jzero.sharding.plan import Plan
 __all__ = ["GradientQuantization", "Hierarchical", "Quantization", "gradient_quantization", "hierarchical", "quantization"]
 
 # HLO element types by their NumPy names, where the two differ.
-_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
 @record
@@ -104,6 +104,12 @@ def gradient_quantization(plan: Plan, ops: list[Collective]) -> GradientQuantiza
     )
 
 
+def _numpy_name(hlo: str) -> str:
+    """A floating type's numpy name (``bf16`` -> ``bfloat16``); any other HLO type as it is."""
+    found = by_hlo(hlo)
+    return found.name if found is not None and found.floating else hlo
+
+
 def hierarchical(plan: Plan, precision: Precision, hlo_text: str) -> Hierarchical | None:
     """hpZ's secondary copy per device: the plan's bytes, the paper's formula (the parameters in
     the compute dtype over the devices of a host, ``data``, and N_m), and what the compiled layer
@@ -119,7 +125,7 @@ def hierarchical(plan: Plan, precision: Precision, hlo_text: str) -> Hierarchica
         for t in gathered
         if (t.logical or (None,))[0] == LAYERS
     ]
-    written = [(_DTYPE_NAMES.get(d, d), dims) for loop in forward_loop_writes(hlo_text) for d, dims, _, _ in loop]
+    written = [(_numpy_name(d), dims) for loop in forward_loop_writes(hlo_text) for d, dims, _, _ in loop]
     saved = 0
     for stack in stacks:
         if stack in written:

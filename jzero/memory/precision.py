@@ -15,6 +15,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from jzero.dtypes import PRECISION_DTYPES
+
 __all__ = [
     "DTYPES",
     "FP32",
@@ -24,7 +26,7 @@ __all__ = [
     "cast",
 ]
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: getattr(jnp, name) for name in PRECISION_DTYPES}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import warnings
 from collections.abc import Iterator
 
 from jzero.config.schema import Config
+from jzero.dtypes import array_bytes
 from jzero.lazy import moved_names
 from jzero.ledger.targets import PIPELINED_GATHERS, Target
 from jzero.ledger.timing import StepCost, Transfer
@@ -220,7 +220,7 @@ def _shape(group: int, model: int, target: Target) -> tuple[int, int]:
 def estimate_inputs(plan: Plan, config: Config, flops_per_token: float, compute_itemsize: int) -> EstimateInputs:
     """The :class:`EstimateInputs` of a built job's plan and config."""
     params = sum(t.nbytes for t in plan.tensors)
-    optimizer = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
+    optimizer = sum(array_bytes(shape, dtype) for _, shape, dtype, _ in plan.opt_leaves)
     mc = config.model
     return EstimateInputs(
         plan.num_params, params, params, optimizer, compute_itemsize, mc.vocab_size, mc.n_layers, layer_shape(mc),

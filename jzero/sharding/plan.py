@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from jzero.communication.quantize import Layout, layout
 from jzero.communication.units import unit_names
+from jzero.dtypes import array_bytes
 from jzero.errors import PlanError
 from jzero.memory.offload import on_host
 from jzero.memory.precision import MasterState
@@ -99,7 +100,7 @@ class TensorPlan:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+        return array_bytes(self.shape, self.dtype)
 
 
 class _Gathers:
@@ -235,7 +236,7 @@ class _Bytes:
         """
         full_params = sum(t.nbytes for t in self.tensors)
         full_grads = sum(t.nbytes for t in self.tensors if t.trainable)
-        full_opt = sum(math.prod(s) * d.itemsize for _, s, d, _ in self.opt_leaves)
+        full_opt = sum(array_bytes(s, d) for _, s, d, _ in self.opt_leaves)
         n_m = model_ways(self.mesh.shape)
         parts = per_device_parts(full_params, full_grads, full_opt, self.zero.stage, self.partition_size, n_m)
         return StateBytes.of(*(int(round(parts[k])) for k in ("params", "grads", "optimizer")))
@@ -352,8 +353,7 @@ def _drop_first(spec: P, ndim: int) -> P:
 
 
 def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
-    shard = NamedSharding(mesh, spec).shard_shape(tuple(shape))
-    return math.prod(shard) * np.dtype(dtype).itemsize
+    return array_bytes(NamedSharding(mesh, spec).shard_shape(tuple(shape)), dtype)
 
 
 def logical_names(params: Any) -> dict[str, tuple | None]:
@@ -539,7 +539,7 @@ def _tensor_plan(
         replicated_spec=rspec,
         sharded_spec=dspec,
         data_dim=dim,
-        param_spec=dspec if rule.params and _nbytes(shape, leaf.dtype) >= persist_below_bytes else rspec,
+        param_spec=dspec if rule.params and array_bytes(shape, leaf.dtype) >= persist_below_bytes else rspec,
         grad_spec=dspec if rule.grads else rspec,
         optimizer_spec=dspec if rule.optimizer else rspec,
     )
@@ -677,10 +677,6 @@ def make_plan(
         trainable=None if trainable is None else tuple(trainable),
         **shardings,
     )
-
-
-def _nbytes(shape: Sequence[int], dtype: Any) -> int:
-    return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def _units(tensors: list[TensorPlan], gather_units: str | Sequence[str]) -> tuple[dict[str, int], tuple[str, ...]]:

@@ -18,6 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jzero.communication.gather import UNIT_REMAT
+from jzero.dtypes import array_bytes
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.collectives import async_collectives, collective_kinds
@@ -262,7 +263,7 @@ def _host_residual_share(job: Job) -> float:
     for eqn in _all_eqns(jaxpr.jaxpr):
         if eqn.primitive.name == "scan":
             for var in eqn.outvars[eqn.params["num_carry"] :]:
-                nbytes = math.prod(var.aval.shape) * var.aval.dtype.itemsize
+                nbytes = array_bytes(var.aval.shape, var.aval.dtype)
                 total += nbytes
                 host += nbytes if "host" in str(getattr(var.aval, "memory_space", "")).lower() else 0
     return host / total if total else 0.0
@@ -396,7 +397,7 @@ def paper_table(plan: Plan) -> PaperTable:
     trained = [t for t in plan.tensors if t.trainable]
     psi_t = sum(math.prod(t.shape) for t in trained)
     param_bytes = sum(t.nbytes for t in plan.tensors) / psi
-    opt_bytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in plan.opt_leaves)
+    opt_bytes = sum(array_bytes(shape, dtype) for _, shape, dtype, _ in plan.opt_leaves)
     n_d = plan.partition_size
     n_m = model_ways(plan.mesh.shape)
     # Over Ψ: the gradients' and the optimizer's bytes per parameter of the whole model.
