@@ -16,6 +16,7 @@ import numpy as np
 
 __all__ = [
     "PRECISION_DTYPES",
+    "QUANTIZED_WIDTHS",
     "TABLE",
     "DType",
     "array_bytes",
@@ -60,6 +61,8 @@ _BY_HLO = {d.hlo: d for d in TABLE}
 
 # What ``precision.*_dtype`` may name: the types jzero trains and reduces in.
 PRECISION_DTYPES = ("float32", "bfloat16", "float16")
+# The integer types ZeRO++'s quantized collectives send, widest first (qwZ: int8; qgZ: either).
+QUANTIZED_WIDTHS = ("int8", "int4")
 
 
 def by_name(name: str) -> DType:

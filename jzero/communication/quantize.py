@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from jzero.dtypes import QUANTIZED_WIDTHS
+
 __all__ = [
     "MIN_PADDED_BLOCKS",
     "NONE",
@@ -41,7 +43,7 @@ __all__ = [
 NONE = "none"  # not quantized
 MIN_PADDED_BLOCKS = 8  # a shard is padded to whole blocks only when it holds at least this many
 # Width -> (the int dtype's name, its largest value used): symmetric, so -127 .. 127 for int8.
-WIDTHS: dict[str, tuple[str, int]] = {"int8": ("int8", 127), "int4": ("int4", 7)}
+WIDTHS: dict[str, tuple[str, int]] = {width: (width, int(jnp.iinfo(width).max)) for width in QUANTIZED_WIDTHS}
 
 
 def _axes(entry: Any) -> tuple[str, ...]:

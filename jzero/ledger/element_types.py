@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from jzero.dtypes import by_name
+from jzero.dtypes import QUANTIZED_WIDTHS, by_name
 from jzero.ledger.collectives import Collective
 from jzero.records import record
 
@@ -99,7 +99,7 @@ class GradientReductions:
 
 
 # The HLO element type each quantization width is sent as.
-HLO_TYPES = {width: by_name(width).hlo for width in ("int8", "int4")}  # a quantized width's type in HLO text
+HLO_TYPES = {width: by_name(width).hlo for width in QUANTIZED_WIDTHS}  # a quantized width's type in HLO text
 
 
 def parameter_gathers(

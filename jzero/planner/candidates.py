@@ -24,7 +24,7 @@ from jzero.memory.remat import REMAT_POLICIES, offloads
 from jzero.models.sizes import LayerShape, layer_shape
 from jzero.sharding.axes import DATA, MODEL, REPLICA
 from jzero.sharding.plan import Plan
-from jzero.sharding.stages import STAGES, ZeroOptions, per_device_parts, stage_rule
+from jzero.sharding.stages import QUANTIZED_WEIGHTS, STAGES, ZeroOptions, per_device_parts, stage_rule
 
 __all__ = ["Candidate", "EstimateInputs", "candidates", "estimate", "estimate_inputs"]
 # Renamed: "figures" said nothing of what they are for.
@@ -147,8 +147,8 @@ def _zeropp(zero: ZeroOptions, replica: int, model: int) -> Iterator[ZeroOptions
         yield off
         return
     hpz = "hpz" if replica > 1 else "none"
-    for qwz in ("none", "int8"):
-        for qgz in ("none", "int8") if model == 1 and not zero.offload_params else ("none",):
+    for qwz in QUANTIZED_WEIGHTS:
+        for qgz in QUANTIZED_WEIGHTS if model == 1 and not zero.offload_params else ("none",):  # qgZ at qwZ's int8
             yield dataclasses.replace(off, quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz)
 
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from jzero.communication import units
+from jzero.dtypes import QUANTIZED_WIDTHS
 from jzero.errors import JzeroError, PlanError
 from jzero.records import record
 from jzero.sharding.axes import MODEL, REPLICA
@@ -189,7 +190,7 @@ def check_offload(stage: int, *, optimizer: bool = False, params: bool = False, 
 
 
 # qwZ (ZeRO++): the widths a parameter gather may send, and its elements per scale.
-QUANTIZED_WEIGHTS = ("none", "int8")
+QUANTIZED_WEIGHTS = ("none", QUANTIZED_WIDTHS[0])
 DEFAULT_BLOCK = 2048
 
 
@@ -247,7 +248,7 @@ def check_hierarchical(stage: int, hierarchical: str, replica: int, *, error: ty
 
 
 # qgZ (ZeRO++): the widths a gradient reduction may send (its all-to-all's values).
-QUANTIZED_GRADIENTS = ("none", "int8", "int4")
+QUANTIZED_GRADIENTS = ("none", *QUANTIZED_WIDTHS)
 
 
 def check_quantized_gradients(
