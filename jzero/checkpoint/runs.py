@@ -50,7 +50,7 @@ from jzero.errors import (
     error_line,
 )
 from jzero.sharding.axes import DATA
-from jzero.sharding.stages import stage_rule
+from jzero.sharding.stages import layout_stage, stage_rule
 from jzero.sharding.state import TrainState
 from jzero.trees import tree_paths
 
@@ -603,21 +603,22 @@ def run_meta(
     }
 
 
-STAGE_1_OR_2 = "1-2"  # what a state's shardings say of stages 1 and 2, which differ only in the gradients
+STAGE_1_OR_2 = layout_stage(params=False, optimizer=True)  # "1-2": what a state's shardings say of stages 1 and 2
 
 
 def state_layout(state: TrainState) -> dict[str, Any]:
     """What a live state's shardings tell of the run that holds it, as :func:`run_meta` records it:
-    ``mesh`` (axis sizes), ``devices``, ``processes`` and, with a ``data`` axis over 1, ``stage``: 3
-    when parameters are partitioned over ``data``, else :data:`STAGE_1_OR_2` when the optimizer state
-    is, else 0. Empty for a state whose arrays are not laid out on a mesh."""
+    ``mesh`` (axis sizes), ``devices``, ``processes`` and, with a ``data`` axis over 1, ``stage``: what
+    the parameters' and the optimizer state's partitioning over ``data`` show
+    (:func:`~jzero.sharding.stages.layout_stage`: ``"1-2"`` for either of those). Empty for a state
+    whose arrays are not laid out on a mesh."""
     named = [x.sharding for x in jax.tree.leaves(state) if isinstance(getattr(x, "sharding", None), NamedSharding)]
     if not named:
         return {}
     mesh = named[0].mesh
     layout = {"mesh": {a: int(n) for a, n in mesh.shape.items()}, "devices": jax.device_count(), "processes": jax.process_count()}
     if int(mesh.shape.get(DATA, 1)) > 1:
-        layout["stage"] = 3 if _on_data(state.params) else STAGE_1_OR_2 if _on_data(state.opt_state) else 0
+        layout["stage"] = layout_stage(_on_data(state.params), _on_data(state.opt_state))
     return layout
 
 
@@ -631,6 +632,6 @@ def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str
     """How the resuming run's layout differs from the checkpoint's, or None."""
     now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
     rule = stage_rule(stage)
-    same = {"stage": (stage, STAGE_1_OR_2) if rule.optimizer and not rule.params else (stage,)}  # one layout
+    same = {"stage": (stage, layout_stage(rule.params, rule.optimizer))}  # as its layout shows it
     diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) not in same.get(k, (v,))]
     return ", ".join(diffs) if diffs else None

@@ -31,6 +31,7 @@ __all__ = [
     "check_offload",
     "check_quantization",
     "check_quantized_gradients",
+    "layout_stage",
     "paper_bytes_per_device",
     "paper_communication_bytes",
     "paper_parts_per_device",
@@ -168,6 +169,14 @@ def stage_rule(stage: int, error: type[JzeroError] = PlanError) -> StageRule:
     if stage not in STAGES or isinstance(stage, bool):
         raise error("zero.stage", f"must be {_spoken(STAGES)}, got {stage!r}")
     return STAGES[stage]
+
+
+def layout_stage(params: bool, optimizer: bool) -> int | str:
+    """The stage a state's shardings show: the one whose rule partitions the parameters so (and,
+    where they rest whole, the optimizer state), or the stages that all do, joined (``"1-2"``: the
+    reduced gradients, which alone tell 1 from 2, are not in a state)."""
+    found = [s for s, rule in STAGES.items() if rule.params == params and (params or rule.optimizer == optimizer)]
+    return found[0] if len(found) == 1 else "-".join(map(str, found))
 
 
 def _spoken(stages: Iterable[int]) -> str:
