@@ -22,24 +22,22 @@ _CACHE = tempfile.mkdtemp(prefix="jzero-tests-jax-cache-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 # Every program, not only those that took over JAX's 1 s: many tests build the same tiny step again
-# (a new Job, a new closure, the same program). tests/sharding/test_stages.py and tests/sharding/test_hybrid.py, -n 2:
-# 90.0 and 93.4 s with 0 s, 102.8 and 105.7 s with 1 s (two runs each, alternated); the whole
-# suite's test time, one run each, 2,005 s with 1 s and 1,989 s with 0 s: within the host's noise.
+# (a new Job, a new closure, the same program), and a hit costs less than a compile (docs/design.md,
+# "The test suite's time").
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # No Python frames in the programs' locations (JAX keeps 10 per operation): they are debug
 # information only, left out of the cache key, and a GPU target's compile annotates its kernels
-# with them. tests/ledger/test_targets.py and tests/communication/test_qgz.py: 66.6 s against 72.7 s.
+# with them (docs/design.md).
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 
 # The suite starts a few hundred Python processes that import jzero. Where PYTHONDONTWRITEBYTECODE
-# is set (as on this host), each compiled jzero's sources afresh: 0.18 s of its start-up (docs/design.md).
+# is set, each would compile jzero's sources afresh (docs/design.md).
 if sys.dont_write_bytecode:
     compileall.compile_dir(Path(__file__).resolve().parents[1] / "jzero", quiet=1)
 
 # Python's collector at its default thresholds (700, 10, 10) walks the whole heap every ~70,000
-# allocations, and a test process's heap grows with each program it traces and keeps. Collecting
-# less often: tests/sharding/test_stages.py and tests/memory/test_precision.py in one process took
-# 124.3 s against 142.6 s (full collections 38 -> 2, peak RSS 1.07 -> 1.09 GB; docs/design.md).
+# allocations, and a test process's heap grows with each program it traces and keeps: collect less
+# often (docs/design.md).
 gc.set_threshold(20_000, 50, 1_000)
 
 from jzero.distributed.process import import_jax  # noqa: E402
