@@ -91,7 +91,7 @@ def row(shape: dict, where: str, mesh: str, stage: int, units: str, extra: list[
 
 
 def _layer_bytes(s) -> int:
-    from jzero.sharding.plan import shard_bytes
+    from jzero.sharding.partition import shard_bytes
 
     layer = [t for t in s.plan.tensors if t.path.startswith("layers_0/")]
     return sum(shard_bytes(t.shape, t.dtype, t.replicated_spec, s.plan.mesh) for t in layer)

@@ -36,7 +36,7 @@ _API = {
     "ZeroOptions": "jzero.sharding.stages",
     "paper_bytes_per_device": "jzero.sharding.stages",
     "Plan": "jzero.sharding.plan",
-    "default_rules": "jzero.sharding.plan",
+    "default_rules": "jzero.sharding.rules",
     "make_plan": "jzero.sharding.plan",
     "Precision": "jzero.memory.precision",
     "TrainState": "jzero.sharding.state",

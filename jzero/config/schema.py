@@ -227,7 +227,7 @@ class LoraConfig:
 @dataclasses.dataclass(frozen=True)
 class PartitioningConfig:
     """``rules``: ordered ``[logical_name, mesh_axis | [axes] | null]`` pairs, the first match wins;
-    None means the planner's defaults for the mesh (:func:`jzero.sharding.plan.default_rules`)."""
+    None means the planner's defaults for the mesh (:func:`jzero.sharding.rules.default_rules`)."""
 
     rules: list[list[str | list[str] | None]] | None = None
     # ``[regex, [mesh_axis_or_null per dim]]``: place parameters by path, e.g. an unannotated model's.

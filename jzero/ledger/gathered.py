@@ -19,7 +19,8 @@ from jzero.ledger.hlo_text import Computations, _array_bytes, _callees, _computa
 from jzero.ledger.tensors import TensorEntry, tensor_entry
 from jzero.memory.precision import FP32, Precision
 from jzero.records import record
-from jzero.sharding.plan import Plan, shard_bytes
+from jzero.sharding.partition import shard_bytes
+from jzero.sharding.plan import Plan
 
 __all__ = ["Gathered", "gathered_at_once", "gathered_peak", "gathered_total"]
 

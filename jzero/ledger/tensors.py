@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from jzero.records import record
-from jzero.sharding.plan import Plan, TensorPlan, shard_bytes
+from jzero.sharding.partition import shard_bytes
+from jzero.sharding.plan import Plan, TensorPlan
 
 __all__ = ["FROZEN", "ExcludedTensor", "TensorEntry", "TensorRow", "excluded", "largest", "tensor_entry", "tensor_rows"]
 

@@ -1,7 +1,7 @@
 """The building blocks jzero's models share: annotated kernels, rotary positions, causal attention.
 
 Parameters carry logical axis names (``nn.with_logical_partitioning``), which the plan maps onto
-the mesh (:func:`jzero.sharding.plan.default_rules`): ``vocab``, ``embed``, ``heads``, ``kv_heads``,
+the mesh (:func:`jzero.sharding.rules.default_rules`): ``vocab``, ``embed``, ``heads``, ``kv_heads``,
 ``mlp`` and ``layers`` (a scan's stacked dimension).
 """
 

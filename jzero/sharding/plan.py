@@ -7,7 +7,7 @@ partitions over ``data``. Every tensor gets two specs:
   over ``data``;
 - ``D``: ``R`` plus ``data`` on the largest dimension that ``data`` divides and no model axis uses
   (the scan axis ``layers`` only as a last resort, so stage 3 can still gather one layer at a time),
-  plus ``model`` too when ``R`` leaves the tensor whole on it (see :func:`zero_axes`).
+  plus ``model`` too when ``R`` leaves the tensor whole on it (see :func:`jzero.sharding.partition.zero_axes`).
 
 A stage then picks ``R`` or ``D`` for each of the three roles. Optimizer state follows its parameter,
 matched by tree path suffix and shape; other optimizer leaves get their own ``D`` and scalars stay
@@ -17,16 +17,13 @@ replicated.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -34,52 +31,24 @@ from jzero.communication.quantize import Layout, layout
 from jzero.communication.units import unit_names
 from jzero.dtypes import array_bytes
 from jzero.errors import PlanError
+from jzero.lazy import moved_names
 from jzero.memory.offload import on_host
 from jzero.memory.precision import MasterState
-from jzero.sharding.axes import BATCH_AXES, DATA, LAYERS, MODEL, REPLICA, model_ways
+from jzero.sharding.axes import DATA, LAYERS, MODEL, REPLICA, model_ways
+from jzero.sharding.partition import data_partition, drop_first, hierarchy, shard_bytes, without_axis
+from jzero.sharding.rules import axes_of, check_path_rules, logical_names, logical_to_mesh, model_spec, normal_rules
 from jzero.sharding.stages import StageRule, StateBytes, ZeroOptions, per_device_parts
 from jzero.sharding.state import TrainState
 from jzero.sharding.trainable import frozen_out, trainable_mask
 from jzero.trees import path_str
 
-__all__ = [
-    "Plan",
-    "TensorPlan",
-    "check_path_rules",
-    "data_partition",
-    "hierarchy",
-    "default_rules",
-    "logical_names",
-    "logical_to_mesh",
-    "make_plan",
-    "shard_bytes",
-    "zero_axes",
-]
+__all__ = ["Plan", "TensorPlan", "make_plan"]
 
-
-def default_rules(axis_names: Sequence[str]) -> list[list]:
-    """Megatron-style logical-axis rules: heads (query, key and value), MLP hidden and vocabulary on ``model``; the batch on
-    ``data`` (and ``replica`` when the mesh has one); everything else unsharded by the rules.
-
-    Args:
-      axis_names: the mesh's axis names.
-
-    Returns:
-      An ordered list of ``[logical_name, mesh_axis_or_axes_or_None]``; the first match wins.
-    """
-    batch = [a for a in BATCH_AXES if a in axis_names] if REPLICA in axis_names else DATA
-    return [
-        ["batch", batch],
-        ["vocab", MODEL],
-        ["embed", None],
-        ["heads", MODEL],
-        ["kv_heads", MODEL],  # grouped-query attention's key and value heads
-        ["kv", None],
-        ["mlp", MODEL],
-        [LAYERS, None],
-        ["length", None],
-        ["activation_length", MODEL],  # the sequence of saved activations, when they are partitioned
-    ]
+_MOVED = {
+    "jzero.sharding.rules": ("check_path_rules", "default_rules", "logical_names", "logical_to_mesh"),
+    "jzero.sharding.partition": ("data_partition", "hierarchy", "shard_bytes", "zero_axes"),
+}
+__getattr__ = moved_names(__name__, {name: f"{home}.{name}" for home, names in _MOVED.items() for name in names})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +78,7 @@ class _Gathers:
 
     def secondary_spec(self, spec: P) -> P:
         """hpZ: a resting spec without ``replica``, the secondary partition within a host."""
-        return P(*(_without(e, REPLICA) for e in spec))
+        return P(*(without_axis(e, REPLICA) for e in spec))
 
     def parameter_gather(self, t: TensorPlan) -> tuple[tuple[int, ...], P, P] | None:
         """``(shape, from, to)`` of the all-gather that makes a parameter whole for the forward: at
@@ -120,7 +89,7 @@ class _Gathers:
             return None
         shape = t.shape
         if self.rule.params and (t.logical or (None,))[0] == LAYERS:
-            shape, source, target = shape[1:], _drop_first(source, len(shape)), _drop_first(target, len(shape))
+            shape, source, target = shape[1:], drop_first(source, len(shape)), drop_first(target, len(shape))
         return shape, source, target
 
     def weight_layouts(self) -> dict[str, Layout | str]:
@@ -333,7 +302,7 @@ class Plan(_Gathers, _Bytes):
         before ZeRO)."""
         if int(self.mesh.shape.get(MODEL, 1)) == 1:
             return []
-        return [t for t in self.tensors if not any(MODEL in _axes_of(e) for e in t.replicated_spec)]
+        return [t for t in self.tensors if not any(MODEL in axes_of(e) for e in t.replicated_spec)]
 
     @property
     def num_params(self) -> int:
@@ -341,179 +310,6 @@ class Plan(_Gathers, _Bytes):
 
 
 _ZERO_FIELDS = frozenset(f.name for f in dataclasses.fields(ZeroOptions))
-
-
-def _without(entry: Any, axis: str) -> Any:
-    rest = tuple(a for a in _axes_of(entry) if a != axis)
-    return rest[0] if len(rest) == 1 else (rest or None)
-
-
-def _drop_first(spec: P, ndim: int) -> P:
-    return P(*(list(spec) + [None] * (ndim - len(spec)))[1:])
-
-
-def shard_bytes(shape: Sequence[int], dtype: Any, spec: P, mesh: Mesh) -> int:
-    return array_bytes(NamedSharding(mesh, spec).shard_shape(tuple(shape)), dtype)
-
-
-def logical_names(params: Any) -> dict[str, tuple | None]:
-    """Each parameter's logical axis names, by path: from linen ``Partitioned`` boxes or from the
-    ``sharding`` metadata of NNX variables. Unannotated parameters map to None."""
-    get_spec = nnx.get_partition_spec if isinstance(params, nnx.State) else nn.get_partition_spec
-    specs = jax.tree_util.tree_flatten_with_path(get_spec(params), is_leaf=lambda x: isinstance(x, P))[0]
-    return {path_str(path): (tuple(spec) if isinstance(spec, P) and len(spec) else None) for path, spec in specs}
-
-
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple) else (entry,)
-
-
-def logical_to_mesh(name: str | None, rules: Sequence[Sequence[Any]]) -> Any:
-    """The first rule for ``name`` wins; an unnamed or unruled dimension is unsharded.
-
-    Unlike Flax's resolver this never silently drops an axis already used in the same spec, so a
-    rule table that uses one mesh axis twice in a tensor is reported rather than half-applied.
-    """
-    for logical, axis in rules:
-        if logical == name:
-            return tuple(axis) if isinstance(axis, list) else axis
-    return None
-
-
-def _model_spec(path: str, shape: tuple[int, ...], logical: tuple | None, mesh: Mesh, rules, path_rules=()) -> P:
-    """The tensor's model-parallel spec, from the first matching path rule, else its logical names
-    through ``rules``; checks that each axis exists, divides its dimension and is used once."""
-    where = f"{path} {list(shape)}"
-    mesh_axes = None
-    for pattern, spec in path_rules:
-        if re.search(pattern, path):
-            if len(spec) != len(shape):
-                gives = f"path rule {pattern!r} gives {len(spec)} dims, not {len(shape)}"
-                raise PlanError(where, f"{gives} (partitioning.path_rules)")
-            mesh_axes = [tuple(a) if isinstance(a, list) else a for a in spec]
-            break
-    if mesh_axes is None and logical:
-        mesh_axes = [logical_to_mesh(name, rules) for name in logical]
-    if mesh_axes is None:
-        return P(*([None] * len(shape)))
-    entries, used = [], set()
-    for dim, (size, entry) in enumerate(zip(shape, mesh_axes, strict=True)):
-        axes = _axes_of(entry)
-        for axis in axes:
-            if axis not in mesh.shape:
-                raise PlanError(where, f"mesh axis {axis!r} does not exist (partitioning.rules)")
-            if axis in used:
-                raise PlanError(where, f"mesh axis {axis!r} used twice (partitioning.rules)")
-            used.add(axis)
-        factor = math.prod(int(mesh.shape[a]) for a in axes)
-        if size % factor:
-            problem = f"dimension {dim} ({size}) is not divisible by mesh axis {entry!r} ({factor})"
-            raise PlanError(where, f"{problem} (partitioning.rules)")
-        # A size-1 axis splits nothing; leaving it out keeps the dim free for ZeRO and specs legible.
-        real = tuple(a for a in axes if int(mesh.shape[a]) > 1)
-        entries.append(real[0] if len(real) == 1 else (real or None))
-    return P(*entries)
-
-
-def check_path_rules(path_rules: Sequence[Sequence[Any]], paths: Sequence[str]) -> None:
-    """Each path rule places at least one parameter. A rule that matches no path, or only paths an
-    earlier rule places (the first match wins), is a typo that would leave its tensors replicated.
-
-    Raises:
-      PlanError: naming the first such rule (``partitioning.path_rules[i]``), or a regex that is not one.
-    """
-    placed: set[int] = set()
-    for path in paths:
-        placed.add(next((i for i, rule in enumerate(path_rules) if _search(rule, i, path)), -1))
-    for i, rule in enumerate(path_rules):
-        if i not in placed and paths:
-            where, pattern = f"partitioning.path_rules[{i}]", rule[0]
-            shadowed = next((p for p in paths if _search(rule, i, p)), None)
-            if shadowed is None:
-                nearest = difflib.get_close_matches(pattern, paths, n=1, cutoff=0)[0]
-                raise PlanError(where, f"{pattern!r} matches no parameter path (the nearest is {nearest!r})")
-            earlier = f"an earlier rule places every path it matches ({shadowed!r}, ...)"
-            raise PlanError(where, f"{pattern!r} places nothing: {earlier}")
-
-
-def _search(rule: Sequence[Any], i: int, path: str) -> bool:
-    try:
-        return re.search(rule[0], path) is not None
-    except (re.error, TypeError) as err:
-        raise PlanError(f"partitioning.path_rules[{i}]", f"bad regex {rule[0]!r}: {err}") from None
-
-
-def zero_axes(mesh: Mesh) -> tuple[str, ...]:
-    """The axes ZeRO partitions model states over: ``data``, then every other axis of size > 1
-    except ``replica`` (whose groups keep whole copies; under hpZ it goes with ``data``, see
-    :func:`data_partition`).
-
-    A tensor the model axis does not split is held whole by every device of that axis; ZeRO then
-    partitions it over ``model`` too, so per-device bytes fall by N_d x N_m as the paper assumes.
-    """
-    others = tuple(a for a in mesh.axis_names if a not in BATCH_AXES and int(mesh.shape[a]) > 1)
-    return (DATA, *others)
-
-
-def hierarchy(mesh: Mesh, hpz: bool, qgz: bool) -> tuple[str, ...]:
-    """hpZ's primary partition: ``replica`` and ``data`` on one dimension, major first (empty without hpZ).
-
-    In mesh order, one GSPMD reduce-scatter over all devices reduces the gradient. Under qgZ,
-    ``data`` major: a device's secondary slice (its ``data`` chunk) is then the ``replica`` gather
-    of its own lane's primary shards, and the gradient's two hops run within the host, then across.
-    """
-    if not hpz:
-        return ()
-    return (DATA, REPLICA) if qgz else tuple(a for a in mesh.axis_names if a in (REPLICA, DATA))
-
-
-def data_partition(
-    shape: tuple[int, ...], spec: P, mesh: Mesh, logical: tuple | None = None, hierarchy: tuple[str, ...] = ()
-) -> tuple[P, int | None]:
-    """Add the ZeRO axes (:func:`zero_axes`) to ``spec``: returns (D spec, the dim ``data`` went on, or None).
-
-    ``data`` goes on the best dimension it divides (with a ``hierarchy``, hpZ's primary partition:
-    those axes together on one dimension, major first; see :func:`hierarchy`); then each other
-    ZeRO axis the spec leaves unused goes on the best dimension that still divides, if any.
-    """
-    entries = list(spec) + [None] * (len(shape) - len(spec))
-    if any(DATA in _axes_of(e) for e in entries):
-        return P(*entries), None
-    logical = tuple(logical) if logical else (None,) * len(shape)
-
-    def rank(dim: int) -> tuple:
-        # The scan axis last, then dims no model axis uses, then larger first, then earlier first.
-        return (logical[dim] == LAYERS, entries[dim] is not None, -shape[dim], dim)
-
-    def place(new: tuple[str, ...]) -> int | None:
-        for dim in sorted(range(len(shape)), key=rank):
-            axes = _axes_of(entries[dim])
-            factor = math.prod(int(mesh.shape[a]) for a in (*axes, *new))
-            if shape[dim] % factor == 0:
-                entries[dim] = (*axes, *new) if axes or len(new) > 1 else new[0]
-                return dim
-        return None
-
-    data_dim = None
-    if hierarchy and int(mesh.shape.get(REPLICA, 1)) > 1:
-        data_dim = place(hierarchy)
-    if data_dim is None:  # hpZ's partition does not divide: ``data`` alone (plan lists it)
-        data_dim = place((DATA,))
-    if data_dim is not None:
-        used = {a for e in entries for a in _axes_of(e)}
-        for axis in zero_axes(mesh)[1:]:
-            if axis not in used:
-                place((axis,))
-    return P(*entries), data_dim
-
-
-def _normal_rules(rules: Sequence[Sequence[Any]] | None, mesh: Mesh) -> tuple[tuple[str, Any], ...]:
-    """The rule table as ``(name, axis)`` tuples, a list of axes made a tuple (default: :func:`default_rules`)."""
-    if rules is None:
-        rules = default_rules(mesh.axis_names)
-    return tuple((name, tuple(axis) if isinstance(axis, list) else axis) for name, axis in rules)
 
 
 def _tensor_plan(
@@ -529,7 +325,7 @@ def _tensor_plan(
 ) -> TensorPlan:
     """One parameter's R and D specs, and which of them the stage gives each role."""
     shape = tuple(leaf.shape)
-    rspec = _model_spec(name, shape, logical, mesh, rules, path_rules)
+    rspec = model_spec(name, shape, logical, mesh, rules, path_rules)
     dspec, dim = data_partition(shape, rspec, mesh, logical, hierarchy)
     return TensorPlan(
         path=name,
@@ -651,7 +447,7 @@ def make_plan(
     axes = {a: int(n) for a, n in mesh.shape.items()}
     zero.check(axes, master_copy=isinstance(abstract_state.opt_state, MasterState))
     order = hierarchy(mesh, zero.hpz, zero.qgz)
-    rules = _normal_rules(rules, mesh)
+    rules = normal_rules(rules, mesh)
 
     leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_state.params))[0]
     check_path_rules(path_rules, [path_str(path) for path, _ in leaves])

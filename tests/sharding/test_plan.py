@@ -9,8 +9,10 @@ from jax.sharding import PartitionSpec as P
 
 from jzero.errors import PlanError
 from jzero.sharding.mesh import make_mesh
+from jzero.sharding.partition import data_partition
 from jzero.sharding.placement import abstract_state
-from jzero.sharding.plan import data_partition, make_plan
+from jzero.sharding.plan import make_plan
+from jzero.sharding.rules import default_rules, logical_names, logical_to_mesh
 from jzero.sharding.stages import STAGES
 
 
@@ -112,6 +114,16 @@ class Annotated(nn.Module):
     def __call__(self, x):
         w = self.param("w", nn.with_logical_partitioning(nn.initializers.normal(), ("embed", "mlp")), (8, self.features))
         return x * w.sum()
+
+
+def test_the_default_rules_put_heads_mlp_and_vocabulary_on_model_and_the_batch_on_the_batch_axes():
+    rules = default_rules(("data", "model"))
+    assert [logical_to_mesh(name, rules) for name in ("heads", "kv_heads", "mlp", "vocab")] == ["model"] * 4
+    assert [logical_to_mesh(name, rules) for name in ("embed", "kv", "layers", None)] == [None] * 4
+    assert logical_to_mesh("batch", rules) == "data"
+    assert tuple(logical_to_mesh("batch", default_rules(("replica", "data", "model")))) == ("replica", "data")
+    params = jax.eval_shape(lambda: Annotated().init(jax.random.key(0), jnp.ones(8)))["params"]
+    assert logical_names(params) == {"w": ("embed", "mlp")}
 
 
 def test_logical_names_map_to_the_model_axis(devices):
