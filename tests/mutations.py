@@ -441,7 +441,7 @@ _PLANNER = (
 _SHARDING = (
     _m(
         "stage 3's 1-D parameters left whole",
-        "jzero/sharding/plan.py",
+        "jzero/sharding/partition.py",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n",
         "    entries = list(spec) + [None] * (len(shape) - len(spec))\n"
         "    if len(shape) == 1:\n        return P(*entries), None\n",
@@ -449,7 +449,7 @@ _SHARDING = (
     ),
     _m(
         "ZeRO's data axis joins a model-sharded dimension even where a free one divides",
-        "jzero/sharding/plan.py",
+        "jzero/sharding/partition.py",
         "return (logical[dim] == LAYERS, entries[dim] is not None, -shape[dim], dim)",
         "return (logical[dim] == LAYERS, -shape[dim], dim)",
         "tests/sharding/test_plan.py::test_data_joins_a_model_sharded_dim_only_when_needed",
