@@ -129,6 +129,7 @@ REACHED_THROUGH = {
     "jzero.cli.interrupts": ("jzero.cli.main", "tests/cli/test_cli.py"),
     "jzero.cli.parser": ("jzero.cli.main", "tests/cli/test_bad_input.py"),
     "jzero.cli.program": ("jzero.cli.main", "tests/cli/test_cli.py"),
+    "jzero.communication.loss_units": ("jzero.training.job", "tests/communication/test_units.py"),
     "jzero.config.validation": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.ledger.element_types": ("jzero.training.report", "tests/communication/test_zeropp.py"),
     "jzero.models.names": ("jzero.config.loading", "tests/config/test_config.py"),

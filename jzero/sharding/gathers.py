@@ -15,7 +15,8 @@ import flax.linen as nn
 import jax
 from jax.sharding import PartitionSpec as P
 
-from jzero.communication.gather import UnitSpec, split_units, tree_gather, with_units
+from jzero.communication.gather import UnitSpec, tree_gather
+from jzero.communication.loss_units import split_units, with_units
 from jzero.communication.quantize import Layout
 from jzero.memory.precision import FP32, Precision
 from jzero.sharding.plan import Plan
@@ -26,7 +27,7 @@ LossFn = Callable[[Any, Any], jax.Array]
 
 
 def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossFn | None:
-    """``loss_fn`` gathering the plan's units one at a time (:func:`jzero.communication.gather.with_units`), or
+    """``loss_fn`` gathering the plan's units one at a time (:func:`jzero.communication.loss_units.with_units`), or
     None when the plan has no units. It takes the resting parameters and casts them itself."""
     if not plan.units:
         return None
@@ -41,7 +42,7 @@ def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossF
 
 def units_in_effect(loss_fn: LossFn, plan: Plan, params: Any, batch: Any, precision: Precision = FP32) -> Plan:
     """``plan`` with only the units ``loss_fn`` lets :func:`unit_loss` gather one at a time
-    (:func:`jzero.communication.gather.split_units`): the others, merged into one region, are left to XLA and
+    (:func:`jzero.communication.loss_units.split_units`): the others, merged into one region, are left to XLA and
     named in ``plan.merged_units``. ``params`` and ``batch`` may be shapes."""
     if not plan.units:
         return plan

@@ -230,7 +230,7 @@ class Plan(_Gathers, _Bytes):
     # gathers unit by unit; empty when XLA places the gathers.
     units: dict[str, int] = dataclasses.field(default_factory=dict)
     unit_names: tuple[str, ...] = ()  # unit number -> its name (:func:`jzero.communication.units.unit_names`)
-    # One line per group of units the loss could not split (jzero.communication.gather.split_units): left to XLA.
+    # One line per group of units the loss could not split (jzero.communication.loss_units.split_units): left to XLA.
     merged_units: tuple[str, ...] = ()
     # The path regexes of the parameters that train (train.trainable; TensorPlan.trainable); None: all do.
     trainable: tuple[str, ...] | None = None
