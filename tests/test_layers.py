@@ -136,6 +136,7 @@ REACHED_THROUGH = {
     "jzero.planner.progress": ("jzero.cli.main", "tests/planner/test_planner.py"),
     "jzero.planner.search": ("jzero.cli.main", "tests/planner/test_planner.py"),
     "jzero.planner.table": ("jzero.cli.main", "tests/planner/test_planner.py"),
+    "jzero.training.initial_state": ("jzero.training.loop", "tests/training/test_loop.py"),
     "jzero.training.progress": ("jzero.training.loop", "tests/training/test_loop.py"),
 }
 

@@ -20,31 +20,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, Sharding
+from jax.sharding import Sharding
 
-from jzero.checkpoint.export import load_params, match_params
-from jzero.checkpoint.hf import TOKENIZER, is_hf_folder, placed_params
-from jzero.checkpoint.runs import RunCheckpoints, changes, run_meta
+from jzero.checkpoint.runs import RunCheckpoints, run_meta
 from jzero.compiler.cache import cache_hits
 from jzero.config.loading import dump_config, read_text_file
 from jzero.config.rundir import RunDir
 from jzero.config.schema import Config, ProfileConfig
 from jzero.distributed.runtime import is_primary
-from jzero.errors import ConfigError
 from jzero.lazy import moved_names
 from jzero.ledger.render import format_ledger_summary
 from jzero.ledger.startup import GoodputReport, StartupLedger
-from jzero.models.lora import is_adapter
-from jzero.models.names import LLAMA
 from jzero.optimizers import build_schedule
 from jzero.records import from_json, to_json
 from jzero.sharding.axes import mesh_text
 from jzero.sharding.mesh import mesh_shape
-from jzero.sharding.placement import state_from_params
 from jzero.sharding.state import TrainState
 from jzero.training import metrics as logged
 from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, train_data
@@ -52,6 +44,7 @@ from jzero.training.data import eval_data as load_eval_data
 from jzero.training.evaluation import Evaluator
 from jzero.training.goodput import Goodput
 from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
+from jzero.training.initial_state import init_tokenizer, initial_state
 from jzero.training.job import Job, build_job
 from jzero.training.nonfinite import NonFiniteSteps, skip_limit
 from jzero.training.preemption import Preemption
@@ -59,9 +52,8 @@ from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
 from jzero.training.report import startup_ledger
 from jzero.training.run_folder import check_run_dir, create_run_dir, lock_run_dir
-from jzero.trees import tree_paths
 
-__all__ = ["Extras", "TrainResult", "default_hooks", "initial_state", "train"]
+__all__ = ["Extras", "TrainResult", "default_hooks", "train"]
 __getattr__ = moved_names(__name__, {name: f"jzero.training.metrics.{name}" for name in ("MetricsLog", "Throughput")})
 
 
@@ -75,68 +67,6 @@ class TrainResult:
     saved: list[int]  # checkpoint steps written by this run
     preempted: str | None = None  # the signal that stopped it early
     goodput: GoodputReport | None = None  # where the wall time went (jzero.training.goodput)
-
-
-def initial_state(
-    job: Job, checkpoints: RunCheckpoints | None, data: TextBatches, note: Callable[[str], None]
-) -> tuple[TrainState, int]:
-    """The latest committed checkpoint (onto this run's mesh and stage), else ``train.init_from``,
-    else a fresh init. Returns the state and the step it is at."""
-    restored = checkpoints.restore_latest(job.abstract_state(), warn=note) if checkpoints is not None else None
-    if restored is not None:
-        start = data.check_state(restored.data)
-        changed = changes(restored.meta, mesh_shape(job.mesh), job.plan.zero.stage)
-        note(f"resumed from {checkpoints.step_dir(restored.step)}" + (f" ({changed})" if changed else ""))
-        return restored.state, start
-    source = job.config.train.init_from
-    if source:
-        params = _hf_params(job, source) if is_hf_folder(source) else _loaded_params(job, source)
-        note(f"parameters from {source}")
-        return state_from_params(params, job.tx, job.plan, job.precision), 0
-    return job.init_state(), 0
-
-
-def _loaded_params(job: Job, source: str) -> Any:
-    """``train.init_from``'s parameters (:func:`jzero.checkpoint.export.load_params`) on the plan's
-    shardings; LoRA's adapters, which a model without them lacks, freshly initialised."""
-    loaded, fresh = load_params(source), _fresh_adapters(job)
-    loaded = {path: array for path, array in loaded.items() if path not in fresh}  # a LoRA run's own: fresh ones
-    match_params(loaded, {t.path: t.shape for t in job.plan.tensors if t.path not in fresh}, source)
-    def placed(t):
-        return jax.device_put(np.asarray(loaded[t.path], np.float32), NamedSharding(job.mesh, t.param_spec))
-
-    arrays = [fresh[t.path] if t.path in fresh else placed(t) for t in job.plan.tensors]
-    return jax.tree.unflatten(jax.tree.structure(job.plan.params), arrays)
-
-
-def _init_tokenizer(config: Config) -> Path | None:
-    """The tokenizer of the Hugging Face folder ``train.init_from`` names, where it has one: the
-    model's own, which a run on bytes keeps for decoding."""
-    source = config.train.init_from
-    found = Path(source) / TOKENIZER if source and is_hf_folder(source) else None
-    return found if found is not None and found.is_file() else None
-
-
-def _hf_params(job: Job, source: str) -> Any:
-    """A Hugging Face Llama folder's weights, streamed into the plan's shards (:func:`jzero.checkpoint.hf.placed_params`)."""
-    if job.config.model.name != LLAMA:
-        why = "jzero checkpoint import writes a run with its config, or set model.name: llama and its shape"
-        raise ConfigError("train.init_from", f"{source} is a Hugging Face Llama; model.name is {job.config.model.name}: {why}")
-    return placed_params(source, job.plan, _fresh_adapters(job))
-
-
-def _fresh_adapters(job: Job) -> dict[str, jax.Array]:
-    """LoRA's adapters as a fresh init makes them (B zero: the model starts as the one loaded), by
-    path, on the plan's shardings; XLA computes only them. Empty without LoRA."""
-    shardings = {t.path: NamedSharding(job.mesh, t.param_spec) for t in job.plan.tensors if is_adapter(t.path)}
-    if not shardings:
-        return {}
-
-    def init(key):
-        flat = tree_paths(nn.unbox(job.init_fn(key)))
-        return {path: flat[path].astype(np.float32) for path in shardings}
-
-    return jax.jit(init, out_shardings=shardings)(job.rng)
 
 
 @dataclasses.dataclass
@@ -212,7 +142,7 @@ def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> Pr
         with writing(folder.config):
             folder.config.write_text(dump_config(config))
     if not existing and primary:
-        tokenizer = run_tokenizer_path(config) or _init_tokenizer(config)
+        tokenizer = run_tokenizer_path(config) or init_tokenizer(config)
         if tokenizer is not None:  # the run's own copy: jzero sample decodes with it
             with writing(folder.tokenizer):
                 shutil.copyfile(tokenizer, folder.tokenizer)
