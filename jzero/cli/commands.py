@@ -346,12 +346,13 @@ def _plan_search(args: argparse.Namespace, config: Config, target, memory: float
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``jzero estimate``: the paper's per-device model-state bytes at each stage; no JAX."""
     from jzero.ledger.estimate import estimate, format_estimate, parse_count, parse_memory
+    from jzero.records import to_json
 
     memory = parse_memory(args.memory_per_device) if args.memory_per_device else None
     result = estimate(
         parse_count(args.params), args.devices, args.model_parallel, args.precision, args.optimizer, memory, tuple(args.offload)
     )
-    print(json.dumps(result) if args.json else format_estimate(result))
+    print(json.dumps(to_json(result)) if args.json else format_estimate(result))
     return 0
 
 

@@ -13,11 +13,16 @@ from typing import Any
 
 from jzero.config.schema import MAX_INT32, MAX_PARAMS
 from jzero.errors import ConfigError, show_value
+from jzero.records import omit_if_none, record
 from jzero.sharding.stages import OFFLOADABLE, STAGES, paper_parts_per_device
 
 __all__ = [
     "OPTIMIZER_STATE_BYTES",
     "PRECISIONS",
+    "BytesPerParam",
+    "Estimate",
+    "EstimateRow",
+    "HostParts",
     "bytes_per_param",
     "estimate",
     "format_estimate",
@@ -37,6 +42,88 @@ OPTIMIZER_STATE_BYTES = {
 }
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _MEMORY_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@record
+class HostParts:
+    """What an offload moves to pinned host memory, bytes per device.
+
+    Attributes:
+      optimizer: the optimizer state and master copy, where offloaded.
+      params: the parameters, where offloaded.
+      total: the two together.
+    """
+
+    optimizer: int | None = omit_if_none()
+    params: int | None = omit_if_none()
+    total: int = 0
+
+
+@record
+class EstimateRow:
+    """One stage's model-state bytes per device, by the paper's formulas.
+
+    Attributes:
+      params: the parameters in device memory.
+      grads: the gradients.
+      optimizer: the optimizer state (with the master copy in mixed precision) in device memory.
+      total: the three together, in device memory.
+      host: with ``--offload``: what rests in pinned host memory.
+      offloaded: with ``--offload``: the parts this stage can and does offload.
+      fits: with ``--memory-per-device``: the device total within it.
+    """
+
+    params: int
+    grads: int
+    optimizer: int
+    total: int
+    host: HostParts | None = omit_if_none()
+    offloaded: list[str] | None = omit_if_none()
+    fits: bool | None = omit_if_none()
+
+
+@record
+class BytesPerParam:
+    """Bytes per parameter: p, g and the optimizer state's K (the paper's Section 3).
+
+    Attributes:
+      params: p.
+      grads: g.
+      optimizer: K.
+    """
+
+    params: float
+    grads: float
+    optimizer: float
+
+
+@record
+class Estimate:
+    """``jzero estimate``'s answer (its ``--json``).
+
+    Attributes:
+      params: Ψ, the parameter count.
+      devices: the devices.
+      data_parallel: N_d.
+      model_parallel: N_m.
+      precision: ``mixed`` or ``fp32``.
+      optimizer: the optimizer whose state is counted.
+      bytes_per_param: p, g and K.
+      memory_per_device: the budget the rows are judged against, or None.
+      offload: the parts asked to rest in host memory.
+      stages: each stage's row, by stage number as text.
+    """
+
+    params: float
+    devices: int
+    data_parallel: int
+    model_parallel: int
+    precision: str
+    optimizer: str
+    bytes_per_param: BytesPerParam
+    memory_per_device: float | None
+    offload: list[str]
+    stages: dict[str, EstimateRow]
 
 
 def bytes_per_param(precision: str, optimizer: str) -> tuple[float, float, float]:
@@ -88,11 +175,9 @@ def estimate(
     optimizer: str = "adam",
     memory_per_device: float | None = None,
     offload: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """Per-device model-state bytes for stages 0-3; ``stages["0"..."3"]`` each hold ``params``,
-    ``grads``, ``optimizer``, ``total`` (device memory) and, with a memory size, ``fits`` (the
-    device total within it). With ``offload``, also ``host`` (the offloaded parts' bytes per device,
-    in pinned host memory) and ``offloaded`` (the parts this stage can offload).
+) -> Estimate:
+    """Per-device model-state bytes for stages 0-3: each stage's :class:`EstimateRow` (device
+    memory; with a memory size, whether it fits; with ``offload``, what rests in host memory).
 
     ``offload``: ``optimizer`` (stages 1-3, with the master copy) and/or ``params`` (stage 3), as
     ``zero.offload_optimizer`` and ``zero.offload_params`` do.
@@ -114,56 +199,65 @@ def estimate(
     stages = {}
     for stage in STAGES:
         parts = paper_parts_per_device(params, stage, n_d, k=k, param_bytes=p, grad_bytes=g, n_m=model_parallel)
-        row: dict[str, Any] = {name: int(round(v)) for name, v in parts.items()}
-        if offload:  # the rows keep their shape without --offload
-            moved = [part for part in OFFLOADABLE if part in offload and STAGES[stage].can_offload(part)]
-            row["host"] = {part: row[part] for part in moved}
-            row["host"]["total"] = sum(row["host"].values())
-            for part in moved:
-                row[part] = 0
-            row["total"] -= row["host"]["total"]
-            row["offloaded"] = moved
-        if memory_per_device is not None:
-            row["fits"] = row["total"] <= memory_per_device
-        stages[str(stage)] = row
-    return {
-        "params": params,
-        "devices": devices,
-        "data_parallel": n_d,
-        "model_parallel": model_parallel,
-        "precision": precision,
-        "optimizer": optimizer,
-        "bytes_per_param": {"params": p, "grads": g, "optimizer": k},
-        "memory_per_device": memory_per_device,
-        "offload": list(offload),
-        "stages": stages,
-    }
+        stages[str(stage)] = _row({name: int(round(v)) for name, v in parts.items()}, stage, offload, memory_per_device)
+    return Estimate(
+        params=params,
+        devices=devices,
+        data_parallel=n_d,
+        model_parallel=model_parallel,
+        precision=precision,
+        optimizer=optimizer,
+        bytes_per_param=BytesPerParam(params=p, grads=g, optimizer=k),
+        memory_per_device=memory_per_device,
+        offload=list(offload),
+        stages=stages,
+    )
 
 
-def format_estimate(result: dict[str, Any]) -> str:
+def _row(parts: dict[str, int], stage: int, offload: tuple[str, ...], memory_per_device: float | None) -> EstimateRow:
+    """A stage's row: with ``offload``, the parts it can offload moved to the host (the rows keep
+    their shape without it)."""
+    moved = [part for part in OFFLOADABLE if part in offload and STAGES[stage].can_offload(part)]
+    on_host = {part: parts[part] if part in moved else None for part in OFFLOADABLE}
+    host = HostParts(optimizer=on_host["optimizer"], params=on_host["params"], total=sum(parts[p] for p in moved))
+    on_device = {part: 0 if part in moved else parts[part] for part in ("params", "grads", "optimizer")}
+    total = parts["total"] - host.total
+    return EstimateRow(
+        params=on_device["params"],
+        grads=on_device["grads"],
+        optimizer=on_device["optimizer"],
+        total=total,
+        host=host if offload else None,
+        offloaded=moved if offload else None,
+        fits=None if memory_per_device is None else total <= memory_per_device,
+    )
+
+
+def format_estimate(result: Estimate) -> str:
+    """The estimate as ``jzero estimate`` prints it: a row per stage, in GB to the paper's 3 digits."""
     gb = 1e9
-    b = result["bytes_per_param"]
+    b = result.bytes_per_param
     lines = [
-        f"model states per device: Ψ = {result['params']:,.0f} parameters, N_d = {result['data_parallel']}, "
-        f"N_m = {result['model_parallel']}, {result['precision']} precision, {result['optimizer']} "
-        f"({b['params']:g} + {b['grads']:g} + K={b['optimizer']:g} bytes per parameter)",
+        f"model states per device: Ψ = {result.params:,.0f} parameters, N_d = {result.data_parallel}, "
+        f"N_m = {result.model_parallel}, {result.precision} precision, {result.optimizer} "
+        f"({b.params:g} + {b.grads:g} + K={b.optimizer:g} bytes per parameter)",
         "",
         f"  {'stage':<6} {'partitioned':<16} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}"
-        + (f" {'host':>10}  {'offloaded':<16}" if result.get("offload") else "")
-        + ("  fits" if result["memory_per_device"] else ""),
+        + (f" {'host':>10}  {'offloaded':<16}" if result.offload else "")
+        + ("  fits" if result.memory_per_device else ""),
     ]
-    for stage, row in result["stages"].items():
-        cells = " ".join(f"{row[k] / gb:>7.3g} GB" for k in ("params", "grads", "optimizer", "total"))  # the paper's 3 digits
-        if result.get("offload"):
-            cells += f" {row['host']['total'] / gb:>7.3g} GB  {'+'.join(row['offloaded']) or '-':<16}"
-        fits = ("  yes" if row["fits"] else "  no") if "fits" in row else ""
+    for stage, row in result.stages.items():
+        cells = " ".join(f"{n / gb:>7.3g} GB" for n in (row.params, row.grads, row.optimizer, row.total))
+        if row.host is not None:
+            cells += f" {row.host.total / gb:>7.3g} GB  {'+'.join(row.offloaded or ()) or '-':<16}"
+        fits = "" if row.fits is None else "  yes" if row.fits else "  no"
         lines.append(f"  {stage:<6} {STAGES[int(stage)].partitioned:<16} {cells}{fits}")
-    if result.get("offload"):
+    if result.offload:
         lines += ["", "params, grads, optimizer and total are device memory; host: pinned host memory per device"
                   " (optimizer offload at stages 1-3, parameter offload at stage 3)"]  # fmt: skip
-    if result["memory_per_device"]:
-        fitting = [s for s, row in result["stages"].items() if row["fits"]]
-        budget = f"{result['memory_per_device'] / gb:g} GB"
+    if result.memory_per_device:
+        fitting = [s for s, row in result.stages.items() if row.fits]
+        budget = f"{result.memory_per_device / gb:g} GB"
         lines += ["", f"fits in {budget} per device: " + (f"stages {', '.join(fitting)}" if fitting else "no stage")
                   + " (model states only; activations and temporaries come on top)"]  # fmt: skip
     return "\n".join(lines)

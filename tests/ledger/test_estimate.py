@@ -2,17 +2,21 @@
 
 import json
 
+import jsonschema
 import pytest
 
 from jzero.cli.main import main
-from jzero.ledger.estimate import parse_count, parse_memory
+from jzero.ledger.estimate import Estimate, estimate, format_estimate, parse_count, parse_memory
+from jzero.records import from_json, json_schema, to_json
 
 
 def test_reproduces_the_papers_7_5b_row_at_64(capsys):
-    """Figure 1: 7.5B parameters, N_d = 64, mixed-precision Adam: 120, 31.4, 16.6 and 1.88 GB."""
+    """Figure 1: 7.5B parameters, N_d = 64, mixed-precision Adam: 120, 31.4, 16.6 and 1.88 GB; the
+    command prints the record's table."""
+    result = estimate(7.5e9, 64)
+    assert [float(f"{result.stages[s].total / 1e9:.3g}") for s in "0123"] == [120, 31.4, 16.6, 1.88]
     assert main(["estimate", "--params", "7.5B", "--devices", "64"]) == 0
-    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()}
-    assert [rows[s].split()[-2] for s in "0123"] == ["120", "31.4", "16.6", "1.88"]
+    assert capsys.readouterr().out == format_estimate(result) + "\n"
 
     assert main(["estimate", "--params", "7.5e9", "--devices", "64", "--json", "--memory-per-device", "32GB"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -111,3 +115,11 @@ def test_offload_rows_move_the_offloaded_parts_to_host(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["estimate", "--params", "7.5B", "--devices", "64", "--offload", "disk"])
     assert exit_.value.code == 2 and "--offload" in capsys.readouterr().err
+
+
+def test_the_estimate_is_a_record_whose_json_is_its_schemas_and_reads_back():
+    for kwargs in ({}, {"memory_per_device": 32e9}, {"offload": ("optimizer", "params"), "model_parallel": 2}):
+        result = estimate(7.5e9, 64, **kwargs)
+        data = json.loads(json.dumps(to_json(result)))
+        jsonschema.Draft202012Validator(json_schema(Estimate)).validate(data)
+        assert from_json(Estimate, data) == result
