@@ -59,6 +59,19 @@ def _trained(tmp_path_factory, *overrides):
     return run, overrides
 
 
+_JOBS = {}
+
+
+def shared_job(*overrides: str):
+    """``build_job(tiny_config(*overrides))``, built once for every test whose config resolves the
+    same (a job never changes, and its steps are traced once)."""
+    config = tiny_config(*overrides)
+    key = dump_config(config)
+    if key not in _JOBS:
+        _JOBS[key] = build_job(config)
+    return _JOBS[key]
+
+
 def copy_run(trained, run_dir):
     """A copy of a ``trained`` run at ``run_dir``, as ``train(run_config(run_dir, *overrides))`` would
     have left it there: every file copied, and ``config.yaml`` (which holds ``run.dir``) the one that
@@ -207,7 +220,7 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         (["mesh.axes.data=4", "mesh.axes.model=2", "zero.stage=1"], None),
         (["mesh.axes.data=1", "zero.stage=0"], jax.devices()[:1]),
     ]
-    first = build_job(tiny_config(LR, "zero.stage=3"))
+    first = shared_job(LR, "zero.stage=3")
     state = first.init_state()
     step = first.make_step()
     for k in range(3):
@@ -227,7 +240,7 @@ def test_restore_onto_other_meshes_and_stages_is_bit_exact(devices, tmp_path):
         state = restored.state
     start = jax.device_get((state.params, state.opt_state))  # the step below donates state
     after_one_device, _ = s.make_step()(state, data.device_batch(3, s.plan.batch))
-    original = first  # the dp8 stage-3 job again (its step is traced once)
+    original = shared_job(LR, "zero.stage=3")  # the first job again: its step is traced once
     ckpts = RunCheckpoints(tmp_path / "0")
     restored = ckpts.restore(3, original.abstract_state()).state
     after_dp8, _ = original.make_step()(restored, data.device_batch(3, original.plan.batch))
@@ -313,7 +326,7 @@ def test_python_api_in_a_users_own_loop(devices, tmp_path):
     """``jzero.RunCheckpoints`` in a loop that is not jzero's: save, then restore onto another stage."""
     import jzero
 
-    s = build_job(tiny_config("zero.stage=3"))
+    s = shared_job("zero.stage=3")
     state = s.init_state()
     checkpoints = jzero.RunCheckpoints(tmp_path)
     assert checkpoints.save(7, state)

@@ -38,9 +38,16 @@ def pristine(tmp_path_factory, devices):
 
 
 @pytest.fixture(scope="module")
-def target(pristine):
+def job(pristine):
+    """The run's job, built once: a job does not depend on ``run.dir``, so it serves every run of
+    ``run_config`` here (the pristine run, its copies, the runs tests write themselves)."""
+    return build_job(run_config(pristine))
+
+
+@pytest.fixture(scope="module")
+def target(job):
     """The run's abstract state, to restore onto (the same for every copy of the run)."""
-    return build_job(run_config(pristine)).abstract_state()
+    return job.abstract_state()
 
 
 def manifest_files(step_dir: Path) -> list[str]:
@@ -126,9 +133,8 @@ def test_jzero_train_resumes_past_the_damage_in_three_lines(pristine, tmp_path, 
     assert isinstance(verify(run / CHECKPOINTS / "6", expect_manifest=True), int)  # the new step is sealed too
 
 
-def test_the_manifest_commits_with_the_step_sync_or_async(devices, tmp_path):
-    s = build_job(run_config(tmp_path))
-    state = s.init_state()
+def test_the_manifest_commits_with_the_step_sync_or_async(devices, job, tmp_path):
+    state = job.init_state()
     for mode in (True, False):
         checkpoints = RunCheckpoints(tmp_path / str(mode), CheckpointConfig(every=1, keep=2, async_=mode))
         checkpoints.save(1, state)
@@ -142,7 +148,7 @@ def test_the_manifest_commits_with_the_step_sync_or_async(devices, tmp_path):
         assert verify(step_dir) == sum((step_dir / name).stat().st_size for name in files)
 
 
-def test_checkpoints_from_before_manifests_restore_with_one_line(devices, tmp_path, capsys):
+def test_checkpoints_from_before_manifests_restore_with_one_line(devices, target, tmp_path, capsys):
     """An older jzero wrote no manifest and no ``manifest`` key in meta: read, and said so once."""
     train(run_config(tmp_path, "train.steps=2", "run.tensorboard=false"), progress=False)
     step_dir = tmp_path / CHECKPOINTS / "2"
@@ -152,9 +158,8 @@ def test_checkpoints_from_before_manifests_restore_with_one_line(devices, tmp_pa
     (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
     assert isinstance(verify(step_dir), Unverified)
 
-    s = build_job(run_config(tmp_path))
     warnings = []
-    restored = RunCheckpoints(tmp_path).restore_latest(s.abstract_state(), warn=warnings.append)
+    restored = RunCheckpoints(tmp_path).restore_latest(target, warn=warnings.append)
     assert restored.step == 2 and restored.skipped == []
     unverified = f"jzero: warning: checkpoint {step_dir} has no {MANIFEST} (written before jzero verified checkpoints)"
     assert warnings == [f"{unverified}; read unverified"]
@@ -201,7 +206,7 @@ def test_processes_share_the_hashing_and_sizes_are_checked_by_all(pristine, tmp_
             verify(step_dir, part=(k, 3))
 
 
-def test_a_rewritten_manifest_matches_and_restores_the_same_state(pristine, tmp_path):
+def test_a_rewritten_manifest_matches_and_restores_the_same_state(pristine, target, tmp_path):
     """Writing the manifest again over a committed step changes nothing, and the state reads back."""
     run = tmp_path / "run"
     shutil.copytree(pristine, run)
@@ -209,8 +214,7 @@ def test_a_rewritten_manifest_matches_and_restores_the_same_state(pristine, tmp_
     before = (step_dir / MANIFEST).read_text()
     write_manifest(step_dir)
     assert json.loads((step_dir / MANIFEST).read_text()) == json.loads(before)
-    s = build_job(run_config(run))
-    a = RunCheckpoints(pristine).restore(4, s.abstract_state()).state
-    b = RunCheckpoints(run).restore(4, s.abstract_state()).state
+    a = RunCheckpoints(pristine).restore(4, target).state
+    b = RunCheckpoints(run).restore(4, target).state
     for x, y in zip(host(a), host(b), strict=True):
         assert np.array_equal(x, y)

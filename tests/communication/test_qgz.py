@@ -1,5 +1,7 @@
 """ZeRO++'s qgZ: the gradient reduction as quantized all-to-alls under ``shard_map`` (jzero.communication.collectives)."""
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,6 +129,28 @@ def test_the_manual_gather_and_its_full_precision_reduction_equal_gspmds(mesh, h
     assert np.all(np.abs(np.asarray(grad) - np.asarray(want_grad)) <= 16 * EPS * sum(np.abs(np.asarray(g)) for _, g in each))
 
 
+_PARTIALS: dict[str, list] = {}
+
+
+def _one_device_partials(model, params, tokens: np.ndarray) -> list:
+    """The gradient of :func:`lm_loss` on one device for each of the 8 devices' rows of ``tokens``
+    (device k of the batch's axes holds chunk k), from ``params`` brought to that device. Kept per
+    model, parameter values and tokens: the cases below share all three (one model, one seed's init
+    and one batch, on whichever mesh), so the eight op-by-op gradients are computed once, and a case
+    whose inputs differed in any bit would get its own."""
+    host = jax.tree.map(np.asarray, params)
+    digest = hashlib.sha256(repr(model).encode() + str(jax.tree.structure(host)).encode() + tokens.tobytes())
+    for leaf in jax.tree.leaves(host):
+        digest.update(str((leaf.dtype, leaf.shape)).encode() + leaf.tobytes())
+    key = digest.hexdigest()
+    if key not in _PARTIALS:
+        one = jax.devices()[0]
+        on_one = jax.device_put(host, one)
+        rows = tokens.reshape(8, -1, tokens.shape[1])
+        _PARTIALS[key] = [jax.grad(lambda p, r: lm_loss(model, p, r))(on_one, jax.device_put(r, one)) for r in rows]
+    return _PARTIALS[key]
+
+
 @pytest.mark.parametrize("width, extra", [("int8", ["mesh.axes.data=8"]), ("int4", ["mesh.axes.data=8"]), ("int8", HPZ)])
 def test_a_qgz_gradient_is_within_its_half_steps_of_the_exact_one(devices, width, extra):
     """jzero's GPT under qgZ: the gradient of the step's loss against the sum of each device's
@@ -137,10 +161,7 @@ def test_a_qgz_gradient_is_within_its_half_steps_of_the_exact_one(devices, width
     params = job.init_state().params
     tokens = np.random.default_rng(0).integers(0, 256, job.batch_shape).astype(np.int32)
     got = jax.jit(jax.grad(job.loss_fn))(params, jax.device_put(tokens, job.plan.batch))
-    one = jax.devices()[0]
-    host = jax.device_put(jax.tree.map(np.asarray, params), one)
-    rows = tokens.reshape(8, -1, tokens.shape[1])  # device k of the batch's axes holds chunk k
-    partials = [jax.grad(lambda p, r: lm_loss(job.model, p, r))(host, jax.device_put(r, one)) for r in rows]
+    partials = _one_device_partials(job.model, params, tokens)
     top = {"int8": 127, "int4": 7}[width]
     hops = len(job.plan.batch_axes)
 

@@ -1,6 +1,7 @@
 """ZeRO-3 gathering units for unscanned models: the choice, the bound on what is gathered at once,
 the numbers, and bad input."""
 
+import functools
 from pathlib import Path
 
 import jax
@@ -28,8 +29,18 @@ def _paths(s):
     return [t.path for t in s.plan.tensors], [t.nbytes for t in s.plan.tensors]
 
 
+@functools.cache
+def _llama(*overrides: str, layers: int = 3):
+    """One :func:`llama_job` per config for the whole module. A job memoises its step and its
+    compiled program, so the tests that plan, compile and train the same config (stage 3: the
+    units' choice, the ledger's totals and the one-device equality; stage 0: the reference's model
+    and its equality; layers=4 without units: both prefetch cases' comparison) trace it once. No
+    test changes a job; each starts its own state from ``init_state``."""
+    return llama_job(*overrides, layers=layers)
+
+
 def test_auto_picks_the_repeated_layers_and_the_rest_alone(devices):
-    s = llama_job("zero.stage=3")
+    s = _llama("zero.stage=3")
     units = s.plan.units
     layer_units = {units[p] for p in units if p.startswith("layers_1/")}
     assert len(layer_units) == 1, "a layer's parameters share one unit"
@@ -63,7 +74,7 @@ def _bound(s, prefetch: int) -> int:
 def test_stage_3_holds_at_most_prefetch_plus_one_layers_gathered(devices, prefetch):
     s = llama_job("zero.stage=3", f"zero.prefetch={prefetch}", layers=4)
     with_units = plan_report(s)
-    without = plan_report(llama_job("zero.stage=3", "zero.gather_units=none", layers=4))
+    without = plan_report(_llama("zero.stage=3", "zero.gather_units=none", layers=4))
     g = with_units.gathered
     assert g.peak_bytes <= _bound(s, prefetch), g
     held = without.gathered_peak_bytes / g.layer_bytes
@@ -72,7 +83,7 @@ def test_stage_3_holds_at_most_prefetch_plus_one_layers_gathered(devices, prefet
 
 
 def test_the_backward_gathers_again_and_the_totals_match_the_ledger(devices):
-    s = llama_job("zero.stage=3")
+    s = _llama("zero.stage=3")
     _, compiled = s.compile_step()
     hlo = compiled.as_text()
     ops = ledger.parse_collectives(hlo)
@@ -100,7 +111,7 @@ BATCHES = 10
 @pytest.fixture(scope="module")
 def llama_reference():
     """One-device optax on the Llama-style model, 10 AdamW steps (:func:`optax_tx`), with its reordering floor."""
-    s = llama_job("zero.stage=0")
+    s = _llama("zero.stage=0")
     batches = [jax.random.randint(jax.random.key(k), (16, 17), 0, 256) for k in range(BATCHES)]
     return batches, reference_with_floor(s.init_fn, s.loss_fn, optax_tx(s.config), s.rng, lambda k: batches[k], BATCHES)
 
@@ -111,7 +122,7 @@ def llama_reference():
 )
 def test_params_equal_one_device_optax_with_units(devices, llama_reference, stage, extra):
     batches, ref = llama_reference
-    s = llama_job(f"zero.stage={stage}", *extra)
+    s = _llama(f"zero.stage={stage}", *extra)
     state, step = s.init_state(), s.make_step()
     for k in range(BATCHES):
         state, _ = step(state, jax.device_put(batches[k], s.plan.batch))
@@ -244,6 +255,13 @@ def _own(parts, *overrides):
     return build_job(load_config(None, [*LLAMA, "zero.stage=3", *overrides]), jax.devices()[:8], init_fn=init_fn, loss_fn=loss_fn)
 
 
+@functools.cache
+def _nn_jit_job():
+    """:func:`_own` of :func:`_nn_jit_llama`, one for the module: the test of its gathers compiles
+    its step, the test of its numbers trains that same step (traced once)."""
+    return _own(_nn_jit_llama())
+
+
 def _held_and_sent(s):
     """The share of the parameters gathered at once, and the bytes all-gathered per device."""
     _, compiled = s.compile_step()
@@ -251,7 +269,7 @@ def _held_and_sent(s):
 
 
 def test_units_take_effect_inside_an_nn_jit_model(devices):
-    s = _own(_nn_jit_llama())
+    s = _nn_jit_job()
     assert len(set(s.plan.units.values())) == 6 + 3 and s.plan.merged_units == ()
     held, sent = _held_and_sent(s)
     assert held <= 0.40, f"the jit is opened and its layers gathered one at a time ({held:.2f} at once)"
@@ -272,7 +290,7 @@ def _five_steps_equal_one_device_optax(s):
 
 
 def test_an_nn_jit_model_with_units_equals_one_device_optax(devices):
-    _five_steps_equal_one_device_optax(_own(_nn_jit_llama()))
+    _five_steps_equal_one_device_optax(_nn_jit_job())
 
 
 BLOCKS = 6
@@ -320,6 +338,13 @@ def _fused_parts():
     return init_fn, loss_fn
 
 
+@functools.cache
+def _fused_job():
+    """:func:`_own` of :func:`_fused_parts`, one for the module: the test of its merged units
+    compiles its step, the test of its custom_vjp's rule trains that same step (traced once)."""
+    return _own(_fused_parts())
+
+
 MERGED = (
     "units: blocks_0..blocks_5 (6 units) merged into one region (their parameters are read by one custom_vjp_call); "
     "XLA gathers them, as without units"
@@ -329,7 +354,7 @@ MERGED = (
 def test_units_one_custom_vjp_reads_are_left_to_xla_and_named_once(devices):
     from jzero.ledger.render import format_plan
 
-    s = _own(_fused_parts())
+    s = _fused_job()
     assert s.plan.merged_units == (MERGED,)
     assert sorted(s.plan.unit_tensors) == ["embed", "head"], "only the units in effect are counted"
     report = plan_report(s)
@@ -355,4 +380,4 @@ def test_a_step_from_make_plan_warns_of_the_merged_units_once(devices):
 
 
 def test_a_custom_vjp_keeps_its_rule_under_units(devices):
-    _five_steps_equal_one_device_optax(_own(_fused_parts()))
+    _five_steps_equal_one_device_optax(_fused_job())

@@ -15,8 +15,8 @@ from support.runs import compiled_step
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.communication.gather import UnitSpec, gather
 from jzero.communication.quantize import Layout, dequantize, from_blocks, layout, quantize, to_blocks
+from jzero.dtypes import hlo_bytes
 from jzero.ledger import hlo as ledger
-from jzero.ledger import hlo_text
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
 from jzero.training.report import plan_report
@@ -96,7 +96,7 @@ def _gathered_arrays(compiled, sizes, dtypes):
         if op.kind == "all-gather":
             for dtype, dims in op.arrays:
                 if dtype in dtypes and int(np.prod(dims)) in sizes:
-                    total += int(np.prod(dims)) * hlo_text._DTYPE_BYTES[dtype] * op.executions
+                    total += int(np.prod(dims) * hlo_bytes(dtype)) * op.executions
     return total
 
 
@@ -220,7 +220,14 @@ def test_bad_quantization_settings_are_one_line(capsys, overrides, fragment):
     one_line_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], fragment)
 
 
-def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(devices, two_hosts):
+@pytest.fixture(scope="module")
+def hpz_on_two_hosts(two_hosts):
+    """The tiny GPT, bf16, stage 3 with hpZ over two hosts of 4: one job for the module, so the
+    test of its secondary copy and the gpt case of its backward's gathers compile its step once."""
+    return build_job(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
+
+
+def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(devices, hpz_on_two_hosts):
     """Live model states: ZeRO-3's formula over all 8 devices. The secondary copy: the parameters
     (bf16) over the 4 devices of a host, and the compiled layer loop saves it for every scanned kernel."""
     from jzero.ledger.hlo import forward_loop_writes, live_bytes_per_device
@@ -233,7 +240,8 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
     state, planned = s.init_state(), s.plan.per_device_bytes()
     assert live_bytes_per_device(state.params) == planned.params
     assert 0 <= live_bytes_per_device(state.opt_state) - planned.optimizer <= 8  # the optimizer's step counts
-    job, compiled = compiled_step(tiny_config("zero.stage=3", *BF16, *HPZ, "mesh.dcn.replica=2"), two_hosts)
+    job = hpz_on_two_hosts
+    _, compiled = job.compile_step()
     h = hierarchical(job.plan, job.precision, compiled.as_text())
     assert plan_report(job, compiled).hierarchical == h
     whole = sum(int(np.prod(t.shape)) * 2 for t in job.plan.tensors)  # bf16
@@ -247,7 +255,7 @@ def test_hpz_states_are_zero3_over_all_devices_plus_a_secondary_copy_per_host(de
 
 
 @pytest.mark.parametrize("model", ["gpt", "llama units"])
-def test_hpz_keeps_the_backwards_gathers_within_the_host(two_hosts, model):
+def test_hpz_keeps_the_backwards_gathers_within_the_host(request, two_hosts, model):
     """Two hosts of 4: flat ZeRO-3 gathers across hosts in the forward and again in the backward;
     with hpZ only the forward's gather crosses, and the backward's stays within a host: in jzero's
     scanned GPT and in an unscanned model's gathering units."""
@@ -259,14 +267,17 @@ def test_hpz_keeps_the_backwards_gathers_within_the_host(two_hosts, model):
     if model != "gpt":
         parts["init_fn"], parts["loss_fn"] = llama_parts(16, d=32, layers=3, heads=4, kv_heads=2)
 
-    def gathers(*sets):
-        job = build_job(tiny_config("zero.stage=3", *BF16, *sets), two_hosts, **parts)
+    def build(*sets):
+        return build_job(tiny_config("zero.stage=3", *BF16, *sets), two_hosts, **parts)
+
+    def gathers(job):
         assert bool(job.plan.units) == (model != "gpt")
         ops = [op for op in ledger.parse_collectives(job.compile_step()[1].as_text()) if op.kind == "all-gather"]
         return bytes_by_level(ops, [d.process_index for d in job.mesh.devices.flat])
 
-    flat = gathers("mesh.axes.data=8", "mesh.dcn.data=2")
-    hpz = gathers(*HPZ, "mesh.dcn.replica=2")
+    flat = gathers(build("mesh.axes.data=8", "mesh.dcn.data=2"))
+    # The gpt's hpZ job is the secondary copy's test's (the same config: build(*HPZ, "mesh.dcn.replica=2")).
+    hpz = gathers(request.getfixturevalue("hpz_on_two_hosts") if model == "gpt" else build(*HPZ, "mesh.dcn.replica=2"))
     assert flat["within_host"] == 0 and hpz["cross_host"] < flat["cross_host"]
     # The backward's gathers (flat's cross-host bytes that hpZ's no longer has) went within the
     # host, beside the forward's second, within-host gather: at most flat's bytes in all.

@@ -1,6 +1,8 @@
 """What the layer loops save for the backward, by kind (jzero/ledger/saved.py), against the GPT's
 formula for each remat policy (jzero/models/sizes.py): the compiled program's bytes, exactly."""
 
+import functools
+
 import pytest
 from support.configs import tiny_config
 from support.llama import llama_job
@@ -16,10 +18,23 @@ from jzero.training.report import plan_report
 COMPUTE_BF16 = ("precision.compute_dtype=bfloat16",)
 
 
-def _activations(*sets, devices=None):
-    job = build_job(tiny_config("zero.stage=3", *sets), devices)
+@functools.cache
+def _activations(*sets):
+    """The saved activations of the tiny GPT's stage-3 step with ``sets`` on the 8 CPU devices, and
+    its program's text; once per test process for each ``sets``."""
+    return _saved(build_job(tiny_config("zero.stage=3", *sets)))
+
+
+def _saved(job):
     _, compiled = job.compile_step()
     return plan_report(job, compiled).activations, compiled.as_text()
+
+
+@pytest.fixture(scope="module")
+def tiny_on_h100x8(h100x8):
+    """The tiny GPT's job on h100x8 for some config overrides, built once a module: a job compiles its
+    step once (``Job.compile_step``), so the tests that read the same program share its compile."""
+    return functools.cache(lambda *sets: build_job(tiny_config(*sets), h100x8))
 
 
 def _roles(a) -> set[str]:
@@ -44,9 +59,9 @@ def test_none_keeps_what_a_layer_needs_not_every_intermediate():
 
 
 @pytest.mark.parametrize("mesh", ["mesh.axes.data=8", "mesh.axes.model=2"], ids=["dp8", "dp4-mp2"])
-def test_none_on_gpus_saves_the_formula_and_runs_attention_once(mesh, h100x8):
-    sets = ("model.remat=none", *COMPUTE_BF16, mesh) + (("mesh.axes.data=4",) if "model" in mesh else ())
-    a, text = _activations(*sets, devices=h100x8)
+def test_none_on_gpus_saves_the_formula_and_runs_attention_once(mesh, tiny_on_h100x8):
+    sets = ("zero.stage=3", "model.remat=none", *COMPUTE_BF16, mesh) + (("mesh.axes.data=4",) if "model" in mesh else ())
+    a, text = _saved(tiny_on_h100x8(*sets))  # dp8's job is the one-microbatch step below
     assert a.device == a.formula and a.over_formula == []
     assert _roles(a) == set(SAVED_BY_POLICY["none"])  # cuDNN's output and statistics are attention's
     # The forward's attention kernel is kept, not run again in the backward: as many forward kernels
@@ -111,21 +126,25 @@ def test_an_unrolled_model_with_units_saves_each_projection_once_per_layer(devic
 
 
 def test_a_loop_is_read_as_before_when_units_are_off(devices):
-    a, _ = _activations(devices=devices)
+    a, _ = _activations("model.remat=full")  # the default remat (units are off by default): [full]'s step above
     assert a.saved_by == "layer loops" and all(r.in_units is None for r in a.by_kind)
 
 
-def test_microbatches_save_one_microbatchs_values_once_and_never_more_than_the_peak(h100x8):
+def test_microbatches_save_one_microbatchs_values_once_and_never_more_than_the_peak(tiny_on_h100x8):
     """Under accumulation XLA peels the step's first and last microbatch out of the microbatch loop
     on GPUs: three copies of the forward layer loop, never live together. The plan counts one
     microbatch's stacks once, as a step of that microbatch's rows alone saves, within the compiled
     device peak, and lists each kind once (MPT-3B at seq 8192 listed q, k and v three times and
     reported 121 GB saved against a 96.3 GB peak)."""
-    base = ("zero.stage=3", "model.remat=none", *COMPUTE_BF16)
-    four = ("train.microbatches=4", "train.global_batch_size=32")
-    accumulated = plan_report(build_job(tiny_config(*base, *four), h100x8))
-    alone = plan_report(build_job(tiny_config(*base, "train.global_batch_size=8"), h100x8))  # one microbatch's rows
-    text = build_job(tiny_config(*base, *four), h100x8).compile_step()[1].as_text()
+    base = ("zero.stage=3", "model.remat=none", *COMPUTE_BF16, "mesh.axes.data=8")  # the dp8 step above
+    four = ("train.microbatches=4", "train.global_batch_size=64")
+    job = tiny_on_h100x8(*base, *four)
+    _, compiled = job.compile_step()
+    accumulated = plan_report(job, compiled)
+    alone_job = tiny_on_h100x8(*base)  # one microbatch's rows: the tiny config's batch of 16, 64 / 4
+    assert alone_job.config.train.global_batch_size == 16
+    alone = plan_report(alone_job, alone_job.compile_step()[1])
+    text = compiled.as_text()
     assert len(forward_loop_writes(text)) == 3  # the peeled first and last microbatch, and the loop's
     a = accumulated.activations
     assert a.device == alone.activations.device == a.formula > 0

@@ -26,6 +26,30 @@ def _kinds(tree) -> set[str]:
     return {x.sharding.memory_kind for x in jax.tree.leaves(tree)}
 
 
+@pytest.fixture(scope="module")
+def jobs(data):
+    """``(job, trained)`` for this module: ``job(*sets)`` the job of ``tiny_config(*sets)``, and
+    ``trained(job)`` its state after ``train_sharded``'s 20 steps, each made once per config (the
+    config itself is the key, however its overrides spell it). A :class:`Job` memoises its step, so
+    the tests below that train or compile the same config (stage 3 with the default remat policy,
+    full; the dp4-mp2 run without offload; the remat policies) trace and run it once."""
+    built, states = {}, {}
+
+    def job(*sets):
+        config = tiny_config(*sets)
+        key = repr(config)
+        if key not in built:
+            built[key] = build_job(config)
+        return built[key]
+
+    def trained(s):
+        if id(s) not in states:  # the jobs are job()'s, kept in built
+            states[id(s)] = train_sharded(s, _batches(data))
+        return states[id(s)]
+
+    return job, trained
+
+
 OFFLOADS = {
     "stage1-optimizer": ("zero.stage=1", "zero.offload_optimizer=true"),
     "stage3-params": ("zero.stage=3", "zero.offload_params=true"),
@@ -36,11 +60,12 @@ OFFLOADS = {
 
 
 @pytest.mark.parametrize("sets", OFFLOADS.values(), ids=OFFLOADS.keys())
-def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_without(sets, data, reference):
-    offloaded = build_job(tiny_config(LR, *sets))
-    plain = build_job(tiny_config(LR, *(x for x in sets if "offload" not in x)))
-    state = train_sharded(offloaded, _batches(data))
-    want = train_sharded(plain, _batches(data))
+def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_without(sets, data, reference, jobs):
+    job, trained = jobs
+    offloaded = job(LR, *sets)
+    plain = job(LR, *(x for x in sets if "offload" not in x))
+    state = trained(offloaded)
+    want = trained(plain)
     zero = offloaded.config.zero
 
     # The live arrays sit where the plan put them, optimizer state and master copy included.
@@ -73,8 +98,8 @@ def test_offloaded_state_rests_in_host_memory_and_trains_like_the_same_run_witho
         assert ledger.compiled_memory(compiled)["temp"] <= ledger.compiled_memory(plain_compiled)["temp"] + layer
 
 
-def test_each_block_fetches_its_own_parameters_inside_the_layer_loop(data):
-    s = build_job(tiny_config("zero.stage=3", "zero.offload_params=true"))
+def test_each_block_fetches_its_own_parameters_inside_the_layer_loop(data, jobs):
+    s = jobs[0]("zero.stage=3", "zero.offload_params=true")
     state = s.init_state()
     jaxpr = jax.make_jaxpr(s.make_step())(state, data.device_batch(0, s.plan.batch))
 
@@ -103,16 +128,16 @@ def test_offload_needs_the_stage_that_partitions_it():
 
 
 @pytest.mark.parametrize("policy", REMAT_POLICIES)
-def test_every_remat_policy_trains_like_one_device(policy, data, reference):
-    s = build_job(tiny_config(LR, "zero.stage=3", f"model.remat={policy}"))
-    state = train_sharded(s, _batches(data))
+def test_every_remat_policy_trains_like_one_device(policy, data, reference, jobs):
+    job, trained = jobs
+    state = trained(job(LR, "zero.stage=3", f"model.remat={policy}"))
     reference.check(params=jax.device_get(state.params))
 
 
-def test_remat_policies_in_the_compiled_step():
+def test_remat_policies_in_the_compiled_step(jobs):
     reports = {}
     for policy in ("none", "full", "offload_dots"):
-        s = build_job(tiny_config("zero.stage=3", f"model.remat={policy}"))
+        s = jobs[0]("zero.stage=3", f"model.remat={policy}")
         reports[policy] = plan_report(s)
     none, full, offload = reports["none"], reports["full"], reports["offload_dots"]
     # none keeps what a layer needs (tests/ledger/test_saved.py); full keeps only each layer's input.
@@ -160,8 +185,9 @@ def test_partitioned_activations_divide_the_saved_inputs_by_the_model_axis():
     assert split.compiled.temp <= 0.7 * whole.compiled.temp
 
 
-def test_partitioned_activations_train_like_one_device(data, reference):
-    s = build_job(tiny_config(LR, "zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2"))
+def test_partitioned_activations_train_like_one_device(data, reference, jobs):
+    job, trained = jobs
+    s = job(LR, "zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2")
     assert s.config.model.partition_activations is None and partitions_activations(s.config.model, 2)  # on by default
-    state = train_sharded(s, _batches(data))
+    state = trained(s)
     reference.check(params=jax.device_get(state.params))

@@ -65,11 +65,13 @@ def clipped_reference(data):
     would at AdamW's update too (about lr x sqrt(params) = 0.2), so clipping after the optimizer differs."""
     ref = build_job(tiny_config(*CLIP, "mesh.axes.data=1"), devices=jax.devices()[:1])
     tx = optax_tx(ref.config)
-    init = reference_run(ref.init_fn, ref.loss_fn, tx, ref.rng, None, steps=0).params
-    grads = jax.grad(ref.loss_fn)(init, jnp.asarray(data.global_batch(0)))
+    start = reference_run(ref.init_fn, ref.loss_fn, tx, ref.rng, None, steps=0)  # the initial params and optax state
+    grads = jax.jit(jax.grad(ref.loss_fn))(start.params, jnp.asarray(data.global_batch(0)))  # one program, not op by op
     norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
     assert norm > 0.05, norm  # the clip bites
-    return reference_with_floor(ref.init_fn, ref.loss_fn, tx, ref.rng, lambda k: jnp.asarray(data.global_batch(k)))
+    # From that same start: reference_with_floor would initialise again to the same params and state.
+    return reference_with_floor(ref.init_fn, ref.loss_fn, tx, ref.rng, lambda k: jnp.asarray(data.global_batch(k)),
+                                start=(start.params, start.opt_state))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -273,17 +275,6 @@ def _check_step(reference, state, metrics):
     reference.check(losses=[float(metrics["loss"])], grad_norms=[float(metrics["grad_norm"])])
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_microbatches_equal_one_step_on_the_whole_batch(devices, batch_32, one_step_reference, stage):
-    """fp32: 4 microbatches accumulate to the whole batch's gradient (a different summation order
-    only), so one AdamW step lands where one-device optax does, as one whole-batch step does: both
-    within 10x the measured reordering floor."""
-    for m in (1, 4):
-        s = build_job(tiny_config(f"zero.stage={stage}", LR, f"train.microbatches={m}", *BATCH_32))
-        state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
-        _check_step(one_step_reference, state, metrics)
-
-
 MESHES = {
     "dp8": ["mesh.axes.data=8"],
     "dp4-mp2": ["mesh.axes.data=4", "mesh.axes.model=2"],
@@ -291,8 +282,38 @@ MESHES = {
 }
 
 
+@pytest.fixture(scope="module")
+def batch_32_job():
+    """``job(stage, microbatches, *mesh)``: the fp32 AdamW job of a stage with ``microbatches`` over
+    the 32-row batch, built once in this module. A :class:`Job` memoises its step, so
+    test_microbatch_buffer_is_sharded_from_stage_2 compiles the very programs the step tests trace
+    (stages 1 and 2, 4 microbatches, dp8) rather than tracing them again."""
+    jobs = {}
+
+    def job(stage, microbatches, *mesh):
+        key = (stage, microbatches, *mesh)
+        if key not in jobs:
+            jobs[key] = build_job(tiny_config(f"zero.stage={stage}", LR, f"train.microbatches={microbatches}", *BATCH_32, *mesh))
+        return jobs[key]
+
+    return job
+
+
+# Stage 1 is not here: test_stages_0_1_accumulate_locally_and_reduce_once[dp8] runs exactly that
+# case (stage 1 on the 8-way data axis, 1 and 4 microbatches, the same one-step check), and more.
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_microbatches_equal_one_step_on_the_whole_batch(devices, batch_32, batch_32_job, one_step_reference, stage):
+    """fp32: 4 microbatches accumulate to the whole batch's gradient (a different summation order
+    only), so one AdamW step lands where one-device optax does, as one whole-batch step does: both
+    within 10x the measured reordering floor (stage 1: test_stages_0_1_accumulate_locally_and_reduce_once[dp8])."""
+    for m in (1, 4):
+        s = batch_32_job(stage, m, *MESHES["dp8"])
+        state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
+        _check_step(one_step_reference, state, metrics)
+
+
 @pytest.mark.parametrize("mesh", list(MESHES))
-def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_step_reference, mesh):
+def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, batch_32_job, one_step_reference, mesh):
     """Stage 1, 4 microbatches: no gradient collective runs per microbatch. Inside the scan only
     the model axis's collectives remain (tensor-parallel all-reduces and the partitioned
     activations' gathers and permutes, in groups of 2 on dp4-mp2); the batch groups'
@@ -300,7 +321,7 @@ def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_st
     all-reduce per tensor, as the gradient norm is taken over the update's slices). The step equals
     one-device optax's within 10x the reordering floor, with and without microbatches."""
     for m in (1, 4):
-        s = build_job(tiny_config("zero.stage=1", LR, f"train.microbatches={m}", *BATCH_32, *MESHES[mesh]))
+        s = batch_32_job(1, m, *MESHES[mesh])
         state, metrics = s.make_step()(s.init_state(), batch_32.device_batch(0, s.plan.batch))
         _check_step(one_step_reference, state, metrics)
     hlo = s.compile_step()[1].as_text()
@@ -319,12 +340,12 @@ def test_stages_0_1_accumulate_locally_and_reduce_once(devices, batch_32, one_st
     assert grads <= sum(o.bytes for o in reduce) <= grads + 1024, (sum(o.bytes for o in reduce), grads)
 
 
-def test_microbatch_buffer_is_sharded_from_stage_2(devices):
+def test_microbatch_buffer_is_sharded_from_stage_2(devices, batch_32_job):
     """At stage 2 the accumulation buffer is the 1/N_d gradient shard, at stage 1 a whole copy:
     the compiled temporaries differ by about 7/8 of the fp32 gradient."""
     temp = {}
     for stage in (1, 2):
-        s = build_job(tiny_config(f"zero.stage={stage}", "train.microbatches=4", "train.global_batch_size=32"))
+        s = batch_32_job(stage, 4, *MESHES["dp8"])  # fp32 AdamW, 32 rows, the 8 devices on data
         temp[stage] = ledger.compiled_memory(s.compile_step()[1])["temp"]
     grads = 4 * s.plan.num_params
     assert temp[1] - temp[2] >= 0.5 * grads * 7 / 8, (temp, grads)

@@ -188,10 +188,20 @@ def _nnx_parts():
     return init_fn, loss_fn, tx
 
 
-@pytest.mark.parametrize("axes", [{"data": 8}, {"data": 4, "model": 2}])
-def test_nnx_model_trains_sharded_and_matches_reference(devices, data, axes):
+@pytest.fixture(scope="module")
+def nnx_run(data):
+    """``(init_fn, loss_fn, tx, rng, reference)``: the NNX model's parts and its one-device reference
+    (the same optax transformation, the user's, not jzero's, with its reordering floor), made once
+    for both meshes below: the reference depends on neither."""
     init_fn, loss_fn, tx = _nnx_parts()
     rng = jax.random.key(1)
+    reference = reference_with_floor(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
+    return init_fn, loss_fn, tx, rng, reference
+
+
+@pytest.mark.parametrize("axes", [{"data": 8}, {"data": 4, "model": 2}])
+def test_nnx_model_trains_sharded_and_matches_reference(devices, data, nnx_run, axes):
+    init_fn, loss_fn, tx, rng, reference = nnx_run
     plan = make_plan(abstract_state(init_fn, tx, rng), make_mesh(axes), 3)
     specs = {t.path: t.param_spec for t in plan.tensors}
     if "model" in axes:
@@ -205,7 +215,6 @@ def test_nnx_model_trains_sharded_and_matches_reference(devices, data, axes):
     for k in range(STEPS):
         state, _ = step(state, data.device_batch(k, plan.batch))
     # The reference: the same optax transformation (the user's, not jzero's) on one device.
-    reference = reference_with_floor(init_fn, loss_fn, tx, rng, lambda k: jnp.asarray(data.global_batch(k)))
     reference.check(params=state.params, opt_state=state.opt_state)
 
 

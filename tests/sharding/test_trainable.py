@@ -31,6 +31,21 @@ def _psi(job, trained: bool) -> int:
 
 
 @pytest.fixture(scope="module")
+def frozen_job():
+    """``job(stage, axes)``: the job with ``TRAIN`` training at a stage and mesh, built once in this
+    module. A :class:`Job` memoises its step, so the bytes test compiles the step the training test
+    traced at stages 0-3 on {data: 8} rather than tracing it again."""
+    jobs = {}
+
+    def job(stage, axes):
+        if (stage, axes) not in jobs:
+            jobs[stage, axes] = build_job(tiny_config(LR, SET, f"zero.stage={stage}", f"mesh.axes={axes}"))
+        return jobs[stage, axes]
+
+    return job
+
+
+@pytest.fixture(scope="module")
 def frozen_reference(data):
     one = build_job(tiny_config(LR, SET, "mesh.axes.data=1"), devices=jax.devices()[:1])
     return reference_with_floor(one.init_fn, one.loss_fn, frozen_tx(one), one.rng, lambda k: data.global_batch(k), STEPS)
@@ -39,12 +54,12 @@ def frozen_reference(data):
 @pytest.mark.parametrize(
     "stage, axes", [(0, "{data: 8}"), (1, "{data: 8}"), (2, "{data: 8}"), (3, "{data: 8}"), (3, "{data: 4, model: 2}")]
 )
-def test_frozen_parameters_train_like_one_device_optax_with_them_frozen(stage, axes, data, frozen_reference):
+def test_frozen_parameters_train_like_one_device_optax_with_them_frozen(stage, axes, data, frozen_reference, frozen_job):
     """The trained parameters equal the reference's within MARGIN x its reordering floor + 4 ulps
     (support.reference); the frozen ones stay bit for bit as they were initialised. Measured with
     ``JZERO_FLOOR_LOG``: 95 leaf comparisons, every gap within 1.7x its floor, 0.15 of the tolerance
     at most."""
-    s = build_job(tiny_config(LR, SET, f"zero.stage={stage}", f"mesh.axes={axes}"))
+    s = frozen_job(stage, axes)
     state = s.init_state()
     initial = jax.device_get(state.params)
     step = s.make_step()
@@ -59,7 +74,7 @@ def test_frozen_parameters_train_like_one_device_optax_with_them_frozen(stage, a
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(stage, data):
+def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(stage, frozen_job):
     """fp32 Adam: gradients 4Ψ_t and optimizer state 8Ψ_t (+ its two step counts), each over N_d where
     the stage partitions it, Ψ_t the trainable count; parameters 4Ψ as before. Byte for byte: the
     plan's, the live state's, and the compiled step's arguments, which hold exactly the frozen
@@ -67,7 +82,7 @@ def test_frozen_parameters_hold_no_gradient_no_optimizer_state_and_send_nothing(
     stage 0 the gradients' all-reduce carries 8Ψ_t bytes where the whole model's carries 8Ψ (the
     same scalars beside), and at stages 1-2 the all-gather of the updated parameters 4Ψ_t, not 4Ψ.
     At stage 0, the FLOPs the frozen weights' gradients would have cost, too."""
-    frozen = build_job(tiny_config(LR, SET, f"zero.stage={stage}", f"mesh.axes.data={N_D}"))
+    frozen = frozen_job(stage, f"{{data: {N_D}}}")
     whole = build_job(tiny_config(LR, f"zero.stage={stage}", f"mesh.axes.data={N_D}"))
     psi_t, psi_f = _psi(frozen, True), _psi(frozen, False)
     assert psi_t % N_D == 0 and psi_f % N_D == 0 and 0 < psi_t < psi_f

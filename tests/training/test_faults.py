@@ -5,6 +5,7 @@ Faults run as real subprocesses with real signals, and a real full disk where on
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +23,40 @@ from support.runs import cli_args, host, jzero_process, run_config
 from jzero.checkpoint.export import export_checkpoint
 from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe, verify_run
 from jzero.cli.main import main
+from jzero.config.loading import dump_config
 from jzero.training.job import build_job
 from jzero.training.loop import train
 from jzero.training.sample import sample
+
+
+# Runs many tests start from, each trained once (``train(run_config(DIR, *overrides))``) and copied
+# into a test's own folder by :func:`copy_run`, rather than trained again for each test.
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, devices):
+    """``train.steps=2``: one checkpoint, step 2."""
+    return _trained(tmp_path_factory, "train.steps=2")
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory, devices):
+    """``train.steps=4``: checkpoints at steps 2 and 4."""
+    return _trained(tmp_path_factory, "train.steps=4")
+
+
+def _trained(tmp_path_factory, *overrides):
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(run_config(run, *overrides), progress=False)
+    return run, overrides
+
+
+def copy_run(trained, run_dir):
+    """A copy of a ``trained`` run at ``run_dir``, as ``train(run_config(run_dir, *overrides))`` would
+    have left it there: every file copied, and ``config.yaml`` (which holds ``run.dir``) the one that
+    run would have written. Returns ``run_dir``."""
+    source, overrides = trained
+    shutil.copytree(source, run_dir, dirs_exist_ok=True)
+    (Path(run_dir) / "config.yaml").write_text(dump_config(run_config(run_dir, *overrides)))
+    return run_dir
 
 
 def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
@@ -115,8 +147,8 @@ def test_step_folders_jzero_did_not_write_are_refused_and_left_alone(devices, tm
         ("data.max_bytes=100000", "data.path"),
     ],
 )
-def test_a_refused_resume_is_one_line_and_changes_nothing(devices, tmp_path, capsys, change, key):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_a_refused_resume_is_one_line_and_changes_nothing(devices, two_steps, tmp_path, capsys, change, key):
+    copy_run(two_steps, tmp_path)
     before = snapshot(tmp_path)
     capsys.readouterr()
     code = main(["train", *cli_args(tmp_path, "train.steps=4", change)])  # with the progress bar
@@ -132,10 +164,10 @@ def test_a_refused_resume_is_one_line_and_changes_nothing(devices, tmp_path, cap
      (lambda p: p.write_bytes(b"\xff\xfe"), "is not UTF-8 text (byte 0xff at offset 0)")],
     ids=["a-folder", "not-utf8"],
 )  # fmt: skip
-def test_an_unreadable_config_yaml_on_resume_is_one_line_and_changes_nothing(devices, tmp_path, capsys, damage, what):
+def test_an_unreadable_config_yaml_on_resume_is_one_line_and_changes_nothing(devices, two_steps, tmp_path, capsys, damage, what):
     """The run's own config.yaml (a resume compares it with its own config) that cannot be read: one
     line naming it (config files' own reader, tests/cli/test_bad_input.py), exit 2, nothing written."""
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+    copy_run(two_steps, tmp_path)
     damage(tmp_path / "config.yaml")
     before = snapshot(tmp_path)
     capsys.readouterr()
@@ -223,8 +255,8 @@ def damage(step_dir: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncate-all-data", "truncate-index", "truncate-manifest"])
-def test_resume_past_a_damaged_checkpoint_is_quiet(devices, tmp_path, how):
-    train(run_config(tmp_path, "train.steps=4"), progress=False)
+def test_resume_past_a_damaged_checkpoint_is_quiet(devices, four_steps, tmp_path, how):
+    copy_run(four_steps, tmp_path)
     damage(tmp_path / CHECKPOINTS / "4", how)
     done = jzero_cli("train", "--quiet", *cli_args(tmp_path, "train.steps=6"))
     err = stderr_lines(done.stderr)
@@ -235,8 +267,8 @@ def test_resume_past_a_damaged_checkpoint_is_quiet(devices, tmp_path, how):
 
 
 @pytest.mark.parametrize("how", ["truncate-index", "truncate-manifest", "truncate-all-data"])
-def test_export_of_a_damaged_checkpoint_is_one_line(devices, tmp_path, how):
-    train(run_config(tmp_path, "train.steps=2"), progress=False)
+def test_export_of_a_damaged_checkpoint_is_one_line(devices, two_steps, tmp_path, how):
+    copy_run(two_steps, tmp_path)
     damage(tmp_path / CHECKPOINTS / "2", how)
     done = jzero_cli("checkpoint", "export", str(tmp_path), "--out", str(tmp_path / "p.safetensors"))
     assert done.returncode == 2 and len(stderr_lines(done.stderr)) == 1, done.stderr[-3000:]
@@ -358,12 +390,11 @@ def _wait_for_jax(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
-def test_export_stopped_at_random_moments_leaves_nothing_partial(devices, tmp_path, sig):
+def test_export_stopped_at_random_moments_leaves_nothing_partial(devices, two_steps, tmp_path, sig):
     """``jzero checkpoint export`` sent SIGINT or SIGKILL at three random moments once JAX has
     loaded: ``--out`` is either absent or the whole file, byte for byte; Ctrl-C also removes the
     hidden temporary."""
-    run = tmp_path / "run"
-    train(run_config(run, "train.steps=2"), progress=False)
+    run = copy_run(two_steps, tmp_path / "run")
     whole = tmp_path / "whole.safetensors"
     export_checkpoint(run, whole, warn=pytest.fail)
     rng = np.random.default_rng(sig)

@@ -28,8 +28,14 @@ ENTRY %main (w: bf16[{K // 8},{N}], x: bf16[{M},{K}]) -> bf16[{M},{N}] {{
 """
 
 
-def test_a_handwritten_programs_predicted_step_worked_by_hand(h100x8):
-    job = build_job(tiny_config("zero.stage=3", "precision.compute_dtype=bfloat16"), h100x8)
+@pytest.fixture(scope="module")
+def job(h100x8):
+    """The job whose config and devices the prediction reads (its batch, seq_len and GPUs), built once:
+    nothing here compiles it."""
+    return build_job(tiny_config("zero.stage=3", "precision.compute_dtype=bfloat16"), h100x8)
+
+
+def test_a_handwritten_programs_predicted_step_worked_by_hand(job, h100x8):
     flops = 2 * M * N * K  # the one matmul
     parts = StepParts(
         ModelFlops(per_token=0.0, per_step=flops, per_device_per_step=flops, peak_flops=None, peak_floor_s=None),
@@ -54,11 +60,10 @@ def test_a_handwritten_programs_predicted_step_worked_by_hand(h100x8):
     assert p.executed_over_model_flops == 1.0 and p.error is None
 
 
-def test_a_step_the_flop_counter_cannot_explain_gets_the_reason_and_no_step_time(h100x8):
+def test_a_step_the_flop_counter_cannot_explain_gets_the_reason_and_no_step_time(job):
     """The same program claimed to need 10x its matmul's FLOPs: the counter finds 0.10x the model's,
     below what causal attention explains, so the prediction says so and gives no step time, tokens/s,
     MFU or bound; its terms stay, as the compiled program's."""
-    job = build_job(tiny_config("zero.stage=3", "precision.compute_dtype=bfloat16"), h100x8)
     flops = 2 * M * N * K
     parts = StepParts(
         ModelFlops(per_token=0.0, per_step=10 * flops, per_device_per_step=10 * flops, peak_flops=None, peak_floor_s=None),

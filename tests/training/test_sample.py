@@ -1,6 +1,7 @@
 """``jzero sample``: KV-cache decoding equals the model, a memorised text comes back, bad input is
 one line and exit 2, and an output that cannot be written is one line and exit 1."""
 
+import functools
 import io
 import subprocess
 import sys
@@ -227,12 +228,18 @@ def sharp_run(tmp_path_factory):
     return run, job.model, jax.device_get(params)
 
 
+@functools.cache
+def _apply(model):
+    """The model's own ``apply``, jitted once per model (so traced once for every draw)."""
+    return jax.jit(lambda p, t: model.apply({"params": p}, t))
+
+
 def _drawn(model, params, prompt, count, temperature, seed):
     """``count`` tokens after ``prompt``, drawn independently of jzero's decoding: the logits of the
     model's own ``apply`` on the whole sequence so far (causal: the positions after it change
     nothing), and as the sampler documents its key use, step i's token ``jax.random.categorical(
     fold_in(key(seed), i), logits / temperature)`` over a [1, vocab] row; argmax at temperature 0."""
-    apply = jax.jit(lambda p, t: model.apply({"params": p}, t))
+    apply = _apply(model)
     ids, key = list(prompt), jax.random.key(seed)
     for i in range(count):
         logits = apply(params, jnp.asarray([ids + [0] * (model.seq_len - len(ids))], jnp.int32))[:, len(ids) - 1]
@@ -249,13 +256,13 @@ def test_sampled_tokens_follow_the_temperature_and_seed(devices, sharp_run, caps
     (the default) and at 0 (greedy), so a temperature left out or fixed is caught."""
     run, model, params = sharp_run
     prompt, count, seed = BYTES.encode(PROMPT), 12, 5
-    want = _drawn(model, params, prompt, count, 1.7, seed)
+    want, greedy = _drawn(model, params, prompt, count, 1.7, seed), _drawn(model, params, prompt, count, 0.0, seed)
     assert want != _drawn(model, params, prompt, count, 0.8, seed)
-    assert want != _drawn(model, params, prompt, count, 0.0, seed)
+    assert want != greedy
     text = sample(run, PROMPT, max_tokens=count, temperature=1.7, seed=seed)
     assert text == BYTES.decode(want)
     flags = ["--prompt", PROMPT, "--max-tokens", str(count), "--temperature", "1.7", "--seed", str(seed)]
     assert main(["sample", str(run), *flags]) == 0
     assert capsys.readouterr().out == text + "\n"
-    # Greedy is the argmax of the same logits.
-    assert sample(run, PROMPT, max_tokens=count, temperature=0.0) == BYTES.decode(_drawn(model, params, prompt, count, 0.0, 0))
+    # Greedy is the argmax of the same logits (:func:`_drawn` uses no key at temperature 0: any seed's).
+    assert sample(run, PROMPT, max_tokens=count, temperature=0.0) == BYTES.decode(greedy)
