@@ -132,6 +132,7 @@ REACHED_THROUGH = {
     "jzero.communication.loss_units": ("jzero.training.job", "tests/communication/test_units.py"),
     "jzero.config.validation": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.ledger.element_types": ("jzero.training.report", "tests/communication/test_zeropp.py"),
+    "jzero.ledger.hlo_text": ("jzero.ledger.hlo", "tests/ledger/test_ledger.py"),  # the parser the readers share
     "jzero.models.names": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.planner.progress": ("jzero.cli.main", "tests/planner/test_planner.py"),
     "jzero.planner.search": ("jzero.cli.main", "tests/planner/test_planner.py"),
