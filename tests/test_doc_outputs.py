@@ -98,7 +98,8 @@ MASKS = [
     # OCDBT packs a step's arrays into data files as its writes finish: the same state takes a few
     # percent more or less on disk from one save to the next (the tensors' own bytes do not vary).
     Mask(r"ok, (\d+(?:\.\d+)? [KMGT]?i?B) verified", "a checkpoint step's bytes on disk"),
-    Mask(r"^ +\d+  (?:yes|no) .* (\d+(?:\.\d+)? [KMGT]?i?B)$", "a checkpoint step's bytes on disk"),
+    # The spaces before it too: the table right-aligns the size, so 10.01 MiB takes one more column than 9.43 MiB.
+    Mask(r"^ +\d+  (?:yes|no) .*?(\s+\d+(?:\.\d+)? [KMGT]?i?B)$", "a checkpoint step's bytes on disk"),
     # The loss sums floats in an order that depends on the CPU and XLA's options. Floor, measured: 20
     # steps of configs/gpt-tiny.yaml at the suite's --xla_backend_optimization_level=0 against the
     # default differed by at most 1.1e-6 relative (3.0804992 and 3.0804958 at step 20); printing 4
@@ -391,6 +392,8 @@ def test_masks_hide_only_what_varies():
     assert differences("4 of 4 async overlap compute", "3 of 4 async overlap compute") != ""
     row = "       2  yes        yes              3        8          1  data=8 x model=1                {}"
     assert differences(row.format("9.52 MiB"), row.format("9.19 MiB")) == ""  # a step's bytes on disk
+    assert differences(row.format(" 9.43 MiB"), row.format("10.01 MiB")) == ""  # ... one column wider
+    assert differences(row.format("9.52 MiB"), row.format("9.19 MiB").replace("model=1", "model=2")) != ""
     assert differences(row.format("9.52 MiB"), row.format("9.19 MiB").replace("yes", "no", 1)) != ""
 
 
