@@ -114,3 +114,20 @@ def user_cache(tmp_path_factory):
     compilation cache for the next, as on a user's machine after the first command."""
     base = tmp_path_factory.getbasetemp()
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "user-cache"
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, devices):
+    """A run of :func:`support.runs.run_config` trained 2 steps (one checkpoint, step 2), once a
+    module; a test copies it (:func:`support.runs.copy_run`) rather than trains its own."""
+    from support.runs import trained_run
+
+    return trained_run(tmp_path_factory.mktemp("trained"), "train.steps=2")
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory, devices):
+    """The same trained 4 steps: checkpoints at steps 2 and 4."""
+    from support.runs import trained_run
+
+    return trained_run(tmp_path_factory.mktemp("trained"), "train.steps=4")

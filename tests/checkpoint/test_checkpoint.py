@@ -4,7 +4,6 @@ preemption, corruption fallback, failed writes, export and init_from."""
 import json
 import os
 import random
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -15,12 +14,12 @@ import numpy as np
 import pytest
 from support.configs import LR, tiny_config
 from support.reference import optax_tx, reference_with_floor
-from support.runs import cli_args, host, jzero_process, run_config
+from support.runs import cli_args, copy_run, host, jzero_process, run_config, shared_job
 
 from jzero.checkpoint.export import restore_numpy
 from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
 from jzero.cli.main import main
-from jzero.config.loading import ConfigError, dump_config
+from jzero.config.loading import ConfigError
 from jzero.errors import CheckpointError
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
@@ -37,49 +36,6 @@ def assert_bit_identical(got: dict, want: dict):
     assert sorted(got) == sorted(want)
     for path in want:
         assert got[path].dtype == want[path].dtype and np.array_equal(got[path], want[path]), path
-
-
-# Runs many tests start from, each trained once (``train(run_config(DIR, *overrides))``) and copied
-# into a test's own folder by :func:`copy_run`, rather than trained again for each test.
-@pytest.fixture(scope="module")
-def two_steps(tmp_path_factory, devices):
-    """``train.steps=2``: one checkpoint, step 2."""
-    return _trained(tmp_path_factory, "train.steps=2")
-
-
-@pytest.fixture(scope="module")
-def four_steps(tmp_path_factory, devices):
-    """``train.steps=4``: checkpoints at steps 2 and 4."""
-    return _trained(tmp_path_factory, "train.steps=4")
-
-
-def _trained(tmp_path_factory, *overrides):
-    run = tmp_path_factory.mktemp("trained") / "run"
-    train(run_config(run, *overrides), progress=False)
-    return run, overrides
-
-
-_JOBS = {}
-
-
-def shared_job(*overrides: str):
-    """``build_job(tiny_config(*overrides))``, built once for every test whose config resolves the
-    same (a job never changes, and its steps are traced once)."""
-    config = tiny_config(*overrides)
-    key = dump_config(config)
-    if key not in _JOBS:
-        _JOBS[key] = build_job(config)
-    return _JOBS[key]
-
-
-def copy_run(trained, run_dir):
-    """A copy of a ``trained`` run at ``run_dir``, as ``train(run_config(run_dir, *overrides))`` would
-    have left it there: every file copied, and ``config.yaml`` (which holds ``run.dir``) the one that
-    run would have written. Returns ``run_dir``."""
-    source, overrides = trained
-    shutil.copytree(source, run_dir, dirs_exist_ok=True)
-    (Path(run_dir) / "config.yaml").write_text(dump_config(run_config(run_dir, *overrides)))
-    return run_dir
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ from support.cli import one_line_error, sets
 from support.configs import LR, tiny_config
 from support.hf_llama import SHAPE, hf_greedy, hf_logits, write_hf_llama, write_tokenizer
 from support.reference import MARGIN, ULPS, assert_within_floor, frozen_tx, loss_with_floor, reference_with_floor
+from support.runs import shared_job
 
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
-from jzero.config.loading import dump_config, load_config
+from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.data.tokenizer import load_tokenizer
 from jzero.errors import ConfigError
@@ -36,19 +37,6 @@ def _params(state) -> dict[str, np.ndarray]:
     return {path: np.asarray(leaf) for path, leaf in tree_paths(jax.device_get(state.params)).items()}
 
 
-_JOBS = {}
-
-
-def _job(*overrides: str):
-    """``build_job(tiny_config(*overrides))``, built once for every test whose config resolves the
-    same (a job never changes, and its steps are traced once)."""
-    config = tiny_config(*overrides)
-    key = dump_config(config)
-    if key not in _JOBS:
-        _JOBS[key] = build_job(config)
-    return _JOBS[key]
-
-
 def test_adapters_rest_like_their_kernels_and_the_model_starts_as_the_one_it_adapts(data):
     """On dp4-mp2 at stage 3: A carries its kernel's input axis, B its output axis (``model`` where
     the kernel has it), each then partitioned over ``data``. With the plain model's parameters as its
@@ -58,7 +46,7 @@ def test_adapters_rest_like_their_kernels_and_the_model_starts_as_the_one_it_ada
     (A fresh LoRA model's own base is another draw: Flax's scan gives an adapted kernel's module
     another key once it holds more parameters.)"""
     axes = ["zero.stage=3", "mesh.axes={data: 4, model: 2}"]
-    s, plain = _job(*LORA, *axes), build_job(tiny_config(*axes))
+    s, plain = shared_job(*LORA, *axes), build_job(tiny_config(*axes))
     specs = {t.path: t.replicated_spec for t in s.plan.tensors}
     kernels = [p.removesuffix(A) + "kernel" for p in specs if p.endswith(A)]
     assert len(kernels) == 6  # query, key, value, attn_out, mlp_in, mlp_out: lora.targets' default, every kernel
@@ -96,7 +84,7 @@ def test_only_the_adapters_train_like_one_device_and_hold_the_optimizer_state(st
     of the tolerance at most); the base parameters stay bit for bit. On dp8 the optimizer state is the
     adapters' alone: 8 bytes x Ψ_a / N_d, plus the two step counts, Ψ_a counted from the shapes: per
     layer r x (in + out) for each kernel."""
-    s = _job(LR, *LORA, f"zero.stage={stage}", f"mesh.axes={axes}")
+    s = shared_job(LR, *LORA, f"zero.stage={stage}", f"mesh.axes={axes}")
     state = s.init_state()
     initial = _params(state)
     step = s.make_step()

@@ -1,14 +1,16 @@
 """A training run of the tiny model: its config, its ``jzero train`` words, as a process, compiled."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 
-from jzero.config.loading import load_config
+from jzero.config.loading import dump_config, load_config
 from jzero.training.job import build_job
-from support.configs import ROOT, TINY
+from support.configs import ROOT, TINY, tiny_config
 
 RUN = [*TINY, "mesh.axes.data=8", "zero.stage=3", "checkpoint.every=2", "run.log_every=4"]
 
@@ -37,3 +39,36 @@ def compiled_step(config, devices):
     s = build_job(config, devices)
     _, compiled = s.compile_step()
     return s, compiled
+
+
+def trained_run(folder, *overrides):
+    """:func:`run_config`'s run trained in ``folder / "run"``, for tests to copy (:func:`copy_run`)
+    rather than train again: ``(run_dir, overrides)``."""
+    from jzero.training.loop import train
+
+    run = Path(folder) / "run"
+    train(run_config(run, *overrides), progress=False)
+    return run, overrides
+
+
+def copy_run(trained, run_dir):
+    """A copy of a ``trained`` run at ``run_dir``, as ``train(run_config(run_dir, *overrides))`` would
+    have left it there: every file copied, and ``config.yaml`` (which holds ``run.dir``) the one that
+    run would have written. Returns ``run_dir``."""
+    source, overrides = trained
+    shutil.copytree(source, run_dir, dirs_exist_ok=True)
+    (Path(run_dir) / "config.yaml").write_text(dump_config(run_config(run_dir, *overrides)))
+    return run_dir
+
+
+_JOBS = {}
+
+
+def shared_job(*overrides: str):
+    """``build_job(tiny_config(*overrides))``, built once in this process for every test whose config
+    resolves the same (a job never changes, and its steps are traced once)."""
+    config = tiny_config(*overrides)
+    key = dump_config(config)
+    if key not in _JOBS:
+        _JOBS[key] = build_job(config)
+    return _JOBS[key]

@@ -5,7 +5,6 @@ Faults run as real subprocesses with real signals, and a real full disk where on
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,45 +17,14 @@ from support.cli import jzero_cli, stderr_lines
 from support.configs import ROOT, tiny_config
 from support.disks import small_disk
 from support.files import snapshot
-from support.runs import cli_args, host, jzero_process, run_config
+from support.runs import cli_args, copy_run, host, jzero_process, run_config
 
 from jzero.checkpoint.export import export_checkpoint
 from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe, verify_run
 from jzero.cli.main import main
-from jzero.config.loading import dump_config
 from jzero.training.job import build_job
 from jzero.training.loop import train
 from jzero.training.sample import sample
-
-
-# Runs many tests start from, each trained once (``train(run_config(DIR, *overrides))``) and copied
-# into a test's own folder by :func:`copy_run`, rather than trained again for each test.
-@pytest.fixture(scope="module")
-def two_steps(tmp_path_factory, devices):
-    """``train.steps=2``: one checkpoint, step 2."""
-    return _trained(tmp_path_factory, "train.steps=2")
-
-
-@pytest.fixture(scope="module")
-def four_steps(tmp_path_factory, devices):
-    """``train.steps=4``: checkpoints at steps 2 and 4."""
-    return _trained(tmp_path_factory, "train.steps=4")
-
-
-def _trained(tmp_path_factory, *overrides):
-    run = tmp_path_factory.mktemp("trained") / "run"
-    train(run_config(run, *overrides), progress=False)
-    return run, overrides
-
-
-def copy_run(trained, run_dir):
-    """A copy of a ``trained`` run at ``run_dir``, as ``train(run_config(run_dir, *overrides))`` would
-    have left it there: every file copied, and ``config.yaml`` (which holds ``run.dir``) the one that
-    run would have written. Returns ``run_dir``."""
-    source, overrides = trained
-    shutil.copytree(source, run_dir, dirs_exist_ok=True)
-    (Path(run_dir) / "config.yaml").write_text(dump_config(run_config(run_dir, *overrides)))
-    return run_dir
 
 
 def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
