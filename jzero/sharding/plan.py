@@ -44,11 +44,10 @@ from jzero.trees import path_str
 
 __all__ = ["Plan", "TensorPlan", "make_plan"]
 
-_MOVED = {
-    "jzero.sharding.rules": ("check_path_rules", "default_rules", "logical_names", "logical_to_mesh"),
-    "jzero.sharding.partition": ("data_partition", "hierarchy", "shard_bytes", "zero_axes"),
-}
-__getattr__ = moved_names(__name__, {name: f"{home}.{name}" for home, names in _MOVED.items() for name in names})
+# The plan uses the other moved names, so they import from here as they always did; these two it does not.
+__getattr__ = moved_names(
+    __name__, {"default_rules": "jzero.sharding.rules.default_rules", "zero_axes": "jzero.sharding.partition.zero_axes"}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,7 +419,7 @@ def make_plan(
       mesh: a mesh with a ``data`` axis.
       stage: the ZeRO stage, 0 to 3 (:data:`jzero.sharding.stages.STAGES`), or the whole
         :class:`~jzero.sharding.stages.ZeroOptions` (a config's ``zero:``).
-      rules: ordered ``[logical_name, mesh_axis_or_null]`` pairs (default: :func:`default_rules`).
+      rules: ordered ``[logical_name, mesh_axis_or_null]`` pairs (default: :func:`jzero.sharding.rules.default_rules`).
       path_rules: ``[regex, [mesh_axis_or_null per dim]]`` pairs that place parameters by path (first
         match wins, before logical names; ``re.search`` on the ``/``-joined path): the way to put an
         unannotated model's tensors on ``model``. Each must place at least one parameter.
