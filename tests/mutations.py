@@ -111,6 +111,20 @@ _CLI = (
         "tests/cli/test_cli.py::test_bad_input_is_one_line_exit_2",
     ),
     _m(
+        "Ctrl-C that lands in JAX's garbage-collector callback during an export is printed and run past",
+        "jzero/cli/interrupts.py",
+        "    hook, sys.unraisablehook = sys.unraisablehook, _RaiseAgain(sys.unraisablehook)\n",
+        "    hook = sys.unraisablehook\n",
+        "tests/cli/test_bad_input.py::test_ctrl_c_that_lands_in_a_finalizer_is_raised_again_in_the_command",
+    ),
+    _m(
+        "a Ctrl-C sent again lands in the hook and is swallowed there",
+        "jzero/cli/interrupts.py",
+        "        if frame.f_code is _RaiseAgain.__call__.__code__:\n",
+        "        if False:\n",
+        "tests/cli/test_bad_input.py::test_ctrl_c_that_lands_in_a_finalizer_is_raised_again_in_the_command",
+    ),
+    _m(
         "jzero estimate defaults to fp32 instead of mixed precision",
         "jzero/cli/parser.py",
         'est.add_argument("--precision", default="mixed"',

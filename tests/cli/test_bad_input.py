@@ -3,6 +3,7 @@ nothing already written is lost or overwritten: configs, overrides, checkpoints 
 full disk (exit status 1: the machine's fault) or beside a user's own files, files to start from,
 and Ctrl-C while JAX imports."""
 
+import _thread
 import errno
 import json
 import os
@@ -21,6 +22,7 @@ from support.files import snapshot
 
 import jzero.checkpoint.export
 from jzero.checkpoint.export import read_safetensors
+from jzero.cli.interrupts import interrupt_raises, on_sigint
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
 from jzero.config.rundir import CHECKPOINTS
@@ -326,6 +328,35 @@ def test_an_interrupted_export_leaves_nothing(run_dir, tmp_path, capsys, monkeyp
     assert main(["checkpoint", "export", str(run_dir), "--out", str(tmp_path / "model.safetensors")]) == 130
     assert capsys.readouterr().err.splitlines() == ["jzero: interrupted"]
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["finalizer", "unraisable-hook"])
+def test_ctrl_c_that_lands_in_a_finalizer_is_raised_again_in_the_command(where):
+    """Ctrl-C during an export can land in a garbage-collector callback (JAX's), where Python prints
+    the KeyboardInterrupt and runs on: the export then exited 0 with a traceback (a suite run of
+    tests/training/test_faults.py). Within ``interrupt_raises`` it is raised again in the command,
+    also when it lands while Python reports another finalizer's error (``sys.unraisablehook``)."""
+
+    class RaisesWhenCollected:
+        def __del__(self):  # as Ctrl-C's handler does when the signal lands in here
+            raise KeyboardInterrupt if where == "finalizer" else ValueError("a finalizer's own error")
+
+    def ctrl_c_while_reporting(info):
+        _thread.interrupt_main(signal.SIGINT)
+
+    previous, hook = signal.signal(signal.SIGINT, on_sigint), sys.unraisablehook
+    if where == "unraisable-hook":
+        sys.unraisablehook = ctrl_c_while_reporting
+    deadline = time.monotonic() + 10
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_raises():
+            RaisesWhenCollected()  # collected at once: what it raises can only be reported
+            while time.monotonic() < deadline:  # the command's own work, where it must be raised
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = hook
+    assert time.monotonic() < deadline
 
 
 @pytest.mark.parametrize("disk, reason", [("full", "No space left on device"), ("read-only", "Read-only file system")])
