@@ -126,7 +126,6 @@ REACHED_THROUGH = {
     "jzero.checkpoint.quiet": ("jzero.checkpoint.runs", "tests/training/test_faults.py"),
     "jzero.cli.__main__": ("jzero.cli.main", "tests/cli/test_cli.py"),  # python -m jzero.cli
     "jzero.cli.commands": ("jzero.cli.main", "tests/cli/test_cli.py"),
-    "jzero.cli.interrupts": ("jzero.cli.main", "tests/cli/test_cli.py"),
     "jzero.cli.parser": ("jzero.cli.main", "tests/cli/test_bad_input.py"),
     "jzero.cli.program": ("jzero.cli.main", "tests/cli/test_cli.py"),
     "jzero.communication.loss_units": ("jzero.training.job", "tests/communication/test_units.py"),
