@@ -78,6 +78,27 @@ _CHECKPOINT = (
         "tests/checkpoint/test_checkpoint.py::test_non_finite_state_is_never_checkpointed",
     ),
     _m(
+        "a step whose meta promised a manifest and has none reads as merely unverified",
+        "jzero/checkpoint/verify.py",
+        '    expect = read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST\n',
+        "    expect = False\n",
+        "tests/checkpoint/test_integrity.py::test_a_missing_manifest_where_meta_promised_one_is_damage",
+    ),
+    _m(
+        "checkpoint info calls a committed step without a manifest verified",
+        "jzero/checkpoint/catalog.py",
+        "        verified = not isinstance(verdicts[step], integrity.Unverified) if committed else None\n",
+        "        verified = True if committed else None\n",
+        "tests/checkpoint/test_integrity.py::test_checkpoints_from_before_manifests_restore_with_one_line",
+    ),
+    _m(
+        "resuming a stage-1 checkpoint at stage 2 is called a change (its saved layout says 1-2)",
+        "jzero/checkpoint/meta.py",
+        '    same = {"stage": (stage, layout_stage(rule.params, rule.optimizer))}  # as its layout shows it\n',
+        "    same = {}\n",
+        "tests/models/test_own_model.py::test_an_own_loop_checkpoint_records_the_layout_its_shardings_show",
+    ),
+    _m(
         "the Hugging Face import reads a transposed matrix's shard at the untransposed index",
         "jzero/checkpoint/hf.py",
         "np.array(tensor[index[1], index[0]]).T",

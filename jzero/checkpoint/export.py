@@ -35,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jzero.checkpoint.catalog import read_newest
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
-from jzero.checkpoint.runs import array_metadata, read_newest, shape_differences, verify_step
+from jzero.checkpoint.runs import array_metadata, shape_differences
+from jzero.checkpoint.verify import verify_step
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES

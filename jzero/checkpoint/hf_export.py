@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jzero.checkpoint.catalog import read_newest
 from jzero.checkpoint.export import (
     NUMPY_DTYPES,
     SAFETENSORS_DTYPES,
@@ -36,7 +37,8 @@ from jzero.checkpoint.export import (
     write_safetensors,
 )
 from jzero.checkpoint.hf import CONFIG, INDEX, NAMES, SINGLE, TOKENIZER, hf_config, hf_tensors
-from jzero.checkpoint.runs import array_metadata, read_newest, verify_step
+from jzero.checkpoint.runs import array_metadata
+from jzero.checkpoint.verify import verify_step
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import EXPORT_DTYPES

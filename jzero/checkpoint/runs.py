@@ -6,7 +6,7 @@ A run's checkpoints live in ``<run.dir>/checkpoints/<step>/`` and are written by
 - ``state``: the :class:`~jzero.sharding.state.TrainState` (step, parameters, fp32 master and optimizer
   state, skipped-step count, loss scale). Every process writes only the shards it owns.
 - ``data``: the data iterator's state (:meth:`jzero.training.data.TextBatches.state`).
-- ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON.
+- ``meta``: the resolved config, mesh, stage, device count and run RNG, as JSON (:mod:`jzero.checkpoint.meta`).
 
 Orbax writes into a temporary folder and renames it when every item is complete, so a folder named
 by its step alone is committed and anything else is ignored. Before the rename jzero writes a
@@ -18,11 +18,7 @@ stage or device count; only the model's shapes must match.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,56 +26,42 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 
 from jzero.checkpoint import in_flight, integrity
+from jzero.checkpoint.meta import RunMeta, state_layout
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
+from jzero.checkpoint.verify import on_every_process, step_folder, verify_step
 from jzero.config.rundir import CHECKPOINTS, not_a_folder
-from jzero.config.runlock import writer_may_be_live
 from jzero.config.schema import CheckpointConfig
 from jzero.errors import (
     CheckpointError,
     CheckpointWriteError,
-    ConfigError,
     DamagedCheckpoint,
     JzeroError,
-    RotatedAway,
     error_line,
 )
-from jzero.sharding.axes import DATA
-from jzero.sharding.stages import layout_stage, stage_rule
+from jzero.lazy import moved_names
+from jzero.records import to_json
 from jzero.sharding.state import TrainState
 from jzero.trees import tree_paths
 
-__all__ = [
-    "ITEMS",
-    "NO_COMMITTED_STEP",
-    "Restored",
-    "RunCheckpoints",
-    "STAGE_1_OR_2",
-    "Verdict",
-    "array_metadata",
-    "changes",
-    "committed_steps",
-    "describe",
-    "read_newest",
-    "rotated_away",
-    "run_meta",
-    "shape_differences",
-    "state_layout",
-    "step_folder",
-    "verify_run",
-    "verify_step",
-    "written_by_jzero",
-]
+__all__ = ["ITEMS", "Restored", "RunCheckpoints", "array_metadata", "shape_differences", "written_by_jzero"]
+
+# Until 0.2.0 (CHANGELOG.md): the step's verification, the run's listing and the meta record moved out.
+_MOVED = {
+    "rotated_away": "jzero.checkpoint.verify.rotated_away",  # step_folder and verify_step are imported here
+    **{name: f"jzero.checkpoint.catalog.{name}" for name in ("NO_COMMITTED_STEP", "Verdict", "committed_steps", "describe",
+                                                           "read_newest", "verify_run")},  # fmt: skip
+    **{name: f"jzero.checkpoint.meta.{name}" for name in ("STAGE_1_OR_2", "changes", "run_meta")},  # state_layout: imported here
+}
+__getattr__ = moved_names(__name__, _MOVED)
 
 ITEMS = ("state", "data", "meta")
-NO_COMMITTED_STEP = "has no committed checkpoint (jzero train saves one every checkpoint.every steps)"
-ROTATION_WAIT_S = 2.0  # how long a step that failed to read may take to vanish, when a trainer is live
-_TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+
+
+Meta = RunMeta | dict[str, Any] | None  # what a save records of the run
 
 
 def _write_failed(step: int, path: Path, cause: BaseException) -> CheckpointWriteError:
@@ -95,7 +77,8 @@ class Restored:
       step: the committed step read.
       state: the :class:`~jzero.sharding.state.TrainState`, in the target's shardings.
       data: the data iterator's state (:meth:`jzero.training.data.TextBatches.state`).
-      meta: the metadata saved with it (jzero's loop saves :func:`run_meta`), with ``step``, ``saved_at`` and ``manifest``.
+      meta: the metadata saved with it, with ``step``, ``saved_at`` and ``manifest`` (jzero's loop saves
+        :func:`~jzero.checkpoint.meta.run_meta`; :meth:`~jzero.checkpoint.meta.RunMeta.read` reads it).
       skipped: newer steps that could not be read, newest first, each with why; they were set aside.
     """
 
@@ -151,7 +134,7 @@ def _all_finite(tree: Any) -> jax.Array:
 class RunCheckpoints:
     """The checkpoints of one run directory, through one Orbax ``CheckpointManager``: save (atomic,
     optionally async), list, restore. What needs no manager of its own is a module function
-    (:func:`describe`, :func:`verify_run`, :func:`verify_step`, :func:`written_by_jzero`).
+    (:func:`written_by_jzero`), or of :mod:`jzero.checkpoint.catalog` and :mod:`jzero.checkpoint.verify`.
 
     An async save returns at once and commits in the background. :meth:`wait` blocks until it is
     committed, and :meth:`close` waits and releases Orbax's threads; a restore, a listing and the
@@ -202,9 +185,10 @@ class RunCheckpoints:
         """Whether ``checkpoint.every`` asks for a save at ``step``."""
         return self.every > 0 and step % self.every == 0
 
-    def save(self, step: int, state: TrainState, data: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> bool:
+    def save(self, step: int, state: TrainState, data: dict[str, Any] | None = None, meta: Meta = None) -> bool:
         """Start writing ``step`` (in the background when async). A state that is not finite is never
         written: it returns False. A failed earlier write is raised here, in the caller's thread.
+        ``meta``: jzero's :class:`~jzero.checkpoint.meta.RunMeta`, or any JSON object of yours.
         (Orbax waits for the previous write before starting one anyway; waiting here first names
         the failed step correctly.)"""
         self.wait()
@@ -315,10 +299,11 @@ def _manager_options(keep: int, read_only: bool, *, seal: Callable[[], None]) ->
     )
 
 
-def _save_args(step: int, state: TrainState, data: dict[str, Any] | None, meta: dict[str, Any] | None) -> ocp.args.Composite:
+def _save_args(step: int, state: TrainState, data: dict[str, Any] | None, meta: Meta) -> ocp.args.Composite:
     """The three items of a save; ``meta`` gains the step, the time and the manifest's name, and
-    what it does not say of the state's layout (:func:`state_layout`)."""
-    meta = {**state_layout(state), **(meta or {}), "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
+    what it does not say of the state's layout (:func:`~jzero.checkpoint.meta.state_layout`)."""
+    mine = to_json(meta) if isinstance(meta, RunMeta) else (meta or {})
+    meta = {**state_layout(state), **mine, "step": step, "saved_at": time.time(), "manifest": integrity.MANIFEST}
     items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data or {}), "meta": ocp.args.JsonSave(meta)}
     return ocp.args.Composite(**items)
 
@@ -407,231 +392,9 @@ def _try_restore(
         raise
     except Exception as err:  # TensorStore raises plain Exceptions for unreadable data
         restored, problem = None, err
-    failed = _on_every_process(problem is not None)
+    failed = on_every_process(problem is not None)
     if problem is None and any(failed):
         problem = CheckpointError(str(checkpoints.step_dir(step)), f"could not be read on process {failed.index(True)}")
     return (None, problem) if problem is not None else (restored, None)
 
 
-def _on_every_process(flag: bool) -> list[bool]:
-    """Each process's ``flag``, in process order (a collective when there are several)."""
-    if jax.process_count() == 1:
-        return [flag]
-    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(flag))).ravel()]
-
-
-def step_folder(run_dir: str | Path, step: int) -> Path:
-    """``<run_dir>/checkpoints/<step>``, absolute (Orbax wants absolute paths)."""
-    return Path(run_dir).absolute() / CHECKPOINTS / str(step)
-
-
-def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> integrity.Unverified | int:
-    """Check a committed step's files against its manifest, with every process agreeing.
-
-    The processes share the hashing (:func:`jzero.checkpoint.integrity.verify`'s ``part``); a file found bad by
-    one makes the step damaged on all. A step whose ``meta`` says it was written with a manifest
-    and has none is damaged; one written before manifests is :class:`~jzero.checkpoint.integrity.Unverified`,
-    and ``warn`` (if given) is told so in one line.
-
-    Returns:
-      The bytes this process hashed, or ``Unverified``.
-
-    Raises:
-      DamagedCheckpoint: naming the step folder and the first bad file this process found.
-      CheckpointError: the step was deleted by its run's rotation while it was checked.
-    """
-    expect = _read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST
-    try:
-        verdict, damage = integrity.verify(step_dir, (jax.process_index(), jax.process_count()), expect), None
-    except DamagedCheckpoint as err:
-        verdict, damage = None, err
-    found = _on_every_process(damage is not None)
-    if damage is None and any(found):
-        damage = DamagedCheckpoint(step_dir, "a data file", f"failed its checksum on process {found.index(True)}")
-    if damage is not None:
-        raise damage
-    if isinstance(verdict, integrity.Unverified) and rotated_away(step_dir):  # its manifest went first
-        raise RotatedAway(step_dir)
-    if warn is not None and isinstance(verdict, integrity.Unverified):
-        warn(f"jzero: warning: {verdict}")
-    return verdict
-
-
-def committed_steps(run_dir: str | Path, step: int | None = None) -> list[int]:
-    """A run's committed steps, oldest first; with ``step``, just that one.
-
-    Raises:
-      CheckpointError: ``run_dir`` holds no checkpoints folder.
-      ConfigError: ``step`` is not a committed step (``--step``).
-    """
-    for attempt in range(5):  # Orbax stats each step it lists: one the run rotates away meanwhile is gone
-        try:
-            checkpoints = RunCheckpoints(run_dir, read_only=True)
-            break
-        except (FileNotFoundError, NotADirectoryError):
-            if attempt == 4:
-                raise
-            time.sleep(0.05)
-    steps = checkpoints.steps()
-    checkpoints.close()
-    if step is not None and step not in steps:
-        raise ConfigError("--step", f"no committed checkpoint at step {step} (committed: {', '.join(map(str, steps)) or 'none'})")
-    return steps if step is None else [step]
-
-
-Verdict = int | integrity.Unverified | DamagedCheckpoint  # bytes verified, no manifest, or the damage
-
-
-def verify_run(run_dir: str | Path, step: int | None = None) -> list[tuple[int, Verdict]]:
-    """Each committed step (or one) with its verdict: bytes verified, ``Unverified``, or the damage.
-    A step the run's own rotation deleted while it was read is left out: it was not damaged."""
-    verdicts = []
-    for s in committed_steps(run_dir, step):
-        folder = step_folder(run_dir, s)
-        try:
-            verdict: Verdict = verify_step(folder)
-        except DamagedCheckpoint as err:
-            verdict = err
-        except RotatedAway:
-            continue
-        if isinstance(verdict, int) or not rotated_away(folder):
-            verdicts.append((s, verdict))
-    return verdicts
-
-
-def rotated_away(step_dir: Path) -> bool:
-    """Whether a step that failed to read (or read without its manifest) was being deleted meanwhile
-    by its run's rotation (``checkpoint.keep``): while a trainer may be writing the run, its folder
-    goes within moments (Orbax removes it file by file); otherwise it is not waited for."""
-    live = writer_may_be_live(step_dir.parent.parent)
-    deadline = time.monotonic() + (ROTATION_WAIT_S if live else 0.0)
-    while step_dir.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not step_dir.exists()
-
-
-def read_newest(run_dir: str | Path, step: int | None, read: Callable[[Path], Any]) -> Any:
-    """``read(step_dir)`` of ``step``, or of the newest committed step; if the run's rotation
-    deletes the newest while it is read, the new newest is read instead.
-
-    Raises:
-      CheckpointError: the run has no committed step, or the step named was deleted by the
-        rotation while it was read; or what :func:`committed_steps` and ``read`` raise.
-    """
-    while True:
-        steps = committed_steps(run_dir, step)
-        if not steps:
-            raise CheckpointError(str(run_dir), NO_COMMITTED_STEP)
-        step_dir = step_folder(run_dir, steps[-1])
-        try:
-            return read(step_dir)
-        except Exception:
-            if not rotated_away(step_dir):
-                raise
-            if step is not None:
-                raise RotatedAway(step_dir) from None
-
-
-def describe(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every checkpoint folder of a run, committed or not: step, committed, verified, mesh, stage,
-    devices, processes, bytes, path. ``verified`` is True, False (written before manifests) or None
-    (not committed).
-
-    Raises:
-      DamagedCheckpoint: the first committed step whose files are not what was written.
-    """
-    directory = Path(run_dir) / CHECKPOINTS
-    if not directory.is_dir():
-        raise CheckpointError(str(run_dir), not_a_folder(run_dir) or f"holds no checkpoints ({directory} does not exist)")
-    verdicts = dict(verify_run(run_dir))
-    for verdict in verdicts.values():
-        if isinstance(verdict, DamagedCheckpoint):
-            raise verdict
-    rows = []
-    for entry in sorted(directory.iterdir()):
-        tmp = _TMP.match(entry.name)
-        if not entry.is_dir() or not (entry.name.isdigit() or tmp):
-            continue
-        step = int(entry.name) if entry.name.isdigit() else int(tmp.group(1))
-        meta = _read_json(entry / "meta" / "metadata")
-        committed = entry.name.isdigit() and step in verdicts
-        rows.append(
-            {
-                "step": step,
-                "committed": committed,
-                "verified": not isinstance(verdicts[step], integrity.Unverified) if committed else None,
-                "mesh": meta.get("mesh"),
-                "stage": meta.get("stage"),
-                "devices": meta.get("devices"),
-                "processes": meta.get("processes"),
-                "bytes": _size(entry),
-                "path": str(entry),
-            }
-        )
-    return sorted(rows, key=lambda r: (r["step"], r["committed"]))
-
-
-def _size(folder: Path) -> int:
-    """The bytes of the files under ``folder``; those deleted while counted (a rotation) count 0."""
-    total = 0
-    for parent, _, files in os.walk(folder):  # os.walk skips folders that vanish
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(os.path.join(parent, name)).st_size
-    return total
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def run_meta(
-    config_dict: dict[str, Any], mesh_axes: dict[str, int], stage: int, num_params: int, rng: jax.Array
-) -> dict[str, Any]:
-    """What a checkpoint records about the run that wrote it."""
-    return {
-        "config": config_dict,
-        "mesh": mesh_axes,
-        "stage": stage,
-        "devices": jax.device_count(),
-        "processes": jax.process_count(),
-        "num_params": num_params,
-        "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
-    }
-
-
-STAGE_1_OR_2 = layout_stage(params=False, optimizer=True)  # "1-2": what a state's shardings say of stages 1 and 2
-
-
-def state_layout(state: TrainState) -> dict[str, Any]:
-    """What a live state's shardings tell of the run that holds it, as :func:`run_meta` records it:
-    ``mesh`` (axis sizes), ``devices``, ``processes`` and, with a ``data`` axis over 1, ``stage``: what
-    the parameters' and the optimizer state's partitioning over ``data`` show
-    (:func:`~jzero.sharding.stages.layout_stage`: ``"1-2"`` for either of those). Empty for a state
-    whose arrays are not laid out on a mesh."""
-    named = [x.sharding for x in jax.tree.leaves(state) if isinstance(getattr(x, "sharding", None), NamedSharding)]
-    if not named:
-        return {}
-    mesh = named[0].mesh
-    layout = {"mesh": {a: int(n) for a, n in mesh.shape.items()}, "devices": jax.device_count(), "processes": jax.process_count()}
-    if int(mesh.shape.get(DATA, 1)) > 1:
-        layout["stage"] = layout_stage(_on_data(state.params), _on_data(state.opt_state))
-    return layout
-
-
-def _on_data(tree: Any) -> bool:
-    """Whether any array of ``tree`` is split over ``data``."""
-    specs = [x.sharding.spec for x in jax.tree.leaves(tree) if isinstance(getattr(x, "sharding", None), NamedSharding)]
-    return any(DATA in (e if isinstance(e, tuple) else (e,)) for spec in specs for e in spec)
-
-
-def changes(saved: dict[str, Any], mesh_axes: dict[str, int], stage: int) -> str | None:
-    """How the resuming run's layout differs from the checkpoint's, or None."""
-    now = {"mesh": mesh_axes, "stage": stage, "devices": jax.device_count()}
-    rule = stage_rule(stage)
-    same = {"stage": (stage, layout_stage(rule.params, rule.optimizer))}  # as its layout shows it
-    diffs = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) not in same.get(k, (v,))]
-    return ", ".join(diffs) if diffs else None

@@ -156,24 +156,25 @@ def _next_steps(config: Config, result: TrainResult) -> str:
 
 def cmd_checkpoint_info(args: argparse.Namespace) -> int:
     """``jzero checkpoint info``: a table of the run's checkpoint folders, or one JSON list with ``--json``."""
-    from jzero.checkpoint.runs import describe
+    from jzero.checkpoint.catalog import describe
     from jzero.ledger.render import human_bytes
+    from jzero.records import to_json
     from jzero.sharding.axes import mesh_text
 
     _start(None)
     rows = describe(args.run_dir)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(to_json(rows)))
         return 0
     head = f"{'step':>8}  {'committed':<9}  {'verified':<11}  {'stage':>5}  {'devices':>7}  {'processes':>9}  {'mesh':<28}"
     print(f"{head}  {'size':>10}")
     for r in rows:
-        mesh = mesh_text(r["mesh"] or {}) or "?"
-        stage, devices, processes = ("?" if r[k] is None else r[k] for k in ("stage", "devices", "processes"))
-        committed = "yes" if r["committed"] else "no"
-        verified = {True: "yes", False: "no manifest", None: "-"}[r["verified"]]
-        line = f"{r['step']:>8}  {committed:<9}  {verified:<11}  {stage:>5}  {devices:>7}  {processes:>9}  {mesh:<28}"
-        print(f"{line}  {human_bytes(r['bytes']):>10}")
+        mesh = mesh_text(r.mesh or {}) or "?"
+        stage, devices, processes = ("?" if x is None else x for x in (r.stage, r.devices, r.processes))
+        committed = "yes" if r.committed else "no"
+        verified = {True: "yes", False: "no manifest", None: "-"}[r.verified]
+        line = f"{r.step:>8}  {committed:<9}  {verified:<11}  {stage:>5}  {devices:>7}  {processes:>9}  {mesh:<28}"
+        print(f"{line}  {human_bytes(r.bytes):>10}")
     if not rows:
         print("  no checkpoints")
     return 0
@@ -185,8 +186,8 @@ def _to_stderr(line: str) -> None:
 
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     """``jzero checkpoint verify``: each committed step's verdict, one a line; a damaged step raises."""
+    from jzero.checkpoint.catalog import verify_run
     from jzero.checkpoint.integrity import Unverified
-    from jzero.checkpoint.runs import verify_run
     from jzero.ledger.render import human_bytes
 
     _start(None)

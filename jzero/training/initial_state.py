@@ -14,7 +14,8 @@ from jax.sharding import NamedSharding
 
 from jzero.checkpoint.export import load_params, match_params
 from jzero.checkpoint.hf import TOKENIZER, is_hf_folder, placed_params
-from jzero.checkpoint.runs import RunCheckpoints, changes
+from jzero.checkpoint.meta import RunMeta, changes
+from jzero.checkpoint.runs import RunCheckpoints
 from jzero.config.schema import Config
 from jzero.errors import ConfigError
 from jzero.models.lora import is_adapter
@@ -37,7 +38,7 @@ def initial_state(
     restored = checkpoints.restore_latest(job.abstract_state(), warn=note) if checkpoints is not None else None
     if restored is not None:
         start = data.check_state(restored.data)
-        changed = changes(restored.meta, mesh_shape(job.mesh), job.plan.zero.stage)
+        changed = changes(RunMeta.read(restored.meta), mesh_shape(job.mesh), job.plan.zero.stage)
         note(f"resumed from {checkpoints.step_dir(restored.step)}" + (f" ({changed})" if changed else ""))
         return restored.state, start
     source = job.config.train.init_from

@@ -24,7 +24,8 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
-from jzero.checkpoint.runs import RunCheckpoints, run_meta
+from jzero.checkpoint.meta import run_meta
+from jzero.checkpoint.runs import RunCheckpoints
 from jzero.compiler.cache import cache_hits
 from jzero.config.loading import dump_config, read_text_file
 from jzero.config.rundir import RunDir

@@ -31,16 +31,10 @@ from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, Sharding
 from jax.sharding import PartitionSpec as P
 
+from jzero.checkpoint.catalog import NO_COMMITTED_STEP, committed_steps
 from jzero.checkpoint.export import restore_numpy, restore_placed
-from jzero.checkpoint.runs import (
-    NO_COMMITTED_STEP,
-    array_metadata,
-    committed_steps,
-    rotated_away,
-    shape_differences,
-    step_folder,
-    verify_step,
-)
+from jzero.checkpoint.runs import array_metadata, shape_differences
+from jzero.checkpoint.verify import rotated_away, step_folder, verify_step
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir, not_a_folder
 from jzero.config.schema import MAX_SEED, Config

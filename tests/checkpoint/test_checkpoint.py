@@ -16,8 +16,9 @@ from support.configs import LR, tiny_config
 from support.reference import optax_tx, reference_with_floor
 from support.runs import cli_args, copy_run, host, jzero_process, run_config, shared_job
 
+from jzero.checkpoint.catalog import describe
 from jzero.checkpoint.export import restore_numpy
-from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoints, describe
+from jzero.checkpoint.runs import CHECKPOINTS, CheckpointWriteError, RunCheckpoints
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError
 from jzero.errors import CheckpointError
@@ -97,7 +98,7 @@ def test_sigterm_saves_at_the_step_boundary_and_exits_0(devices, tmp_path):
     assert "SIGTERM: saving at the next step boundary" in err
     step = int(out.split("saved step ")[1].split()[0])
     assert step >= 4 and f"preempted by SIGTERM after steps 0 -> {step}; saved step {step}" in out
-    assert [r["step"] for r in describe(tmp_path) if r["committed"]] == [step]
+    assert [r.step for r in describe(tmp_path) if r.committed] == [step]
     result = train(run_config(tmp_path, f"train.steps={step + 2}"), progress=False)
     assert (result.start_step, result.final_step) == (step, step + 2)
 
@@ -275,7 +276,7 @@ def test_failed_async_write_is_raised_in_the_main_thread(devices, tmp_path, monk
     code = main(["train", "--quiet", *cli_args(tmp_path / "b")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err[-1].startswith("jzero: checkpoint: writing step 2") and "No space left" in err[-1]
-    assert describe(tmp_path / "b") == [] or not any(r["committed"] for r in describe(tmp_path / "b"))
+    assert describe(tmp_path / "b") == [] or not any(r.committed for r in describe(tmp_path / "b"))
 
 
 def test_python_api_in_a_users_own_loop(devices, tmp_path):

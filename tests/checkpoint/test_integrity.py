@@ -20,6 +20,7 @@ from support.runs import cli_args, host, run_config
 
 from jzero.checkpoint.integrity import MANIFEST, DamagedCheckpoint, Unverified, verify, write_manifest
 from jzero.checkpoint.runs import RunCheckpoints
+from jzero.checkpoint.verify import verify_step
 from jzero.cli.main import main
 from jzero.config.rundir import CHECKPOINTS
 from jzero.config.schema import CheckpointConfig
@@ -157,11 +158,14 @@ def test_checkpoints_from_before_manifests_restore_with_one_line(devices, target
     del meta["manifest"]
     (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
     assert isinstance(verify(step_dir), Unverified)
+    unverified = f"jzero: warning: checkpoint {step_dir} has no {MANIFEST} (written before jzero verified checkpoints)"
+    said = []
+    assert isinstance(verify_step(step_dir, said.append), Unverified)  # meta promised none: not damage, one line
+    assert said == [f"{unverified}; read unverified"]
 
     warnings = []
     restored = RunCheckpoints(tmp_path).restore_latest(target, warn=warnings.append)
     assert restored.step == 2 and restored.skipped == []
-    unverified = f"jzero: warning: checkpoint {step_dir} has no {MANIFEST} (written before jzero verified checkpoints)"
     assert warnings == [f"{unverified}; read unverified"]
     capsys.readouterr()
     assert main(["checkpoint", "verify", str(tmp_path)]) == 0
@@ -178,6 +182,8 @@ def test_a_missing_manifest_where_meta_promised_one_is_damage(pristine, tmp_path
     (run / CHECKPOINTS / "4" / MANIFEST).unlink()
     with pytest.raises(DamagedCheckpoint, match=f"checkpoint step 4 is damaged: {MANIFEST} is missing"):
         verify(run / CHECKPOINTS / "4", expect_manifest=True)
+    with pytest.raises(DamagedCheckpoint, match=f"checkpoint step 4 is damaged: {MANIFEST} is missing"):
+        verify_step(run / CHECKPOINTS / "4")  # its meta says it was written with one
     assert main(["checkpoint", "verify", str(run)]) == 2
 
 

@@ -18,7 +18,8 @@ import pytest
 from support.configs import TINY, tiny_config
 from support.reference import optax_tx, reference_with_floor
 
-from jzero.checkpoint.runs import RunCheckpoints, describe
+from jzero.checkpoint.catalog import describe
+from jzero.checkpoint.runs import RunCheckpoints
 from jzero.data.prepare import prepare
 from jzero.distributed.launch import fit_problem, free_port, process_env, shrunk_count
 from jzero.training.data import stdlib_sources, text_batches, train_data
@@ -271,8 +272,8 @@ def test_elastic_restart_shrinks_and_matches_an_uninterrupted_run(tmp_path, devi
     reference.check(params=_final_params(s, run, steps))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))
-    (last,) = [r for r in describe(run) if r["step"] == steps]
-    assert (last["processes"], last["devices"], last["mesh"]) == (2, 4, {"data": 4, "model": 1})
+    (last,) = [r for r in describe(run) if r.step == steps]
+    assert (last.processes, last.devices, last.mesh) == (2, 4, {"data": 4, "model": 1})
 
 
 def test_fit_and_shrink_rules():

@@ -12,7 +12,8 @@ from support.configs import tiny_config
 from support.examples import load_example
 
 import jzero
-from jzero.checkpoint.runs import STAGE_1_OR_2, changes, describe
+from jzero.checkpoint.catalog import describe
+from jzero.checkpoint.meta import STAGE_1_OR_2, RunMeta, changes
 from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
 from jzero.errors import ConfigError, PlanError
@@ -186,12 +187,12 @@ def test_an_own_loop_checkpoint_records_the_layout_its_shardings_show(devices, z
         checkpoints.save(5, jzero.sharded_init(init_fn, tx, plan, key))
         checkpoints.close()
     (three,), (one,) = describe(tmp_path / "stage3"), describe(tmp_path / "stage1")
-    assert {k: three[k] for k in ("stage", "mesh", "devices", "processes")} == {
-        "stage": 3, "mesh": {"data": 8, "model": 1}, "devices": 8, "processes": 1}  # fmt: skip
-    assert one["stage"] == STAGE_1_OR_2 == "1-2"  # stages 1 and 2 differ only in the gradients, not saved
+    assert (three.stage, three.mesh, three.devices, three.processes) == (3, {"data": 8, "model": 1}, 8, 1)
+    assert one.stage == STAGE_1_OR_2 == "1-2"  # stages 1 and 2 differ only in the gradients, not saved
     assert main(["checkpoint", "info", str(tmp_path / "stage3")]) == 0
     row = capsys.readouterr().out.splitlines()[1].split()
     assert row[:6] == ["5", "yes", "yes", "3", "8", "1"] and "?" not in row
-    assert changes(one, {"data": 8, "model": 1}, 2) is None  # resuming it at stage 1 or 2 changes nothing
-    assert changes(one, {"data": 8, "model": 1}, 3) == "stage 1-2 -> 3"
+    saved = RunMeta(mesh=one.mesh, stage=one.stage, devices=one.devices)
+    assert changes(saved, {"data": 8, "model": 1}, 2) is None  # resuming it at stage 1 or 2 changes nothing
+    assert changes(saved, {"data": 8, "model": 1}, 3) == "stage 1-2 -> 3"
     assert jzero.checkpoint.__all__ == ["export_checkpoint"]  # the Python API of checkpoint export (run in test_readme)

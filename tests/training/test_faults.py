@@ -19,8 +19,9 @@ from support.disks import small_disk
 from support.files import snapshot
 from support.runs import cli_args, copy_run, host, jzero_process, run_config
 
+from jzero.checkpoint.catalog import describe, verify_run
 from jzero.checkpoint.export import export_checkpoint
-from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints, describe, verify_run
+from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints
 from jzero.cli.main import main
 from jzero.training.job import build_job
 from jzero.training.loop import train
@@ -42,7 +43,7 @@ def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):
             verdicts = verify_run(tmp_path)
             assert all(isinstance(v, int) for _, v in verdicts), verdicts
             rows = describe(tmp_path)  # raises DamagedCheckpoint
-            assert all(row["verified"] for row in rows if row["committed"]), rows
+            assert all(row.verified for row in rows if row.committed), rows
             if reads % 40 == 0:  # the readers that read tensors: they read the new newest instead
                 export_checkpoint(tmp_path, tmp_path / f"params-{reads}.safetensors", warn=pytest.fail)
                 sample(tmp_path, "a", max_tokens=2, warn=pytest.fail)
@@ -197,7 +198,7 @@ def test_metrics_hold_one_row_per_step_after_a_kill_and_a_resume(devices, tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.endswith("}")]
-    committed = max(r["step"] for r in describe(tmp_path) if r["committed"])
+    committed = max(r.step for r in describe(tmp_path) if r.committed)
     assert max(logged) > committed, (logged, committed)  # steps past the checkpoint were logged
     with open(metrics, "a") as f:
         f.write('{"step": 99, "lo')  # and a line torn by the kill
@@ -258,7 +259,7 @@ def test_a_full_disk_is_one_line(devices, tmp_path, size):
             assert "RESOURCE_EXHAUSTED" in err[0] or "No space left" in err[0]
         else:
             assert err[0] == f"jzero: writing {run / 'ledger.json'} failed: No space left on device"
-        assert not (run / CHECKPOINTS).exists() or not [r for r in describe(run) if r["committed"]]
+        assert not (run / CHECKPOINTS).exists() or not [r for r in describe(run) if r.committed]
 
 
 def test_a_disk_that_fills_while_resumed_is_one_line_and_a_rerun_recovers(devices, tmp_path):
