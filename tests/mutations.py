@@ -200,6 +200,13 @@ _COMMUNICATION = (
 
 _COMPILER = (
     _m(
+        "an XLA option the compile refuses is raised as XLA's error, not one line naming it",
+        "jzero/compiler/compiling.py",
+        "        refused = xla_flags.compile_error(err, mine)\n",
+        "        refused = None\n",
+        "tests/compiler/test_xla_options.py::test_a_bad_flag_in_the_config_is_one_line",
+    ),
+    _m(
         "the step's own XLA needs override the config's compiler.xla_options",
         "jzero/compiler/xla_flags.py",
         "        (DEFAULTS, needs),\n        (CONFIG_KEY, options),\n",
@@ -513,6 +520,13 @@ _SHARDING = (
 )
 
 _TRAINING = (
+    _m(
+        "a model.entry file path is imported as a module name",
+        "jzero/training/entry.py",
+        '    if not where.endswith(".py"):\n',
+        '    if not where.endswith(".pyc"):\n',
+        "tests/models/test_own_model.py::test_an_entry_that_cannot_be_loaded_is_one_line",
+    ),
     _m(
         "the prediction ignores every transfer",
         "jzero/training/prediction.py",

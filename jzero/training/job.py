@@ -9,15 +9,9 @@ Nothing here allocates on devices, and the step compiles only when asked (:meth:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib
-import importlib.util
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import flax.linen as nn
@@ -28,10 +22,11 @@ from jax.sharding import Mesh
 
 from jzero.communication.gather import unit_options
 from jzero.compiler import cache, xla_flags
+from jzero.compiler.compiling import check_options, compile_lowered
 from jzero.compiler.platforms import on_gpus
 from jzero.config.schema import Config, ModelConfig, PrecisionConfig
 from jzero.config.validation import check_batch_divides
-from jzero.errors import ConfigError, PlanError, show_value
+from jzero.errors import ConfigError, PlanError
 from jzero.lazy import moved_names
 from jzero.ledger import targets
 from jzero.memory.precision import Precision
@@ -49,6 +44,7 @@ from jzero.sharding.placement import abstract_state, sharded_abstract, sharded_i
 from jzero.sharding.plan import Plan, make_plan
 from jzero.sharding.state import TrainState
 from jzero.step import LossFn, make_eval_step, make_train_step
+from jzero.training.entry import own_model
 from jzero.trees import path_str
 
 __all__ = [
@@ -57,19 +53,17 @@ __all__ = [
     "build_job",
     "build_model",
     "build_precision",
-    "check_options",
-    "compile_lowered",
     "compiler_options",
     "model_flops_per_token",
     "model_loss",
-    "own_model",
     "trainable_patterns",
     "xla_options",
 ]
 
 InitFn = Callable[[jax.Array], Any]
 Model = GPT | Llama  # jzero's own models (model.name gpt or llama)
-__getattr__ = moved_names(__name__, {"gpt_loss": f"{__name__}.model_loss"})
+__getattr__ = moved_names(__name__, {"gpt_loss": f"{__name__}.model_loss"})  # own_model, check_options and
+# compile_lowered moved (CHANGELOG.md) and are imported here, so they import from here without a warning.
 
 
 def build_precision(cfg: PrecisionConfig) -> Precision:
@@ -190,48 +184,6 @@ def xla_options(
     defaults = targets.gpu_compiler_options(layer_bytes, targets.gpu_of(devices[0].device_kind), io_bytes) if gpus else {}
     needs = unit_options(devices) if units else {}
     return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
-
-
-def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> Any:
-    """``lowered`` compiled for ``devices`` with ``options`` (:func:`compiler_options`'s), through
-    the persistent cache where it serves them (:func:`jzero.compiler.cache.for_devices`).
-
-    Args:
-      lowered: a ``jax.jit(...).lower(...)``.
-      devices: what it compiles for.
-      options: the compile's XLA options.
-      mine: the config's ``compiler.xla_options``, which an error names as such.
-
-    Raises:
-      ConfigError: XLA does not know an option, or cannot read its value, naming it.
-    """
-    with cache.for_devices(devices) as cache_options:
-        if cache_options:
-            try:
-                return _compile(lowered, {**cache_options, **(options or {})}, mine)
-            except jax.errors.JaxRuntimeError:
-                pass  # the kernel cache failed (its file unwritable, say): the same compile without it
-        return _compile(lowered, options, mine)
-
-
-def _compile(lowered: Any, options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> Any:
-    try:
-        return lowered.compile(compiler_options=options or None)
-    except jax.errors.JaxRuntimeError as err:
-        refused = xla_flags.compile_error(err, mine)
-        if refused is None:
-            raise
-        raise refused from None
-
-
-def check_options(devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> None:
-    """Refuse an XLA option before anything is compiled or written: a one-op program compiles with
-    ``options`` (XLA reads them all whatever the program).
-
-    Raises:
-      ConfigError: as :func:`compile_lowered`, naming the option.
-    """
-    compile_lowered(jax.jit(jnp.negative).lower(jnp.float32(0)), devices, options, mine)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,59 +427,6 @@ def _units_in_effect(loss_fn: LossFn, plan: Plan, abstract: Any, config: Config,
     so that ``jzero plan`` and the ledger count those."""
     batch = jax.ShapeDtypeStruct((config.train.global_batch_size, config.model.seq_len + 1), jnp.int32)
     return units_in_effect(loss_fn, plan, abstract.params, batch, precision)
-
-
-def own_model(config: Config) -> tuple[InitFn, LossFn]:
-    """A model of yours, from ``model.entry``: ``FILE.py:FUNCTION`` (relative to the working
-    directory) or ``MODULE:FUNCTION`` (importable), where ``FUNCTION(config)`` returns
-    ``(init_fn, loss_fn)``. What the command line trains and plans for ``model.name: own``.
-
-    Args:
-      config: a config with ``model.name: own``.
-
-    Returns:
-      ``(init_fn, loss_fn)``, as :func:`build_job` takes them.
-
-    Raises:
-      ConfigError: naming ``model.entry``: it is not set, its file or module is not found, it has no
-        such function, or the function returns something else. An error raised inside your module
-        or function is raised as it is.
-    """
-    where, sep, name = (config.model.entry or "").rpartition(":")
-    if not sep:
-        passed = "or init_fn and loss_fn passed to jzero.build_job"
-        raise ConfigError("model.entry", f"model.name: {OWN} needs FILE.py:FUNCTION (or MODULE:FUNCTION) here, {passed}")
-    module = _entry_module(where)
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise ConfigError("model.entry", f"{where} has no function {name!r}")
-    parts = function(config)
-    if not (isinstance(parts, tuple) and len(parts) == 2 and all(callable(p) for p in parts)):
-        raise ConfigError("model.entry", f"{name}(config) must return (init_fn, loss_fn), got {show_value(parts)}")
-    return parts
-
-
-def _entry_module(where: str) -> ModuleType:
-    """The module a ``model.entry`` names: a ``.py`` file, loaded once under its own name (Flax
-    modules, being dataclasses, look their module up in ``sys.modules``), or an importable module."""
-    if not where.endswith(".py"):
-        try:
-            return importlib.import_module(where)
-        except ModuleNotFoundError as err:
-            raise ConfigError("model.entry", f"no module {err.name!r} (from {where!r})") from None
-    path = Path(where).resolve()
-    if not path.is_file():
-        raise ConfigError("model.entry", f"file not found: {where}")
-    name = f"jzero_model_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = sys.modules[name] = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
 
 
 def model_loss(model: Model, plan: Plan, precision: Precision) -> LossFn:

@@ -79,7 +79,7 @@ def _compile_gathered(devices):
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from jzero.training.job import compile_lowered
+    from jzero.compiler.compiling import compile_lowered
 
     mesh = Mesh(np.array(devices), ("data",))
     x = jax.ShapeDtypeStruct((len(devices) * 64, 64), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec("data")))

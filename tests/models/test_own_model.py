@@ -17,6 +17,7 @@ from jzero.checkpoint.meta import STAGE_1_OR_2, RunMeta, changes
 from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
 from jzero.errors import ConfigError, PlanError
+from jzero.training.entry import own_model as load_own_model
 from jzero.training.job import build_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,9 +82,10 @@ def test_a_config_of_your_own_model_refuses_in_one_line(overrides, says):
 def test_an_entry_that_cannot_be_loaded_is_one_line(devices, monkeypatch, entry, says):
     monkeypatch.chdir(ROOT)
     config = load_config(None, [*SMALL, "model.name=own", f"model.entry={entry}" if entry else "model.entry=null"])
-    with pytest.raises(ConfigError) as err:
-        build_job(config)
-    assert str(err.value).startswith(says) and len(str(err.value).splitlines()) == 1
+    for build in (load_own_model, build_job):  # the entry's loader, and the job that calls it
+        with pytest.raises(ConfigError) as err:
+            build(config)
+        assert str(err.value).startswith(says) and len(str(err.value).splitlines()) == 1
 
 
 def test_search_and_sample_are_for_the_gpt(devices, tmp_path, capsys):
