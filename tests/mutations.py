@@ -286,6 +286,13 @@ _DISTRIBUTED = (
 
 _LEDGER = (
     _m(
+        "the all-stages table's temporaries are compared with the stage's own, not stage 0's",
+        "jzero/ledger/stages_table.py",
+        "{temp / base.compiled.temp:>5.2f}",
+        "{temp / r.compiled.temp:>5.2f}",
+        "tests/ledger/test_records.py::test_all_stages_and_a_memory_budget_on_a_target",
+    ),
+    _m(
         "a dot's FLOPs miss the factor 2 (multiply and add)",
         "jzero/ledger/flops.py",
         '    contracted = math.prod(lhs[1][int(d)] for d in match["dims"].split(",") if d)\n'
@@ -481,6 +488,16 @@ _PLANNER = (
 )
 
 _SHARDING = (
+    _m(
+        "an optimizer leaf follows the parameter whose path it ends with, whatever its shape",
+        "jzero/sharding/tensor_plan.py",
+        "        owner = next((t for t in matches if t is not None and t.shape == shape), None)\n",
+        "        owner = next((t for t in matches if t is not None), None)\n",
+        "tests/sharding/test_plan.py",
+        "tests/memory/test_precision.py",
+        "-k",
+        "adafactor or plan",
+    ),
     _m(
         "stage 3's 1-D parameters left whole",
         "jzero/sharding/partition.py",

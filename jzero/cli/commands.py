@@ -263,8 +263,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``jzero plan``: plan the config (or every stage) without allocating; text, or JSON with ``--json``."""
     from jzero.distributed.runtime import is_primary
     from jzero.ledger.estimate import parse_memory
-    from jzero.ledger.render import format_all_stages, format_plan
+    from jzero.ledger.render import format_plan
     from jzero.ledger.report import StagesReport
+    from jzero.ledger.stages_table import format_all_stages
     from jzero.ledger.targets import check_target_fits_mesh, target_devices
     from jzero.planner.options import search_options
     from jzero.records import to_json

@@ -28,7 +28,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jzero.communication.quantize import Layout, layout
-from jzero.communication.units import unit_names
 from jzero.dtypes import array_bytes
 from jzero.errors import PlanError
 from jzero.lazy import moved_names
@@ -39,6 +38,7 @@ from jzero.sharding.partition import data_partition, drop_first, hierarchy, shar
 from jzero.sharding.rules import axes_of, check_path_rules, logical_names, logical_to_mesh, model_spec, normal_rules
 from jzero.sharding.stages import StageRule, StateBytes, ZeroOptions, per_device_parts
 from jzero.sharding.state import TrainState
+from jzero.sharding.tensor_plan import TensorPlan, gather_units, optimizer_leaf_shardings
 from jzero.sharding.trainable import frozen_out, trainable_mask
 from jzero.trees import path_str
 
@@ -48,27 +48,6 @@ __all__ = ["Plan", "TensorPlan", "make_plan"]
 __getattr__ = moved_names(
     __name__, {"default_rules": "jzero.sharding.rules.default_rules", "zero_axes": "jzero.sharding.partition.zero_axes"}
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorPlan:
-    """One parameter: where it lives at rest, as a gradient, and in the optimizer."""
-
-    path: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    logical: tuple[str | None, ...] | None
-    replicated_spec: P  # R: model axes only
-    sharded_spec: P  # D: R plus the data axis, or R when nothing divides
-    data_dim: int | None  # the dimension ``data`` splits in D; None if none divides
-    param_spec: P
-    grad_spec: P
-    optimizer_spec: P  # the optimizer state's spec, and where the update runs
-    trainable: bool = True  # False: frozen (train.trainable), with no gradient and no optimizer state
-
-    @property
-    def nbytes(self) -> int:
-        return array_bytes(self.shape, self.dtype)
 
 
 class _Gathers:
@@ -380,7 +359,7 @@ def _plan_shardings(
     grad_shardings = tree(t.grad_spec for t in tensors)
     optimizer_shardings = tree(t.optimizer_spec for t in tensors)
 
-    opt_leaves, opt_shardings = _optimizer_shardings(abstract_state.opt_state, tensors, mesh, rule)
+    opt_leaves, opt_shardings = optimizer_leaf_shardings(abstract_state.opt_state, tensors, mesh, rule)
     if offload_optimizer:
         opt_shardings = on_host(opt_shardings)
     replicated = NamedSharding(mesh, P())
@@ -457,7 +436,7 @@ def make_plan(
         tensors = [dataclasses.replace(t, trainable=m) for t, m in zip(tensors, mask, strict=True)]
     shardings = _plan_shardings(abstract_state, tensors, treedef, mesh, rule, zero.offload_optimizer, zero.offload_params)
     batch_axes = logical_to_mesh("batch", rules) or DATA
-    units, unit_names = _units(tensors, zero.gather_units) if rule.params else ({}, ())
+    units, unit_names = gather_units(tensors, zero.gather_units) if rule.params else ({}, ())
     if units and zero.qgz:
         needs = "it needs a model that gathers itself, as jzero's GPT"
         raise PlanError("zero.quantized_gradients", f"not yet with gathering units (zero.gather_units): {needs}")
@@ -472,37 +451,3 @@ def make_plan(
         trainable=None if trainable is None else tuple(trainable),
         **shardings,
     )
-
-
-def _units(tensors: list[TensorPlan], gather_units: str | Sequence[str]) -> tuple[dict[str, int], tuple[str, ...]]:
-    """The units of the parameters stage 3 gathers (those partitioned at rest): path -> number, and
-    each number's name."""
-    scanned = any(LAYERS in (t.logical or ()) for t in tensors)
-    names = unit_names([t.path for t in tensors], [t.nbytes for t in tensors], gather_units, scanned=scanned)
-    numbers: dict[str, int] = {}
-    gathered = [t.path for t in tensors if t.path in names and t.param_spec != t.replicated_spec]
-    units = {path: numbers.setdefault(names[path], len(numbers)) for path in gathered}
-    return units, tuple(numbers)
-
-
-def _optimizer_shardings(opt_state: Any, tensors: list[TensorPlan], mesh: Mesh, rule: StageRule):
-    """Each optimizer leaf follows the parameter whose path it ends with (and whose shape it has)."""
-    by_path = {tuple(t.path.split("/")): t for t in tensors}
-    lengths = sorted({len(k) for k in by_path}, reverse=True)
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(opt_state)
-    specs, report = [], []
-    for path, leaf in leaves:
-        keys = tuple(jax.tree_util.keystr((k,), simple=True) for k in path)
-        shape = tuple(getattr(leaf, "shape", ()))
-        dtype = np.dtype(getattr(leaf, "dtype", np.float32))
-        matches = (by_path.get(keys[-n:]) for n in lengths if len(keys) >= n)
-        owner = next((t for t in matches if t is not None and t.shape == shape), None)
-        if owner is not None:
-            spec = owner.optimizer_spec
-        elif not shape or not rule.optimizer:
-            spec = P()
-        else:
-            spec, _ = data_partition(shape, P(), mesh)
-        specs.append(spec)
-        report.append((path_str(path), shape, dtype, spec))
-    return report, treedef.unflatten([NamedSharding(mesh, s) for s in specs])

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,14 @@ from jzero.training.progress import TrainProgress
 
 __all__ = [
     "CheckpointHook",
+    "ClosingHooks",
     "Hook",
     "JsonlHook",
     "PreemptionHook",
     "ProgressHook",
     "TensorBoardHook",
+    "close_hooks",
+    "closed_on_error",
     "writing",
 ]
 
@@ -225,3 +228,49 @@ class PreemptionHook(Hook):
 
     def stop_requested(self) -> bool:
         return self.preemption.requested()
+
+
+def close_hooks(hooks: Sequence[Hook], quietly: bool = False) -> None:
+    """Close every hook; the first failure is raised after all are closed, unless ``quietly``."""
+    first: Exception | None = None
+    for hook in hooks:
+        try:
+            hook.close()
+        except Exception as err:
+            first = first or err
+    if first is not None and not quietly:
+        raise first
+
+
+class ClosingHooks:
+    """Closes the run's hooks on every exit, or the checkpoints while there are none yet; except on an
+    abort by a second SIGINT, which leaves any write uncommitted rather than wait for it."""
+
+    def __init__(self, checkpoints: RunCheckpoints):
+        self.checkpoints = checkpoints
+        self.hooks: list[Hook] | None = None  # set once the hooks own the checkpoints
+
+    def __enter__(self) -> ClosingHooks:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: Any) -> None:
+        if kind is None:
+            close_hooks(self.hooks or [])
+        elif not issubclass(kind, KeyboardInterrupt):
+            # The error that stopped the run is the one to report; the checkpoints close either way.
+            close_hooks(self.hooks or [], quietly=True)
+            if self.hooks is None:
+                with contextlib.suppress(Exception):
+                    self.checkpoints.close()
+
+
+@contextlib.contextmanager
+def closed_on_error(hooks: list[Hook]) -> Iterator[None]:
+    """Close ``hooks`` quietly when the block fails, except on an abort by a second SIGINT."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        close_hooks(hooks, quietly=True)
+        raise

@@ -9,13 +9,12 @@ preemption.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,17 @@ from jzero.training.data import EvalBatches, TextBatches, run_tokenizer_path, tr
 from jzero.training.data import eval_data as load_eval_data
 from jzero.training.evaluation import Evaluator
 from jzero.training.goodput import Goodput
-from jzero.training.hooks import CheckpointHook, Hook, JsonlHook, PreemptionHook, ProgressHook, TensorBoardHook, writing
+from jzero.training.hooks import (
+    CheckpointHook,
+    ClosingHooks,
+    Hook,
+    JsonlHook,
+    PreemptionHook,
+    ProgressHook,
+    TensorBoardHook,
+    closed_on_error,
+    writing,
+)
 from jzero.training.initial_state import init_tokenizer, initial_state
 from jzero.training.job import Job, build_job
 from jzero.training.nonfinite import NonFiniteSteps, skip_limit
@@ -247,7 +256,7 @@ def default_hooks(
     """
     folder = RunDir(Path(config.run.dir))
     hooks: list[Hook] = []
-    with _closed_on_error(hooks):
+    with closed_on_error(hooks):
         saves = CheckpointHook(checkpoints, start, config.train.steps, data_state, meta, bar.announce, goodput, nonfinite)
         hooks += [saves, ProgressHook(bar)]
         if is_primary():
@@ -421,7 +430,7 @@ def _train_prepared(
     """:func:`train` once the run folder is locked and prepared."""
     start, steps = run.start, config.train.steps
     with (
-        _Closing(run.checkpoints) as closing,
+        ClosingHooks(run.checkpoints) as closing,
         TrainProgress(steps, enabled=progress, silent=not run.primary) as bar,
         Preemption() as preemption,
     ):
@@ -478,49 +487,3 @@ def _logged(hooks: Sequence[Hook], record: dict[str, Any], nonfinite: NonFiniteS
         hook.log(record)
     if nonfinite is not None:
         nonfinite.look()
-
-
-def _close(hooks: Sequence[Hook], quietly: bool = False) -> None:
-    """Close every hook; the first failure is raised after all are closed, unless ``quietly``."""
-    first: Exception | None = None
-    for hook in hooks:
-        try:
-            hook.close()
-        except Exception as err:
-            first = first or err
-    if first is not None and not quietly:
-        raise first
-
-
-class _Closing:
-    """Closes the run's hooks on every exit, or the checkpoints while there are none yet; except on an
-    abort by a second SIGINT, which leaves any write uncommitted rather than wait for it."""
-
-    def __init__(self, checkpoints: RunCheckpoints):
-        self.checkpoints = checkpoints
-        self.hooks: list[Hook] | None = None  # set once the hooks own the checkpoints
-
-    def __enter__(self) -> _Closing:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: Any) -> None:
-        if kind is None:
-            _close(self.hooks or [])
-        elif not issubclass(kind, KeyboardInterrupt):
-            # The error that stopped the run is the one to report; the checkpoints close either way.
-            _close(self.hooks or [], quietly=True)
-            if self.hooks is None:
-                with contextlib.suppress(Exception):
-                    self.checkpoints.close()
-
-
-@contextlib.contextmanager
-def _closed_on_error(hooks: list[Hook]) -> Iterator[None]:
-    """Close ``hooks`` quietly when the block fails, except on an abort by a second SIGINT."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
-        _close(hooks, quietly=True)
-        raise

@@ -16,8 +16,9 @@ from support.configs import BF16, CONFIG, HPZ, QWZ, TINY, tiny_config
 
 from jzero.cli.main import main
 from jzero.ledger import records
-from jzero.ledger.render import format_all_stages, format_ledger_summary, format_plan
+from jzero.ledger.render import format_ledger_summary, format_plan, human_bytes
 from jzero.ledger.report import CheckedPlanReport, PlanReport, StagesReport
+from jzero.ledger.stages_table import format_all_stages
 from jzero.ledger.startup import GoodputReport, StartupLedger
 from jzero.records import RecordError, from_json, json_schema, to_json
 from jzero.sharding.stages import StateBytes
@@ -76,9 +77,12 @@ def test_all_stages_and_a_memory_budget_on_a_target():
     assert stages["0"]["fits"] is False  # a budget below stage 0's model states alone
     # every compile's prediction, as jzero plan prints it, from the reports read back
     text = format_all_stages({stage: from_json(CheckedPlanReport, report) for stage, report in stages.items()})
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isdigit()}
     for stage, report in stages.items():
         p = report["predicted"]
         assert f"stage {stage}: step {1e3 * p['step_time_s']:.4g} ms, {p['tokens_per_sec']:,.0f} tokens/s" in text
+        temp, temp0 = report["compiled"]["temp"], stages["0"]["compiled"]["temp"]  # temporaries, and against stage 0's
+        assert f"{human_bytes(temp):>12} {temp / temp0:>5.2f}" in rows[stage], rows[stage]
 
 
 def test_the_optional_parts_are_there_when_the_program_has_them():
