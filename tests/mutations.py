@@ -80,7 +80,7 @@ _CHECKPOINT = (
     _m(
         "a step whose meta promised a manifest and has none reads as merely unverified",
         "jzero/checkpoint/verify.py",
-        '    expect = read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST\n',
+        '    expect = read_meta(step_dir).get("manifest") == integrity.MANIFEST\n',
         "    expect = False\n",
         "tests/checkpoint/test_integrity.py::test_a_missing_manifest_where_meta_promised_one_is_damage",
     ),

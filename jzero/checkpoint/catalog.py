@@ -18,7 +18,7 @@ from typing import Any
 from jzero.checkpoint import integrity
 from jzero.checkpoint.meta import RunMeta
 from jzero.checkpoint.runs import RunCheckpoints
-from jzero.checkpoint.verify import read_json, rotated_away, step_folder, verify_step
+from jzero.checkpoint.verify import read_meta, rotated_away, step_folder, verify_step
 from jzero.config.rundir import CHECKPOINTS, not_a_folder
 from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, RotatedAway
 from jzero.records import record
@@ -139,7 +139,7 @@ def describe(run_dir: str | Path) -> list[StepFolder]:
         if not entry.is_dir() or not (entry.name.isdigit() or tmp):
             continue
         step = int(entry.name) if entry.name.isdigit() else int(tmp.group(1))
-        meta = RunMeta.read(read_json(entry / "meta" / "metadata"))
+        meta = RunMeta.read(read_meta(entry))
         committed = entry.name.isdigit() and step in verdicts
         verified = not isinstance(verdicts[step], integrity.Unverified) if committed else None
         rows.append(StepFolder(step=step, committed=committed, verified=verified, mesh=meta.mesh, stage=meta.stage,

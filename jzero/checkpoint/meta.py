@@ -26,7 +26,8 @@ __all__ = ["STAGE_1_OR_2", "RunMeta", "changes", "run_meta", "state_layout"]
 class RunMeta:
     """A checkpoint's ``meta``: what jzero's loop saves (:func:`run_meta`), the layout its state
     showed (:func:`state_layout`), and what each save adds (``step``, ``saved_at``, ``manifest``).
-    A field the checkpoint does not hold (one written by your own loop, or before the key existed) is None.
+    A field the checkpoint does not hold (one written by your own loop, or before the key existed) is
+    None, and a None field is left out of what a save writes, so it never hides the state's layout.
 
     Attributes:
       config: the resolved config, as ``config.yaml`` holds it.
@@ -41,13 +42,13 @@ class RunMeta:
       manifest: the name of the checksum manifest the step was written with.
     """
 
-    config: dict[str, Any] | None = None
-    mesh: dict[str, int] | None = None
-    stage: int | str | None = None
-    devices: int | None = None
-    processes: int | None = None
-    num_params: int | None = None
-    rng: list[int] | None = None
+    config: dict[str, Any] | None = omit_if_none()
+    mesh: dict[str, int] | None = omit_if_none()
+    stage: int | str | None = omit_if_none()
+    devices: int | None = omit_if_none()
+    processes: int | None = omit_if_none()
+    num_params: int | None = omit_if_none()
+    rng: list[int] | None = omit_if_none()
     step: int | None = omit_if_none()
     saved_at: float | None = omit_if_none()
     manifest: str | None = omit_if_none()

@@ -23,7 +23,7 @@ from jzero.config.rundir import CHECKPOINTS
 from jzero.config.runlock import writer_may_be_live
 from jzero.errors import DamagedCheckpoint, RotatedAway
 
-__all__ = ["ROTATION_WAIT_S", "on_every_process", "read_json", "rotated_away", "step_folder", "verify_step"]
+__all__ = ["ROTATION_WAIT_S", "on_every_process", "read_meta", "rotated_away", "step_folder", "verify_step"]
 
 ROTATION_WAIT_S = 2.0  # how long a step that failed to read may take to vanish, when a trainer is live
 
@@ -55,7 +55,7 @@ def verify_step(step_dir: Path, warn: Callable[[str], None] | None = None) -> in
       DamagedCheckpoint: naming the step folder and the first bad file this process found.
       CheckpointError: the step was deleted by its run's rotation while it was checked.
     """
-    expect = read_json(step_dir / "meta" / "metadata").get("manifest") == integrity.MANIFEST
+    expect = read_meta(step_dir).get("manifest") == integrity.MANIFEST
     try:
         verdict, damage = integrity.verify(step_dir, (jax.process_index(), jax.process_count()), expect), None
     except DamagedCheckpoint as err:
@@ -83,10 +83,10 @@ def rotated_away(step_dir: Path) -> bool:
     return not step_dir.exists()
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``, or an empty one where it is missing or not JSON (a step written
-    before a key existed, or half-deleted by a rotation)."""
+def read_meta(step_dir: Path) -> dict[str, Any]:
+    """The ``meta`` item a step folder holds, as saved, or an empty object where it is missing or not
+    JSON (a step written before a key existed, or half-deleted by a rotation)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads((step_dir / "meta" / "metadata").read_text())
     except (OSError, ValueError):
         return {}
