@@ -53,7 +53,7 @@ def moved_names(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
 
     Args:
       module: the old module's ``__name__``.
-      table: ``{old name: "new.module.new_name"}``.
+      table: ``{old name: "new.module.new_name"}`` (or ``"new.module.Class.method"``).
 
     Returns:
       ``__getattr__``: each old name answers with its new home's object and a ``DeprecationWarning``
@@ -64,10 +64,24 @@ def moved_names(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
         if name not in table:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         warnings.warn(f"{module}.{name} is now {table[name]}", DeprecationWarning, stacklevel=2)
-        home, _, attr = table[name].rpartition(".")
-        return getattr(importlib.import_module(home), attr)
+        return _resolve(table[name])
 
     return __getattr__
+
+
+def _resolve(dotted: str) -> Any:
+    """The object a dotted name names: a module's attribute, or an attribute of one
+    (``"jzero.memory.config.PrecisionConfig.build"``)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            found = getattr(found, attr)
+        return found
+    raise ModuleNotFoundError(dotted)
 
 
 def moved_modules(table: Mapping[str, str]) -> None:

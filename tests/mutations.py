@@ -224,10 +224,24 @@ _COMPILER = (
 
 _CONFIG = (
     _m(
-        "a beta of 1 is accepted (Adam's update then never forgets)",
+        "validation checks the optimizer section as the base record does, not as its own class says",
         "jzero/config/validation.py",
-        "    _in_range(value, key, 0, 1, open_high=True)\n",
-        "    _in_range(value, key, 0, 1)\n",
+        "    config.optimizer.check()\n",
+        "    type(config.optimizer).__mro__[-2].check(config.optimizer)\n",
+        "tests/config/test_sections.py",
+    ),
+    _m(
+        "the job builds the optimizer from the base record's rules, not the section's own build()",
+        "jzero/training/job.py",
+        "    tx = config.optimizer.build(config.train.steps)\n",
+        "    tx = type(config.optimizer).__mro__[-2].build(config.optimizer, config.train.steps)\n",
+        "tests/config/test_sections.py::test_the_job_builds_what_the_section_builds",
+    ),
+    _m(
+        "a beta of 1 is accepted (Adam's update then never forgets)",
+        "jzero/optimizers.py",
+        "    in_range(value, key, 0, 1, open_high=True)\n",
+        "    in_range(value, key, 0, 1)\n",
         "tests/cli/test_bad_input.py",
         "-k",
         "test_meaningless_values_are_refused and b1",

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from jzero.config.schema import MAX_FLOAT32, MIN_NORMAL_FLOAT32, Config, float32
+from jzero.checks import float32
+from jzero.config.schema import MAX_FLOAT32, MIN_NORMAL_FLOAT32, Config
 from jzero.config.validation import validate
 from jzero.errors import ConfigError, checked_path, clip, show_value
 from jzero.memory.remat import policy_name
@@ -348,9 +349,15 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def from_dict(raw: dict[str, Any]) -> Config:
-    """Build and validate a :class:`Config` from a plain (YAML-shaped) mapping."""
-    config = _with_defaults(_build(Config, raw, ""))
+def from_dict(raw: dict[str, Any], schema: type[Config] = Config) -> Config:
+    """Build and validate a :class:`Config` from a plain (YAML-shaped) mapping.
+
+    Args:
+      raw: the mapping, sections by name.
+      schema: the config's class: :class:`Config`, or a subclass whose sections add keys (each
+        section's own ``check()`` then checks them).
+    """
+    config = _with_defaults(_build(schema, raw, ""))
     validate(config)
     return config
 

@@ -6,13 +6,19 @@ and flags, :mod:`jzero.config.validation` checks its values.
 from __future__ import annotations
 
 import dataclasses
-import struct
-from typing import Annotated, Any
+from typing import Any
 
-from jzero.dtypes import PRECISION_DTYPES
+from jzero.checks import PathText
+from jzero.lazy import moved_names
+from jzero.memory.config import PrecisionConfig
 from jzero.models.names import AUTO_ATTENTION
+from jzero.optimizers import OptimizerConfig
 from jzero.sharding.axes import DATA, MODEL
 from jzero.sharding.stages import ZeroOptions
+
+__getattr__ = moved_names(__name__, {
+    "float32": "jzero.checks.float32", "MAX_INT32": "jzero.checks.MAX_INT32", "SCHEDULES": "jzero.optimizers.SCHEDULES",
+})  # fmt: skip
 
 __all__ = [
     "CheckpointConfig",
@@ -32,11 +38,8 @@ __all__ = [
     "RuntimeConfig",
     "TrainConfig",
     "ZeroConfig",
-    "float32",
 ]
 
-PATH = "path"  # the mark of a key that names a file or folder: a string without NUL bytes
-PathText = Annotated[str, PATH]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,22 +122,6 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """``optimizer:``: an optax optimizer by name (:data:`jzero.optimizers.OPTIMIZERS`) and its schedule."""
-
-    name: str = "adamw"  # adamw, adam, adafactor, lion or sgd (momentum b1)
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    schedule: str = "constant"  # constant or cosine (to min_lr_ratio x learning_rate at train.steps)
-    warmup_steps: int = 0  # linear warmup from 0
-    min_lr_ratio: float = 0.1
-    clip_norm: float | None = None  # clip by the global gradient norm
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """``train:``: how long, on how big a batch, and what a non-finite gradient does."""
 
@@ -162,18 +149,6 @@ class CheckpointConfig:
     every: int = 100  # save every N steps (0: only at the end and on preemption)
     keep: int = 3  # committed checkpoints kept, newest first
     async_: bool = True  # write in the background; the loop blocks only for the device-to-host copy
-
-
-@dataclasses.dataclass(frozen=True)
-class PrecisionConfig:
-    """``precision:``: the dtypes of parameters, compute, master copy and gradient reduction (:mod:`jzero.memory.precision`)."""
-
-    param_dtype: str = "float32"  # the working parameters: float32, bfloat16 or float16
-    compute_dtype: str | None = None  # activations and matmuls; None: param_dtype
-    master_dtype: str = "float32"  # kept with the optimizer state when params are narrower
-    grad_reduce_dtype: str | None = None  # dtype gradients are reduced in; None: param_dtype
-    loss_scale: float = 32768.0  # initial dynamic loss scale (used when anything is float16)
-    loss_scale_window: int = 1000  # finite steps before the scale doubles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,15 +251,10 @@ def _yaml_names(tree: Any) -> Any:
     return tree
 
 
-SCHEDULES = ("constant", "cosine")
-DTYPE_NAMES = PRECISION_DTYPES
 EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtype`` writes
 EXPORT_FORMATS = ("safetensors", "hf")  # what ``jzero checkpoint export --format`` writes: one file, or a Hugging Face folder
 
 
-# JAX runs with 32-bit integers (jax_enable_x64 is off): token ids, positions, optax's step count and
-# the loss scale's step counter are int32, so every size and count that reaches JAX stays below 2**31.
-MAX_INT32 = 2**31 - 1
 # Parameter counts are exact as floats below 2**53 (the ledger and the estimate use floats), and
 # 16 bytes per parameter (fp32 Adam) x 2**53 = 2**57 stays inside int64 byte counts.
 MAX_PARAMS = 2**53
@@ -301,8 +271,3 @@ MIN_NORMAL_FLOAT32 = 2.0**-126
 MAX_CPU_DEVICES = 4096
 DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: any longer is a typo
-
-
-def float32(value: float) -> float:
-    """``value`` rounded to the nearest float32 (infinity past its largest)."""
-    return struct.unpack("f", struct.pack("f", value))[0]

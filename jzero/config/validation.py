@@ -8,15 +8,13 @@ import dataclasses
 import math
 import re
 
+from jzero.checks import MAX_INT32, at_least_zero, check_regexes, in_range, positive
 from jzero.config.schema import (
     DISTRIBUTED_MODES,
-    DTYPE_NAMES,
     MAX_CPU_DEVICES,
-    MAX_INT32,
     MAX_PARAMS,
     MAX_SEED,
     MAX_TIMEOUT_S,
-    SCHEDULES,
     CheckpointConfig,
     ClusterConfig,
     CompilerConfig,
@@ -25,43 +23,19 @@ from jzero.config.schema import (
     LoraConfig,
     MeshConfig,
     ModelConfig,
-    OptimizerConfig,
     PartitioningConfig,
-    PrecisionConfig,
     RunConfig,
     RuntimeConfig,
     TrainConfig,
     ZeroConfig,
-    float32,
 )
 from jzero.errors import ConfigError, clip, show_value
 from jzero.memory.remat import REMAT_POLICIES
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, MODELS, OWN
 from jzero.models.sizes import mlp_units, param_count
-from jzero.optimizers import OPTIMIZERS
 from jzero.sharding.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
-
-
-def _in_range(value: float, key: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
-    """``low <= value <= high`` (or strictly, per end); written so that NaN fails too."""
-    above = value > low if open_low else value >= low
-    below = value < high if open_high else value <= high
-    if not (above and below):
-        ends = f"{'(' if open_low else '['}{_num(low)}, {_num(high)}{')' if open_high else ']'}"
-        want = f">= {_num(low)}" if high == math.inf and not open_low else f"in {ends}"
-        raise ConfigError(key, f"must be {want}, got {_num(value)}")
-
-
-def _positive(value: float, key: str, high: float = MAX_INT32) -> None:
-    if not 0 < value <= high:  # False for NaN too
-        bound = "" if high == math.inf else f" and at most {_num(high)}"
-        raise ConfigError(key, f"must be positive{bound}, got {_num(value)}")
-
-
-def _num(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatches: int = 1) -> None:
@@ -90,7 +64,7 @@ def validate_cluster(cluster: ClusterConfig, keys: tuple[str, str, str] | None =
     (default: ``runtime.distributed.*``)."""
     where, count, index = keys or tuple(f"runtime.distributed.{f}" for f in ("coordinator", "num_processes", "process_id"))
     check_coordinator(cluster.coordinator, where)
-    _positive(cluster.num_processes, count)
+    positive(cluster.num_processes, count)
     if not 0 <= cluster.process_id < cluster.num_processes:
         last = cluster.num_processes - 1
         raise ConfigError(index, f"must be in [0, {last}] (num_processes={cluster.num_processes}), got {cluster.process_id}")
@@ -109,13 +83,13 @@ def validate(config: Config) -> None:
       ConfigError: the first value a run cannot use, naming its key.
     """
     # One section after another, in this order: a config with several bad keys names the same one first.
-    _in_range(config.seed, "seed", 0, MAX_SEED)
+    in_range(config.seed, "seed", 0, MAX_SEED)
     _check_mesh(config.mesh)
-    _check_zero(config.zero, config.precision, config.mesh.axes)
+    _check_zero(config.zero, config.precision.master_copy, config.mesh.axes)
     _check_model(config.model)
-    _check_optimizer(config.optimizer)
+    config.optimizer.check()
     _check_nonfinite(config.train)  # before precision, the rest of train after it: the order it always had
-    _check_precision(config.precision)
+    config.precision.check()
     _check_train(config.train, config.mesh.axes)
     _check_run(config.run)
     _check_checkpoint(config.checkpoint)
@@ -138,7 +112,7 @@ def _check_mesh(mesh: MeshConfig) -> None:
     for name, ways in mesh.dcn.items():
         if name not in axes:
             raise ConfigError(f"mesh.dcn.{name}", f"is not a mesh axis (axes: {', '.join(axes)})")
-        _positive(ways, f"mesh.dcn.{name}")
+        positive(ways, f"mesh.dcn.{name}")
         if axes[name] > 0 and axes[name] % ways:
             raise ConfigError(f"mesh.dcn.{name}", f"{ways} does not divide the axis size {axes[name]}")
     if DATA not in axes:
@@ -147,10 +121,10 @@ def _check_mesh(mesh: MeshConfig) -> None:
         raise ConfigError("mesh.axes", "only one axis size may be -1")
 
 
-def _check_zero(zero: ZeroConfig, precision: PrecisionConfig, axes: dict[str, int]) -> None:
-    zero.check(axes, master_copy=precision.param_dtype != precision.master_dtype, error=ConfigError)
-    _in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)
-    _in_range(zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
+def _check_zero(zero: ZeroConfig, master_copy: bool, axes: dict[str, int]) -> None:
+    zero.check(axes, master_copy=master_copy, error=ConfigError)
+    in_range(zero.prefetch, "zero.prefetch", 0, MAX_INT32)
+    in_range(zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
 
 
 def _check_model(m: ModelConfig) -> None:
@@ -163,7 +137,7 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError("model.entry", f"names a model of your own: only with model.name: {OWN}")
     _check_unread(m, KEYS[m.name], f"jzero's {m.name} does not read it (model.name: {m.name})")
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
-        _positive(getattr(m, field), f"model.{field}")
+        positive(getattr(m, field), f"model.{field}")
     if m.d_model % m.n_heads:
         raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
     if (m.d_model // m.n_heads) % 2:
@@ -189,20 +163,20 @@ def _check_model(m: ModelConfig) -> None:
 
 def _check_llama(m: ModelConfig) -> None:
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
-    _positive(kv, "model.n_kv_heads")
+    positive(kv, "model.n_kv_heads")
     if m.n_heads % kv:
         raise ConfigError("model.n_kv_heads", f"{kv} does not divide model.n_heads={m.n_heads} (grouped-query attention)")
     if m.mlp_hidden is not None:
-        _positive(m.mlp_hidden, "model.mlp_hidden")
-    _positive(m.rope_theta, "model.rope_theta", math.inf)
-    _positive(m.rms_norm_eps, "model.rms_norm_eps", math.inf)
+        positive(m.mlp_hidden, "model.mlp_hidden")
+    positive(m.rope_theta, "model.rope_theta", math.inf)
+    positive(m.rms_norm_eps, "model.rms_norm_eps", math.inf)
     s = m.rope_scaling
     if s is None:
         return
     if s.rope_type != "llama3":
         raise ConfigError("model.rope_scaling.rope_type", f"must be llama3, got {show_value(s.rope_type)}")
     for field in ("factor", "low_freq_factor", "original_max_position_embeddings"):
-        _positive(getattr(s, field), f"model.rope_scaling.{field}", math.inf)
+        positive(getattr(s, field), f"model.rope_scaling.{field}", math.inf)
     if not s.high_freq_factor > s.low_freq_factor:
         low = f"low_freq_factor={s.low_freq_factor}"
         raise ConfigError("model.rope_scaling.high_freq_factor", f"must be over {low}, got {s.high_freq_factor}")
@@ -230,7 +204,7 @@ def _check_own_model(m: ModelConfig) -> None:
     """A model of yours: the batch's shape, the entry's form (:func:`jzero.training.job.build_job`
     imports it), and none of jzero's models' keys, which nothing would read."""
     for field in ("vocab_size", "seq_len"):
-        _positive(getattr(m, field), f"model.{field}")
+        positive(getattr(m, field), f"model.{field}")
     _check_vocab(m)
     if m.entry is not None and not _ENTRY.match(m.entry):
         raise ConfigError("model.entry", f"must be FILE.py:FUNCTION or MODULE:FUNCTION, got {show_value(m.entry)}")
@@ -238,100 +212,54 @@ def _check_own_model(m: ModelConfig) -> None:
     _check_unread(m, ("vocab_size", "seq_len"), f"is jzero's models'; {own}")
 
 
-def _check_optimizer(o: OptimizerConfig) -> None:
-    if o.name not in OPTIMIZERS:
-        raise ConfigError("optimizer.name", f"unknown optimizer {show_value(o.name)} (known: {', '.join(OPTIMIZERS)})")
-    _positive(o.learning_rate, "optimizer.learning_rate", math.inf)
-    _in_range(o.weight_decay, "optimizer.weight_decay", 0, math.inf, open_high=True)
-    _decay_rate(o.b1, "optimizer.b1")
-    _decay_rate(o.b2, "optimizer.b2")
-    _positive(o.eps, "optimizer.eps", math.inf)
-    _in_range(o.min_lr_ratio, "optimizer.min_lr_ratio", 0, 1)
-    _in_range(o.warmup_steps, "optimizer.warmup_steps", 0, MAX_INT32)
-    if o.schedule not in SCHEDULES:
-        raise ConfigError("optimizer.schedule", f"unknown schedule {show_value(o.schedule)} (known: {', '.join(SCHEDULES)})")
-    if o.clip_norm is not None:
-        _positive(o.clip_norm, "optimizer.clip_norm", math.inf)
-
-
-def _decay_rate(value: float, key: str) -> None:
-    """In [0, 1), also as the float32 the optimizer uses it in: 1 would never forget, above it diverges
-    (measured: a b2 that is 1 in float32 leaves Adam's update 0 at every step)."""
-    _in_range(value, key, 0, 1, open_high=True)
-    if float32(value) == 1:
-        raise ConfigError(key, f"is 1 as a float32, which the optimizer uses; at most {1 - 2**-24!r}, got {value!r}")
-
-
 def _check_nonfinite(train: TrainConfig) -> None:
     if train.nonfinite not in ("skip", "halt"):
         raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(train.nonfinite)}")
 
 
-def _check_precision(pr: PrecisionConfig) -> None:
-    for field in ("param_dtype", "compute_dtype", "master_dtype", "grad_reduce_dtype"):
-        value = getattr(pr, field)
-        if value is not None and value not in DTYPE_NAMES:
-            raise ConfigError(f"precision.{field}", f"unknown dtype {show_value(value)} (known: {', '.join(DTYPE_NAMES)})")
-    if pr.master_dtype != "float32":
-        raise ConfigError("precision.master_dtype", f"must be float32, got {show_value(pr.master_dtype)}")
-    _positive(pr.loss_scale, "precision.loss_scale", math.inf)  # a float32 (the loader's rule for every float)
-    _positive(pr.loss_scale_window, "precision.loss_scale_window")
-
-
 def _check_train(train: TrainConfig, axes: dict[str, int]) -> None:
     """The step counts and the batch; ``nonfinite`` is :func:`_check_nonfinite`'s."""
-    _positive(train.steps, "train.steps")
-    _positive(train.global_batch_size, "train.global_batch_size")
-    _positive(train.microbatches, "train.microbatches")
+    positive(train.steps, "train.steps")
+    positive(train.global_batch_size, "train.global_batch_size")
+    positive(train.microbatches, "train.microbatches")
     if train.max_skipped_in_a_row is not None:  # None: jzero.training.nonfinite.skip_limit's default
-        _positive(train.max_skipped_in_a_row, "train.max_skipped_in_a_row")
-    _at_least_zero(train.eval_every, "train.eval_every")
-    _positive(train.eval_batches, "train.eval_batches")
+        positive(train.max_skipped_in_a_row, "train.max_skipped_in_a_row")
+    at_least_zero(train.eval_every, "train.eval_every")
+    positive(train.eval_batches, "train.eval_batches")
     if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later
         check_batch_divides(train.global_batch_size, axes, train.microbatches)
-    _check_regexes(train.trainable or (), "train.trainable")
+    check_regexes(train.trainable or (), "train.trainable")
 
 
 def _check_lora(lora: LoraConfig, model: str) -> None:
-    _at_least_zero(lora.rank, "lora.rank")
+    at_least_zero(lora.rank, "lora.rank")
     if not lora.rank:
         return
     if model == OWN:
         raise ConfigError("lora.rank", f"adapters go on jzero's models' layers (model.name gpt or llama), not model.name: {OWN}")
-    _positive(lora.alpha, "lora.alpha", math.inf)
+    positive(lora.alpha, "lora.alpha", math.inf)
     if not lora.targets:
         raise ConfigError("lora.targets", "must name at least one kernel path regex")
-    _check_regexes(lora.targets, "lora.targets")
-
-
-def _check_regexes(patterns: list[str], key: str) -> None:
-    """Each of ``patterns`` is a regex (whether it finds a parameter is the plan's to say)."""
-    for i, pattern in enumerate(patterns):
-        if not isinstance(pattern, str):
-            raise ConfigError(f"{key}[{i}]", f"must be a path regex, got {show_value(pattern)}")
-        try:
-            re.compile(pattern)
-        except (re.error, RecursionError, OverflowError) as err:
-            raise ConfigError(f"{key}[{i}]", f"bad regex {show_value(pattern)}: {clip(str(err))}") from None
+    check_regexes(lora.targets, "lora.targets")
 
 
 def _check_run(run: RunConfig) -> None:
-    _positive(run.log_every, "run.log_every")
+    positive(run.log_every, "run.log_every")
     if run.profile is not None:
-        _at_least_zero(run.profile.start, "run.profile.start")
-        _positive(run.profile.steps, "run.profile.steps")
+        at_least_zero(run.profile.start, "run.profile.start")
+        positive(run.profile.steps, "run.profile.steps")
 
 
 def _check_checkpoint(checkpoint: CheckpointConfig) -> None:
     if not 0 <= checkpoint.every <= MAX_INT32:
         raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {checkpoint.every}")
-    _positive(checkpoint.keep, "checkpoint.keep")
+    positive(checkpoint.keep, "checkpoint.keep")
 
 
 def _check_runtime(runtime: RuntimeConfig) -> None:
-    _positive(runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+    positive(runtime.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
     for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
-        _positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
+        positive(getattr(runtime, field), f"runtime.{field}", MAX_TIMEOUT_S)
     cache = runtime.compilation_cache
     if not isinstance(cache, str):  # a folder's text is the loader's (PathText)
         raise ConfigError("runtime.compilation_cache", f"must be auto, off or a folder, got {show_value(cache)}")
@@ -347,14 +275,9 @@ def _check_runtime(runtime: RuntimeConfig) -> None:
 
 
 def _check_data(data: DataConfig) -> None:
-    _positive(data.max_bytes, "data.max_bytes", 2**63 - 1)
+    positive(data.max_bytes, "data.max_bytes", 2**63 - 1)
     if data.tokens is not None and data.path is not None:
         raise ConfigError("data.tokens", "give data.path (bytes) or data.tokens (a prepared folder), not both")
-
-
-def _at_least_zero(value: int, key: str) -> None:
-    if not 0 <= value <= MAX_INT32:
-        raise ConfigError(key, f"must be 0 or more and at most {_num(MAX_INT32)}, got {_num(value)}")
 
 
 def _check_partitioning(partitioning: PartitioningConfig, axes: dict[str, int]) -> None:

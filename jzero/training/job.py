@@ -24,7 +24,7 @@ from jzero.communication.gather import unit_options
 from jzero.compiler import cache, xla_flags
 from jzero.compiler.compiling import check_options, compile_lowered
 from jzero.compiler.platforms import on_gpus
-from jzero.config.schema import Config, ModelConfig, PrecisionConfig
+from jzero.config.schema import Config, ModelConfig
 from jzero.config.validation import check_batch_divides
 from jzero.errors import ConfigError, PlanError
 from jzero.lazy import moved_names
@@ -36,7 +36,6 @@ from jzero.models.gpt import GPT, lm_loss
 from jzero.models.llama import Llama, rope_scaling_pairs
 from jzero.models.lora import ADAPTERS, LoraSpec, check_targets, is_adapter, lora_spec
 from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, OWN
-from jzero.optimizers import build_optimizer
 from jzero.sharding.axes import model_ways
 from jzero.sharding.gathers import manual_loss, model_gather, units_in_effect
 from jzero.sharding.mesh import make_mesh, mesh_shape, simulate_cpu_devices
@@ -52,7 +51,6 @@ __all__ = [
     "attention_for",
     "build_job",
     "build_model",
-    "build_precision",
     "compiler_options",
     "model_flops_per_token",
     "model_loss",
@@ -62,20 +60,11 @@ __all__ = [
 
 InitFn = Callable[[jax.Array], Any]
 Model = GPT | Llama  # jzero's own models (model.name gpt or llama)
-__getattr__ = moved_names(__name__, {"gpt_loss": f"{__name__}.model_loss"})  # own_model, check_options and
-# compile_lowered moved (CHANGELOG.md) and are imported here, so they import from here without a warning.
-
-
-def build_precision(cfg: PrecisionConfig) -> Precision:
-    """The :class:`~jzero.memory.precision.Precision` a ``precision:`` section names."""
-    return Precision.from_names(
-        cfg.param_dtype,
-        cfg.compute_dtype,
-        cfg.master_dtype,
-        cfg.grad_reduce_dtype,
-        loss_scale=cfg.loss_scale,
-        loss_scale_window=cfg.loss_scale_window,
-    )
+# Moved (CHANGELOG.md). own_model, check_options and compile_lowered moved too, and are imported here,
+# so they import from here without a warning.
+__getattr__ = moved_names(__name__, {
+    "gpt_loss": f"{__name__}.model_loss", "build_precision": "jzero.memory.config.PrecisionConfig.build",
+})  # fmt: skip
 
 
 def build_model(
@@ -371,8 +360,8 @@ def build_job(
         cache.enable_compilation_cache(config.runtime.compilation_cache)
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
-    precision = build_precision(config.precision)
-    tx = build_optimizer(config.optimizer, config.train.steps)
+    precision = config.precision.build()
+    tx = config.optimizer.build(config.train.steps)
     fetches_layers = init_fn is None and config.zero.offload_params
     model = None
     if init_fn is None:

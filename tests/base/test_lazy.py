@@ -36,6 +36,16 @@ def test_a_moved_name_answers_with_its_new_home_and_a_warning():
         getter("dumps")
 
 
+def test_a_moved_name_may_be_an_attribute_of_a_class_in_its_new_home():
+    getter = moved_names("old.place", {"build": "json.decoder.JSONDecoder.decode", "gone": "json.no_such_module.x"})
+    import json.decoder
+
+    with pytest.warns(DeprecationWarning, match=r"is now json\.decoder\.JSONDecoder\.decode$"):
+        assert getter("build") is json.decoder.JSONDecoder.decode
+    with pytest.warns(DeprecationWarning), pytest.raises(AttributeError, match="no_such_module"):
+        getter("gone")
+
+
 def test_a_moved_module_imports_from_its_old_name():
     moved_modules({"jzero.lazy_probe_old_trees": "jzero.trees"})
     moved_modules({"jzero.lazy_probe_old_trees": "jzero.trees"})  # twice: one finder

@@ -1,0 +1,79 @@
+"""Each config section is one record beside what it builds, with its own ``check()`` and ``build()``:
+a new key is a field, its rule and its use in that one module. Here a key is added to two sections
+by subclassing them, and the loader, the validation, the dump and the job take it with no other change."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import optax
+import pytest
+import yaml
+
+from jzero.checks import at_least_zero
+from jzero.config.loading import dump_config, from_dict
+from jzero.config.schema import Config
+from jzero.errors import ConfigError
+from jzero.memory.config import PrecisionConfig
+from jzero.optimizers import OptimizerConfig
+from jzero.training.job import build_job
+
+
+@dataclasses.dataclass(frozen=True)
+class HalvedOptimizer(OptimizerConfig):
+    """``optimizer:`` with a key of its own, as a new key is added: a field, its rule, its use."""
+
+    halve_updates: int = 0  # times the updates are halved
+
+    def check(self) -> None:
+        super().check()
+        at_least_zero(self.halve_updates, "optimizer.halve_updates")
+
+    def build(self, total_steps: int) -> optax.GradientTransformation:
+        return optax.chain(super().build(total_steps), optax.scale(0.5**self.halve_updates))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoFloat16(PrecisionConfig):
+    """``precision:`` with a rule of its own."""
+
+    allow_float16: bool = True
+
+    def check(self) -> None:
+        super().check()
+        if not self.allow_float16 and "float16" in (self.param_dtype, self.compute_dtype):
+            raise ConfigError("precision.allow_float16", "is false, and a dtype is float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Extended(Config):
+    optimizer: HalvedOptimizer = dataclasses.field(default_factory=HalvedOptimizer)
+    precision: NoFloat16 = dataclasses.field(default_factory=NoFloat16)
+
+
+TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16}, "train": {"global_batch_size": 8}}
+
+
+def test_a_new_key_is_read_typed_checked_and_dumped_by_its_section_alone():
+    config = from_dict({**TINY, "optimizer": {"halve_updates": 2}, "precision": {"allow_float16": False}}, Extended)
+    assert config.optimizer.halve_updates == 2 and config.precision.allow_float16 is False
+    assert from_dict(yaml.safe_load(dump_config(config)), Extended) == config
+    with pytest.raises(ConfigError, match=r"^optimizer\.halve_updates: must be an integer"):
+        from_dict({"optimizer": {"halve_updates": "twice"}}, Extended)
+    with pytest.raises(ConfigError, match=r"^optimizer\.halve_updates: must be 0 or more"):
+        from_dict({"optimizer": {"halve_updates": -1}}, Extended)
+    with pytest.raises(ConfigError, match=r"^precision\.allow_float16: is false, and a dtype is float16$"):
+        from_dict({"precision": {"allow_float16": False, "param_dtype": "float16"}}, Extended)
+    with pytest.raises(ConfigError, match=r"^optimizer\.halve_updates: unknown key"):
+        from_dict({"optimizer": {"halve_updates": 1}})  # the plain Config has no such key
+
+
+def test_the_job_builds_what_the_section_builds():
+    """``build_job`` takes the optimizer from the section's ``build()``: halved twice, Adam's update is a quarter."""
+    plain, halved = (from_dict({**TINY, "optimizer": {"halve_updates": k}}, Extended) for k in (0, 2))
+    params, grads = {"w": jnp.ones(4)}, {"w": jnp.full(4, 0.5)}
+
+    def update(config):
+        tx = build_job(config).tx
+        return tx.update(grads, tx.init(params), params)[0]["w"]
+
+    assert jnp.allclose(update(halved), update(plain) / 4)
