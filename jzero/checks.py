@@ -1,7 +1,7 @@
 """The checks every config section's ``check()`` makes of its values, and the limits they keep.
 
 Each section record (``optimizer:`` in :mod:`jzero.optimizers`, ``precision:`` in
-:mod:`jzero.memory.config` ...) checks its own keys
+:mod:`jzero.memory.config`, ``model:`` and ``lora:`` in :mod:`jzero.models.config`) checks its own keys
 with these, so that a refusal reads the same whichever section makes it: one
 :class:`~jzero.errors.ConfigError` naming the key. No JAX here.
 """
@@ -18,6 +18,7 @@ from jzero.errors import ConfigError, clip, show_value
 
 __all__ = [
     "MAX_INT32",
+    "MAX_PARAMS",
     "PathText",
     "at_least_zero",
     "check_regexes",
@@ -33,6 +34,9 @@ PathText = Annotated[str, PATH]
 # JAX runs with 32-bit integers (jax_enable_x64 is off): token ids, positions, optax's step count and
 # the loss scale's step counter are int32, so every size and count that reaches JAX stays below 2**31.
 MAX_INT32 = 2**31 - 1
+# Parameter counts are exact as floats below 2**53 (the ledger and the estimate use floats), and
+# 16 bytes per parameter (fp32 Adam) x 2**53 = 2**57 stays inside int64 byte counts.
+MAX_PARAMS = 2**53
 
 
 def float32(value: float) -> float:

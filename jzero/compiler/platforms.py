@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "cuda_driver_present",
     "cuda_plugins",
+    "flash_attention_available",
     "gpu_compiler_available",
     "importable",
     "jax_plugin_modules",
@@ -120,3 +121,11 @@ def select_platforms() -> None:
 def on_gpus(devices: Sequence[Any]) -> bool:
     """Whether ``devices`` are GPUs, real ones or a GPU target's compile-only devices."""
     return bool(devices) and devices[0].platform in ("gpu", "cuda")
+
+
+def flash_attention_available() -> bool:
+    """Whether cuDNN is installed for JAX's fused attention (the ``nvidia-cudnn-cu12`` wheel, part of
+    ``jax[cuda12]`` and of the ``gpu-target`` extra). Without it ``jax.nn.dot_product_attention(...,
+    implementation="cudnn")`` fails to trace ("cuDNN not found"), a GPU target's deviceless compile
+    included; with it that compile succeeds (measured: docs/design.md)."""
+    return importable("nvidia.cudnn")

@@ -1,6 +1,9 @@
-"""What a run config is: its sections as frozen dataclasses, the names each key accepts, and the
-limits its numbers must keep. No JAX and no I/O here: :mod:`jzero.config.loading` reads a config from YAML
-and flags, :mod:`jzero.config.validation` checks its values.
+"""What a run config is: :class:`Config`, the composition of its sections, each a frozen dataclass
+with its keys' defaults, and the limits across them. A section that builds something lives beside it,
+with its own ``check()`` and ``build()`` (``zero:`` in :mod:`jzero.sharding.stages`, ``optimizer:`` in
+:mod:`jzero.optimizers`, ``precision:`` in :mod:`jzero.memory.config`, ``model:`` and ``lora:`` in
+:mod:`jzero.models.config`); the others are here. No JAX and no I/O: :mod:`jzero.config.loading` reads
+a config from YAML and flags, :mod:`jzero.config.validation` checks its values.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from typing import Any
 from jzero.checks import PathText
 from jzero.lazy import moved_names
 from jzero.memory.config import PrecisionConfig
-from jzero.models.names import AUTO_ATTENTION
+from jzero.models.config import LoraConfig, ModelConfig, RopeScalingConfig
 from jzero.optimizers import OptimizerConfig
 from jzero.sharding.axes import DATA, MODEL
 from jzero.sharding.stages import ZeroOptions
 
 __getattr__ = moved_names(__name__, {
     "float32": "jzero.checks.float32", "MAX_INT32": "jzero.checks.MAX_INT32", "SCHEDULES": "jzero.optimizers.SCHEDULES",
+    "MAX_PARAMS": "jzero.checks.MAX_PARAMS", "DTYPE_NAMES": "jzero.dtypes.PRECISION_DTYPES",
 })  # fmt: skip
 
 __all__ = [
@@ -75,50 +79,6 @@ class RunConfig:
 
 # ``zero:`` is the one record of the ZeRO options, in the layer below (the plan takes it as it is).
 ZeroConfig = ZeroOptions
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeScalingConfig:
-    """``model.rope_scaling`` (llama): Llama 3.1's long-context rotary scaling, Hugging Face's
-    ``rope_scaling`` with ``rope_type: llama3`` (:func:`jzero.models.layers.rope_frequencies`)."""
-
-    rope_type: str = "llama3"  # the only kind there is here
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`) or Llama (:mod:`jzero.models.llama`), its
-    shape and its remat policy; or, with ``name: own``, a model of yours, of which only ``seq_len``
-    and ``vocab_size`` are read (the batch is ``[train.global_batch_size, seq_len + 1]`` int32 ids
-    below ``vocab_size``). Which keys each model reads: :data:`jzero.models.names.KEYS`."""
-
-    name: str = "gpt"  # gpt, llama or own
-    # name: own: ``FILE.py:FUNCTION`` (relative to the working directory) or ``MODULE:FUNCTION``;
-    # ``FUNCTION(config)`` returns ``(init_fn, loss_fn)``. None: they are passed to jzero.build_job.
-    entry: PathText | None = None
-    vocab_size: int = 256
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_ratio: int = 4
-    seq_len: int = 128
-    remat: str | bool = "full"  # a policy of REMAT_POLICIES; true and false read as full and none
-    tie_embeddings: bool = False
-    # ZeRO-R's P_a: each block's saved input is split over ``model`` along the sequence and gathered
-    # again for recomputation. None: on whenever the model axis is larger than 1.
-    partition_activations: bool | None = None
-    # auto: cuDNN's flash attention on GPUs with 16-bit compute and cuDNN installed, else xla.
-    attention: str = AUTO_ATTENTION
-    # llama only:
-    n_kv_heads: int | None = None  # key and value heads (grouped-query attention); None: n_heads
-    mlp_hidden: int | None = None  # the SwiGLU MLP's units; None: 8/3 d_model rounded up to 256 (Meta's rule)
-    rope_theta: float = 500_000.0  # the rotary base
-    rope_scaling: RopeScalingConfig | None = None  # Llama 3.1's; None: unscaled
-    rms_norm_eps: float = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,16 +150,6 @@ class RuntimeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """``lora:``: low-rank adapters on the kernels of jzero's models' layers (:mod:`jzero.models.lora`).
-    Rank 0 is off. Only the adapters train unless ``train.trainable`` says otherwise."""
-
-    rank: int = 0
-    alpha: float = 16.0  # the update is alpha / rank times A B
-    targets: list[str] = dataclasses.field(default_factory=lambda: ["kernel"])  # path regexes: every kernel in the layers
-
-
-@dataclasses.dataclass(frozen=True)
 class PartitioningConfig:
     """``rules``: ordered ``[logical_name, mesh_axis | [axes] | null]`` pairs, the first match wins;
     None means the planner's defaults for the mesh (:func:`jzero.sharding.rules.default_rules`)."""
@@ -255,9 +205,6 @@ EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtyp
 EXPORT_FORMATS = ("safetensors", "hf")  # what ``jzero checkpoint export --format`` writes: one file, or a Hugging Face folder
 
 
-# Parameter counts are exact as floats below 2**53 (the ledger and the estimate use floats), and
-# 16 bytes per parameter (fp32 Adam) x 2**53 = 2**57 stays inside int64 byte counts.
-MAX_PARAMS = 2**53
 # grain's shuffle takes a uint32 seed, and jax.random.key keeps only the low 32 bits (measured with
 # JAX 0.10: the keys of 2**32 and 0 are equal).
 MAX_SEED = 2**32 - 1

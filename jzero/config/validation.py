@@ -4,15 +4,12 @@ against the devices is :mod:`jzero.sharding.mesh`'s). Each refusal is one :class
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 
-from jzero.checks import MAX_INT32, at_least_zero, check_regexes, in_range, positive
+from jzero.checks import MAX_INT32, MAX_PARAMS, at_least_zero, check_regexes, in_range, positive
 from jzero.config.schema import (
     DISTRIBUTED_MODES,
     MAX_CPU_DEVICES,
-    MAX_PARAMS,
     MAX_SEED,
     MAX_TIMEOUT_S,
     CheckpointConfig,
@@ -20,9 +17,7 @@ from jzero.config.schema import (
     CompilerConfig,
     Config,
     DataConfig,
-    LoraConfig,
     MeshConfig,
-    ModelConfig,
     PartitioningConfig,
     RunConfig,
     RuntimeConfig,
@@ -30,9 +25,6 @@ from jzero.config.schema import (
     ZeroConfig,
 )
 from jzero.errors import ConfigError, clip, show_value
-from jzero.memory.remat import REMAT_POLICIES
-from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, MODELS, OWN
-from jzero.models.sizes import mlp_units, param_count
 from jzero.sharding.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
 
 __all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
@@ -86,7 +78,7 @@ def validate(config: Config) -> None:
     in_range(config.seed, "seed", 0, MAX_SEED)
     _check_mesh(config.mesh)
     _check_zero(config.zero, config.precision.master_copy, config.mesh.axes)
-    _check_model(config.model)
+    config.model.check()
     config.optimizer.check()
     _check_nonfinite(config.train)  # before precision, the rest of train after it: the order it always had
     config.precision.check()
@@ -96,7 +88,7 @@ def validate(config: Config) -> None:
     _check_runtime(config.runtime)
     _check_data(config.data)
     _check_partitioning(config.partitioning, config.mesh.axes)
-    _check_lora(config.lora, config.model.name)
+    config.lora.check(config.model.name)
     _check_compiler(config.compiler)
 
 
@@ -127,91 +119,6 @@ def _check_zero(zero: ZeroConfig, master_copy: bool, axes: dict[str, int]) -> No
     in_range(zero.persist_below_bytes, "zero.persist_below_bytes", 0, MAX_PARAMS * 16)
 
 
-def _check_model(m: ModelConfig) -> None:
-    if m.name not in MODELS:
-        raise ConfigError("model.name", f"unknown model {show_value(m.name)} (known: {', '.join(MODELS)})")
-    if m.name == OWN:
-        _check_own_model(m)
-        return
-    if m.entry is not None:
-        raise ConfigError("model.entry", f"names a model of your own: only with model.name: {OWN}")
-    _check_unread(m, KEYS[m.name], f"jzero's {m.name} does not read it (model.name: {m.name})")
-    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
-        positive(getattr(m, field), f"model.{field}")
-    if m.d_model % m.n_heads:
-        raise ConfigError("model.n_heads", f"{m.n_heads} does not divide model.d_model={m.d_model}")
-    if (m.d_model // m.n_heads) % 2:
-        raise ConfigError("model.n_heads", f"head size d_model/n_heads={m.d_model // m.n_heads} must be even (rotary)")
-    if m.name == LLAMA:
-        _check_llama(m)
-    width = "the MLP width mlp_ratio x d_model" if m.name != LLAMA else "the MLP width mlp_hidden"
-    if mlp_units(m) > MAX_INT32:  # the MLP's hidden width is a dimension too
-        key = "model.mlp_ratio" if m.name != LLAMA else "model.mlp_hidden"
-        raise ConfigError(key, f"{width} = {mlp_units(m)} is over {MAX_INT32}")
-    if m.remat not in REMAT_POLICIES:
-        policies = ", ".join(REMAT_POLICIES)
-        raise ConfigError("model.remat", f"must be one of {policies} (or true, false), got {show_value(m.remat)}")
-    if m.attention not in (AUTO_ATTENTION, *ATTENTION):
-        raise ConfigError("model.attention", f"must be {AUTO_ATTENTION}, {' or '.join(ATTENTION)}, got {show_value(m.attention)}")
-    _check_vocab(m)
-    count = param_count(m)
-    if count > MAX_PARAMS:
-        mlp = f"mlp_ratio={m.mlp_ratio}" if m.name != LLAMA else f"mlp_hidden={mlp_units(m)}"
-        sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, {mlp}, vocab_size={m.vocab_size}"
-        raise ConfigError("model", f"{sizes} make {count:.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
-
-
-def _check_llama(m: ModelConfig) -> None:
-    kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
-    positive(kv, "model.n_kv_heads")
-    if m.n_heads % kv:
-        raise ConfigError("model.n_kv_heads", f"{kv} does not divide model.n_heads={m.n_heads} (grouped-query attention)")
-    if m.mlp_hidden is not None:
-        positive(m.mlp_hidden, "model.mlp_hidden")
-    positive(m.rope_theta, "model.rope_theta", math.inf)
-    positive(m.rms_norm_eps, "model.rms_norm_eps", math.inf)
-    s = m.rope_scaling
-    if s is None:
-        return
-    if s.rope_type != "llama3":
-        raise ConfigError("model.rope_scaling.rope_type", f"must be llama3, got {show_value(s.rope_type)}")
-    for field in ("factor", "low_freq_factor", "original_max_position_embeddings"):
-        positive(getattr(s, field), f"model.rope_scaling.{field}", math.inf)
-    if not s.high_freq_factor > s.low_freq_factor:
-        low = f"low_freq_factor={s.low_freq_factor}"
-        raise ConfigError("model.rope_scaling.high_freq_factor", f"must be over {low}, got {s.high_freq_factor}")
-
-
-def _check_unread(m: ModelConfig, read: tuple[str, ...], why: str) -> None:
-    """Every ``model:`` key that ``read`` leaves out keeps its default: a value nothing reads is a mistake."""
-    default = ModelConfig()
-    for field in dataclasses.fields(ModelConfig):
-        name = field.name
-        if name not in (*read, "name", "entry") and getattr(m, name) != getattr(default, name):
-            raise ConfigError(f"model.{name}", why)
-
-
-def _check_vocab(m: ModelConfig) -> None:
-    if m.vocab_size < 256:
-        raise ConfigError("model.vocab_size", f"byte-level data needs at least 256, got {m.vocab_size}")
-
-
-# FILE.py:FUNCTION or MODULE:FUNCTION (a dotted module name); the file may have any path.
-_ENTRY = re.compile(r"^(?:.+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
-
-
-def _check_own_model(m: ModelConfig) -> None:
-    """A model of yours: the batch's shape, the entry's form (:func:`jzero.training.job.build_job`
-    imports it), and none of jzero's models' keys, which nothing would read."""
-    for field in ("vocab_size", "seq_len"):
-        positive(getattr(m, field), f"model.{field}")
-    _check_vocab(m)
-    if m.entry is not None and not _ENTRY.match(m.entry):
-        raise ConfigError("model.entry", f"must be FILE.py:FUNCTION or MODULE:FUNCTION, got {show_value(m.entry)}")
-    own = f"a model of your own (model.name: {OWN}) reads only seq_len and vocab_size"
-    _check_unread(m, ("vocab_size", "seq_len"), f"is jzero's models'; {own}")
-
-
 def _check_nonfinite(train: TrainConfig) -> None:
     if train.nonfinite not in ("skip", "halt"):
         raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(train.nonfinite)}")
@@ -229,18 +136,6 @@ def _check_train(train: TrainConfig, axes: dict[str, int]) -> None:
     if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later
         check_batch_divides(train.global_batch_size, axes, train.microbatches)
     check_regexes(train.trainable or (), "train.trainable")
-
-
-def _check_lora(lora: LoraConfig, model: str) -> None:
-    at_least_zero(lora.rank, "lora.rank")
-    if not lora.rank:
-        return
-    if model == OWN:
-        raise ConfigError("lora.rank", f"adapters go on jzero's models' layers (model.name gpt or llama), not model.name: {OWN}")
-    positive(lora.alpha, "lora.alpha", math.inf)
-    if not lora.targets:
-        raise ConfigError("lora.targets", "must name at least one kernel path regex")
-    check_regexes(lora.targets, "lora.targets")
 
 
 def _check_run(run: RunConfig) -> None:

@@ -11,8 +11,7 @@ import math
 import re
 from typing import Any
 
-from jzero.checks import MAX_INT32
-from jzero.config.schema import MAX_PARAMS
+from jzero.checks import MAX_INT32, MAX_PARAMS
 from jzero.errors import ConfigError, show_value
 from jzero.records import omit_if_none, record
 from jzero.sharding.stages import OFFLOADABLE, STAGES, paper_parts_per_device

@@ -22,10 +22,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jzero.compiler.platforms import cuda_plugins, gpu_compiler_available, importable, jax_plugin_modules
+from jzero.compiler.platforms import cuda_plugins, gpu_compiler_available, jax_plugin_modules
 from jzero.errors import ConfigError
+from jzero.lazy import moved_names
 from jzero.ledger.timing import Hardware
 from jzero.sharding.axes import mesh_text, resolve_axes
+
+__getattr__ = moved_names(__name__, {"flash_attention_available": "jzero.compiler.platforms.flash_attention_available"})
 
 __all__ = [
     "GPU_COMPILER_OPTIONS",
@@ -40,7 +43,6 @@ __all__ = [
     "cuda_plugins",
     "device_hardware",
     "device_peak_flops",
-    "flash_attention_available",
     "gpu_compiler_available",
     "gpu_compiler_options",
     "gpu_of",
@@ -331,14 +333,6 @@ def check_target_fits_mesh(target: Target, axes: Mapping[str, int]) -> None:
     used = math.prod(sizes.values())
     if used != target.count:
         raise ConfigError("--target", f"{target.name} has {target.count} GPUs but mesh.axes {mesh_text(sizes)} uses {used}")
-
-
-def flash_attention_available() -> bool:
-    """Whether cuDNN is installed for JAX's fused attention (the ``nvidia-cudnn-cu12`` wheel, part of
-    ``jax[cuda12]`` and of the ``gpu-target`` extra). Without it ``jax.nn.dot_product_attention(...,
-    implementation="cudnn")`` fails to trace ("cuDNN not found"), a GPU target's deviceless compile
-    included; with it that compile succeeds (measured: docs/design.md)."""
-    return importable("nvidia.cudnn")
 
 
 def target_devices(target: str | Target, hosts: int | None = None, gpus_per_host: int | None = None) -> list:

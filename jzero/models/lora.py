@@ -54,7 +54,7 @@ class LoraSpec:
 
 
 def lora_spec(section: Any) -> LoraSpec | None:
-    """The ``lora:`` section (:class:`jzero.config.schema.LoraConfig`) as the model reads it; None
+    """The ``lora:`` section (:class:`jzero.models.config.LoraConfig`) as the model reads it; None
     when its rank is 0 (off)."""
     return LoraSpec(section.rank, float(section.alpha), tuple(section.targets)) if section.rank else None
 

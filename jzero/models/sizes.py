@@ -2,7 +2,7 @@
 shape alone, without building them or importing JAX: what config validation needs to refuse a model
 too large to count, what MFU divides by, and the formula the ledger sets the saved activations against.
 
-The functions that take ``m`` read a ``model:`` section's fields (:class:`jzero.config.schema.ModelConfig`
+The functions that take ``m`` read a ``model:`` section's fields (:class:`jzero.models.config.ModelConfig`
 or anything with them) for either model (:data:`jzero.models.names.KEYS`)."""
 
 from __future__ import annotations

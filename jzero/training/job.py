@@ -30,12 +30,11 @@ from jzero.errors import ConfigError, PlanError
 from jzero.lazy import moved_names
 from jzero.ledger import targets
 from jzero.memory.precision import Precision
-from jzero.memory.remat import policy_name
 from jzero.models import sizes
 from jzero.models.gpt import GPT, lm_loss
-from jzero.models.llama import Llama, rope_scaling_pairs
-from jzero.models.lora import ADAPTERS, LoraSpec, check_targets, is_adapter, lora_spec
-from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, OWN
+from jzero.models.llama import Llama
+from jzero.models.lora import ADAPTERS, check_targets, is_adapter
+from jzero.models.names import OWN
 from jzero.sharding.axes import model_ways
 from jzero.sharding.gathers import manual_loss, model_gather, units_in_effect
 from jzero.sharding.mesh import make_mesh, mesh_shape, simulate_cpu_devices
@@ -48,9 +47,7 @@ from jzero.trees import path_str
 
 __all__ = [
     "Job",
-    "attention_for",
     "build_job",
-    "build_model",
     "compiler_options",
     "model_flops_per_token",
     "model_loss",
@@ -64,38 +61,8 @@ Model = GPT | Llama  # jzero's own models (model.name gpt or llama)
 # so they import from here without a warning.
 __getattr__ = moved_names(__name__, {
     "gpt_loss": f"{__name__}.model_loss", "build_precision": "jzero.memory.config.PrecisionConfig.build",
+    "build_model": "jzero.models.config.ModelConfig.build", "attention_for": "jzero.models.config.attention_for",
 })  # fmt: skip
-
-
-def build_model(
-    cfg: ModelConfig,
-    precision: Precision,
-    *,
-    model_parallel: int = 1,
-    fetch_params: bool = False,
-    devices: Sequence[Any] = (),
-    lora: LoraSpec | None = None,
-) -> Model:
-    """jzero's GPT or Llama with the ``model:`` section's shape: the fields its model reads
-    (:data:`jzero.models.names.KEYS`), defaults resolved.
-
-    Args:
-      cfg: the ``model:`` section.
-      precision: its compute dtype is the model's.
-      model_parallel: N_m; ``partition_activations`` left unset means on when it is over 1.
-      fetch_params: parameters rest in host memory and each block fetches its own (``zero.offload_params``).
-      devices: what it runs on, which picks its attention (:func:`attention_for`).
-      lora: low-rank adapters on the layers' kernels it targets (:func:`jzero.models.lora.lora_spec`).
-    """
-    shape = {key: getattr(cfg, key) for key in KEYS[cfg.name]}
-    shape["remat"] = policy_name(cfg.remat)
-    shape["partition_activations"] = partitions_activations(cfg, model_parallel)
-    shape["attention"] = attention_for(cfg.attention, devices, precision)
-    if cfg.name == LLAMA:
-        scaling = dataclasses.asdict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
-        shape.update(n_kv_heads=sizes.kv_heads(cfg), mlp_hidden=sizes.mlp_units(cfg), rope_scaling=rope_scaling_pairs(scaling))
-        return Llama(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
-    return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
 
 
 def trainable_patterns(config: Config) -> tuple[str, ...] | None:
@@ -104,37 +71,6 @@ def trainable_patterns(config: Config) -> tuple[str, ...] | None:
     if config.train.trainable is not None:
         return tuple(config.train.trainable)
     return ADAPTERS if config.lora.rank else None
-
-
-def attention_for(asked: str, devices: Sequence[Any], precision: Precision) -> str:
-    """``model.attention`` resolved for ``devices``: ``auto`` is cuDNN's flash kernel on GPUs (real or
-    a target's) with 16-bit compute and cuDNN installed, else XLA's.
-
-    Raises:
-      ConfigError: ``cudnn`` asked where it cannot run, naming ``model.attention`` and why.
-    """
-    why = _no_flash(devices, precision)
-    if asked == AUTO_ATTENTION:
-        return ATTENTION[0] if why else ATTENTION[1]
-    if asked == ATTENTION[1] and why:
-        raise ConfigError("model.attention", f"cudnn: {why}")
-    return asked
-
-
-def _no_flash(devices: Sequence[Any], precision: Precision) -> str:
-    """Why cuDNN's flash attention cannot run on ``devices`` ('' when it can)."""
-    if not devices or not on_gpus(devices):
-        return "needs GPUs (or a GPU --target)"
-    if jnp.dtype(precision.compute_dtype or jnp.float32).itemsize != 2:
-        return "needs 16-bit compute (precision.compute_dtype bfloat16 or float16)"
-    if not targets.flash_attention_available():
-        return "cuDNN is not installed (pip install nvidia-cudnn-cu12, or the gpu-target extra)"
-    return ""
-
-
-def partitions_activations(cfg: ModelConfig, model_parallel: int) -> bool:
-    """``model.partition_activations``, with its default resolved: on whenever N_m > 1."""
-    return model_parallel > 1 if cfg.partition_activations is None else cfg.partition_activations
 
 
 def compiler_options(devices: Sequence[Any], **inputs: Any) -> dict[str, Any] | None:
@@ -366,9 +302,8 @@ def build_job(
     model = None
     if init_fn is None:
         ways, on = model_ways(mesh.shape), list(mesh.devices.flat)
-        model = build_model(
-            config.model, precision, model_parallel=ways, fetch_params=fetches_layers, devices=on, lora=lora_spec(config.lora)
-        )
+        lora = config.lora.build()
+        model = config.model.build(precision, model_parallel=ways, fetch_params=fetches_layers, devices=on, lora=lora)
         sample = jnp.zeros((1, config.model.seq_len), jnp.int32)
 
         def init_fn(key):

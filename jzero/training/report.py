@@ -57,7 +57,7 @@ from jzero.sharding.stages import (
 )
 from jzero.sharding.state import TrainState
 from jzero.step import activation_rules
-from jzero.training.job import Job, partitions_activations
+from jzero.training.job import Job
 from jzero.training.prediction import StepParts, predicted
 
 __all__ = [
@@ -195,7 +195,7 @@ def saved_activations(job: Job, hlo_text: str) -> Activations:
     cfg = job.config
     rows = cfg.train.global_batch_size // batch_ways(mesh_shape(job.mesh)) // cfg.train.microbatches
     saved = ledger.saved_activations(hlo_text, rows)
-    partitioned = partitions_activations(cfg.model, model_ways(job.mesh.shape))
+    partitioned = cfg.model.partitions_activations(model_ways(job.mesh.shape))
     if not saved["device"] and not saved["host"] and job.plan.units:
         return _saved_by_units(job, hlo_text, rows, partitioned)
     source = "compiled"

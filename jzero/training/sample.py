@@ -52,10 +52,10 @@ from jzero.errors import (
     show_value,
 )
 from jzero.models.decode import generate
-from jzero.models.lora import lora_spec, merged_adapters
+from jzero.models.lora import merged_adapters
 from jzero.models.names import AUTO_ATTENTION, GPT, LLAMA
 from jzero.sharding.mesh import simulate_cpu_devices
-from jzero.training.job import Model, build_job, build_model, compiler_options
+from jzero.training.job import Model, build_job, compiler_options
 from jzero.trees import tree_paths
 
 __all__ = ["Placement", "placement", "run_config", "sample", "sample_command"]
@@ -269,7 +269,7 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
                 f"fit model.seq_len {m.seq_len}, the positions the model was trained on")  # fmt: skip
     # Decoding has its own attention over the cache: the trained attention's choice does not apply.
     shape = dataclasses.replace(m, attention=AUTO_ATTENTION)
-    model = build_model(shape, config.precision.build(), lora=lora_spec(config.lora))
+    model = shape.build(config.precision.build(), lora=config.lora.build())
     where, mine = placement(config), config.compiler.xla_options
     options = compiler_options(where.devices, options=mine)
     check_options(where.devices, options, mine)  # a bad one is refused before any checkpoint is read

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from jzero.checks import at_least_zero
-from jzero.config.loading import dump_config, from_dict
+from jzero.config.loading import dump_config, from_dict, load_config
 from jzero.config.schema import Config
 from jzero.errors import ConfigError
 from jzero.memory.config import PrecisionConfig
@@ -77,3 +77,28 @@ def test_the_job_builds_what_the_section_builds():
         return tx.update(grads, tx.init(params), params)[0]["w"]
 
     assert jnp.allclose(update(halved), update(plain) / 4)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.n_kv_heads=3", "model.n_kv_heads: 3 does not divide model.n_heads=4 (grouped-query attention)"),
+        ("model.n_kv_heads=0", "model.n_kv_heads: must be positive and at most 2147483647, got 0"),
+        ("model.mlp_hidden=0", "model.mlp_hidden: must be positive and at most 2147483647, got 0"),
+        ("model.mlp_hidden=3000000000", "model.mlp_hidden: must be positive and at most 2147483647, got 3000000000"),
+        ("model.rope_theta=0", "model.rope_theta: must be positive, got 0"),
+        ("model.rms_norm_eps=-1e-5", "model.rms_norm_eps: must be positive, got -1e-05"),
+        ("model.rope_scaling.rope_type=yarn", "model.rope_scaling.rope_type: must be llama3, got 'yarn'"),
+        ("model.rope_scaling.factor=0", "model.rope_scaling.factor: must be positive, got 0"),
+        ("model.rope_scaling.original_max_position_embeddings=0", "model.rope_scaling.original_max_position_embeddings: must be"),
+        ("model.rope_scaling.high_freq_factor=1", "model.rope_scaling.high_freq_factor: must be over low_freq_factor=1.0, got 1"),
+        ("model.name=gpt", "model.n_kv_heads: jzero's gpt does not read it (model.name: gpt)"),
+        ("model.name=own", "model.d_model: is jzero's models'; a model of your own (model.name: own) reads only seq_len"),
+    ],
+)
+def test_the_llama_keys_are_checked_by_the_model_section(override, message):
+    """What a Llama's keys must hold, and that a GPT or a model of yours reads none of them."""
+    llama = {"name": "llama", "d_model": 64, "n_heads": 4, "n_kv_heads": 2}
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [f"model.{k}={v}" for k, v in llama.items()] + [override])
+    assert str(refused.value).startswith(message) and refused.value.where == message.split(":")[0]

@@ -14,7 +14,7 @@ from jzero.ledger import hlo as ledger
 from jzero.memory.offload import HOST
 from jzero.memory.remat import REMAT_POLICIES, remat
 from jzero.sharding.axes import LAYERS
-from jzero.training.job import build_job, partitions_activations
+from jzero.training.job import build_job
 from jzero.training.report import plan_report
 
 
@@ -188,6 +188,6 @@ def test_partitioned_activations_divide_the_saved_inputs_by_the_model_axis():
 def test_partitioned_activations_train_like_one_device(data, reference, jobs):
     job, trained = jobs
     s = job(LR, "zero.stage=3", "mesh.axes.data=4", "mesh.axes.model=2")
-    assert s.config.model.partition_activations is None and partitions_activations(s.config.model, 2)  # on by default
+    assert s.config.model.partition_activations is None and s.config.model.partitions_activations(2)  # on by default
     state = trained(s)
     reference.check(params=jax.device_get(state.params))

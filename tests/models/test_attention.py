@@ -1,5 +1,5 @@
 """The GPT's attention: ``jax.nn.dot_product_attention``, XLA's on CPU and cuDNN's flash kernel on
-GPU targets (jzero.models.gpt.causal_attention, jzero.training.job.attention_for)."""
+GPU targets (jzero.models.gpt.causal_attention, jzero.models.config.attention_for)."""
 
 import math
 import re
@@ -11,7 +11,10 @@ import pytest
 from support.cli import one_line_error, sets
 from support.configs import BF16, tiny_config
 
-from jzero.ledger.targets import flash_attention_available
+from jzero.compiler.platforms import flash_attention_available
+from jzero.errors import ConfigError
+from jzero.memory.config import PrecisionConfig
+from jzero.models.config import attention_for
 from jzero.models.gpt import attend, causal_attention, rotary
 from jzero.training.job import build_job
 
@@ -69,3 +72,16 @@ def test_the_gpu_target_uses_cudnn_flash_attention_and_no_t_by_t_logits(h100x8):
 )
 def test_bad_attention_settings_are_one_line(capsys, overrides, fragment):
     one_line_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], fragment)
+
+
+def test_each_attention_setting_resolves_for_the_devices_and_the_compute_dtype(h100x8):
+    """``auto`` is cuDNN's only on GPUs with 16-bit compute; ``cudnn`` elsewhere names why not."""
+    bf16, fp32 = PrecisionConfig(param_dtype="bfloat16").build(), PrecisionConfig().build()
+    cpus = jax.devices()
+    assert attention_for("auto", h100x8, bf16) == "cudnn" and attention_for("cudnn", h100x8, bf16) == "cudnn"
+    assert attention_for("auto", h100x8, fp32) == "xla" and attention_for("auto", cpus, bf16) == "xla"
+    assert attention_for("xla", h100x8, bf16) == "xla"
+    with pytest.raises(ConfigError, match=r"^model\.attention: cudnn: needs 16-bit compute"):
+        attention_for("cudnn", h100x8, fp32)
+    with pytest.raises(ConfigError, match=r"^model\.attention: cudnn: needs GPUs"):
+        attention_for("cudnn", cpus, bf16)

@@ -40,7 +40,7 @@ CHUNKINGS = (2, 4, 8, 16)
 
 
 def optax_tx(config):
-    """The optimizer a config's ``optimizer:`` section names (:class:`jzero.config.schema.OptimizerConfig`),
+    """The optimizer a config's ``optimizer:`` section names (:class:`jzero.optimizers.OptimizerConfig`),
     built from optax alone: its learning-rate schedule over ``train.steps`` (constant, linear warmup
     from 0, or warmup then cosine decay to ``min_lr_ratio`` x the rate), the optimizer, and
     ``clip_by_global_norm`` before it when ``clip_norm`` is set. Never :mod:`jzero.optimizers`."""
