@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
+    from jzero.compiler.options import gpu_compiler_options
     from jzero.distributed.process import import_jax, start_backends
-    from jzero.ledger.targets import gpu_compiler_options, parse_target, target_devices
+    from jzero.ledger.targets import parse_target, target_devices
 
     import_jax(target=True)
     start_backends()

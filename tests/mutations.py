@@ -200,6 +200,22 @@ _COMMUNICATION = (
 
 _COMPILER = (
     _m(
+        "the GPU scheduler's memory limit is left out of the options a GPU compile is given",
+        "jzero/compiler/options.py",
+        "    if slop_factor is not None:\n        options[SLOP_FACTOR] = slop_factor\n",
+        "",
+        "tests/ledger/test_targets.py",
+        "-k",
+        "schedulers_memory_limit or every_gpu_compile_gets",
+    ),
+    _m(
+        "a GPU step's combining thresholds stay at 1 GiB whatever its layer's size",
+        "jzero/compiler/options.py",
+        "    if layer_bytes:\n        options.update(",
+        "    if False:\n        options.update(",
+        "tests/compiler/test_xla_options.py",
+    ),
+    _m(
         "an XLA option the compile refuses is raised as XLA's error, not one line naming it",
         "jzero/compiler/compiling.py",
         "        refused = xla_flags.compile_error(err, mine)\n",

@@ -1,9 +1,10 @@
 """What a run config is: :class:`Config`, the composition of its sections, each a frozen dataclass
 with its keys' defaults, and the limits across them. A section that builds something lives beside it,
-with its own ``check()`` and ``build()`` (``zero:`` in :mod:`jzero.sharding.stages`, ``optimizer:`` in
+with its own ``check()`` and ``build()``: ``zero:`` in :mod:`jzero.sharding.stages`, ``optimizer:`` in
 :mod:`jzero.optimizers`, ``precision:`` in :mod:`jzero.memory.config`, ``model:`` and ``lora:`` in
-:mod:`jzero.models.config`); the others are here. No JAX and no I/O: :mod:`jzero.config.loading` reads
-a config from YAML and flags, :mod:`jzero.config.validation` checks its values.
+:mod:`jzero.models.config`, ``compiler:`` in :mod:`jzero.compiler.options`. The others are here. No
+JAX and no I/O: :mod:`jzero.config.loading` reads a config from YAML and flags,
+:mod:`jzero.config.validation` checks its values.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from jzero.checks import PathText
+from jzero.compiler.options import CompilerConfig
 from jzero.lazy import moved_names
 from jzero.memory.config import PrecisionConfig
 from jzero.models.config import LoraConfig, ModelConfig, RopeScalingConfig
@@ -157,14 +159,6 @@ class PartitioningConfig:
     rules: list[list[str | list[str] | None]] | None = None
     # ``[regex, [mesh_axis_or_null per dim]]``: place parameters by path, e.g. an unannotated model's.
     path_rules: list[list[str | list[str | None]]] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass(frozen=True)
-class CompilerConfig:
-    """``xla_options``: XLA flag name -> value (true/false, a number or a string), given to every
-    compile of the step over jzero's defaults and ``XLA_FLAGS`` (:mod:`jzero.compiler.xla_flags`)."""
-
-    xla_options: dict[str, bool | int | float | str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

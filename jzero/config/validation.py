@@ -14,7 +14,6 @@ from jzero.config.schema import (
     MAX_TIMEOUT_S,
     CheckpointConfig,
     ClusterConfig,
-    CompilerConfig,
     Config,
     DataConfig,
     MeshConfig,
@@ -89,7 +88,7 @@ def validate(config: Config) -> None:
     _check_data(config.data)
     _check_partitioning(config.partitioning, config.mesh.axes)
     config.lora.check(config.model.name)
-    _check_compiler(config.compiler)
+    config.compiler.check()
 
 
 def _check_mesh(mesh: MeshConfig) -> None:
@@ -194,15 +193,3 @@ def _check_partitioning(partitioning: PartitioningConfig, axes: dict[str, int]) 
         for axis in targets:
             if axis is not None and axis not in axes:
                 raise ConfigError(f"partitioning.rules[{i}]", f"names mesh axis {show_value(axis)}, which the mesh lacks")
-
-
-_XLA_FLAG = re.compile(r"^xla_[a-z0-9_]+$")
-
-
-def _check_compiler(compiler: CompilerConfig) -> None:
-    """Flag names only: whether XLA knows a flag and its value's type is the compile's to say
-    (:func:`jzero.compiler.xla_flags.compile_error`), as this layer has no XLA."""
-    for name in compiler.xla_options:
-        if not _XLA_FLAG.match(name):
-            key = f"compiler.xla_options.{clip(name)}"
-            raise ConfigError(key, "not an XLA flag name (xla_ then lowercase letters, digits and _, as in XLA_FLAGS without --)")

@@ -28,15 +28,17 @@ from jzero.lazy import moved_names
 from jzero.ledger.timing import Hardware
 from jzero.sharding.axes import mesh_text, resolve_axes
 
-__getattr__ = moved_names(__name__, {"flash_attention_available": "jzero.compiler.platforms.flash_attention_available"})
+__getattr__ = moved_names(__name__, {
+    "flash_attention_available": "jzero.compiler.platforms.flash_attention_available",
+    **{name: f"jzero.compiler.options.{name}" for name in (
+        "GPU_COMPILER_OPTIONS", "PIPELINED_GATHERS", "LAYERS_PER_COMBINED_OP", "gpu_compiler_options",
+    )},
+})  # fmt: skip
 
 __all__ = [
-    "GPU_COMPILER_OPTIONS",
     "GPUS",
     "GPUS_PER_HOST",
     "NIC_SHARE",
-    "PIPELINED_GATHERS",
-    "LAYERS_PER_COMBINED_OP",
     "Gpu",
     "Target",
     "check_target_fits_mesh",
@@ -44,7 +46,6 @@ __all__ = [
     "device_hardware",
     "device_peak_flops",
     "gpu_compiler_available",
-    "gpu_compiler_options",
     "gpu_of",
     "jax_plugin_modules",
     "parse_target",
@@ -137,64 +138,6 @@ def peak_flops(device_kind: str) -> float | None:
     """The dense bf16 peak of a device of this ``device_kind`` (:func:`gpu_of`), or None where it is not known."""
     gpu = gpu_of(device_kind)
     return gpu.bf16_dense_flops if gpu else None
-
-
-# XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What they
-# change is measured by benchmarks/gpu_options.py (docs/gpu-targets.md quotes it for the 7B).
-# - The latency-hiding scheduler puts compute between each async collective's start and done. XLA
-#   0.10.2 already did (the 7B program was byte-identical with it off); set so that a change of
-#   XLA's default cannot serialize the gathers and reduce-scatters.
-# - Pipelined collectives: XLA's collective pipeliner moves the next layer's all-gather (and this
-#   layer's gradient reduce-scatter, and all-reduce) across the layer loop's iterations, so each
-#   runs under another layer's compute: FSDP2's prefetch of one layer, done by the compiler.
-# - Combining thresholds: XLA merges collectives up to this many bytes into one op. A layer's
-#   gathers must be one op, which the pipeliner then prefetches whole; at 256 MiB a 7B layer took
-#   several ops and some waited (7B stage 3 on h100x8: 44.3 ms of 77.7 exposed with the old options).
-#   1 GiB is for a step without layers; gpu_compiler_options sizes them from the layer.
-# - The highest-priority stream for collectives: NCCL kernels are not starved by compute kernels
-#   at run time (NVIDIA's JAX-Toolbox advice); nothing changes in the compiled program.
-PIPELINED_GATHERS = "xla_gpu_enable_pipelined_all_gather"
-GPU_COMPILER_OPTIONS: dict[str, str | bool | int] = {
-    "xla_gpu_enable_latency_hiding_scheduler": True,
-    PIPELINED_GATHERS: True,
-    "xla_gpu_enable_pipelined_reduce_scatter": True,
-    "xla_gpu_enable_pipelined_all_reduce": True,
-    "xla_gpu_enable_highest_priority_async_stream": True,
-    "xla_gpu_all_gather_combine_threshold_bytes": 2**30,
-    "xla_gpu_reduce_scatter_combine_threshold_bytes": 2**30,
-    "xla_gpu_all_reduce_combine_threshold_bytes": 256 * 2**20,
-}
-
-# A step with layers combines one layer's gathers (and gradient reduce-scatters) into one op, never
-# two layers': at 1 GiB XLA merged the forward's first layer with the backward's first (layer 31)
-# into one gather at the step's start, held through the forward, and the embedding with the head
-# (7B stage 3 on h100x8: 4.30 layers' worth gathered at once, 5.4 ms exposed; at 1.25 layers 2.65
-# and 3.6 ms; benchmarks/gpu_options.py).
-LAYERS_PER_COMBINED_OP = 1.25
-_LAYER_COMBINED = ("xla_gpu_all_gather_combine_threshold_bytes", "xla_gpu_reduce_scatter_combine_threshold_bytes")
-
-
-def gpu_compiler_options(layer_bytes: int = 0, gpu: Gpu | None = None, io_bytes: int = 0) -> dict[str, str | bool | int]:
-    """jzero's XLA options for a GPU step whose layer gathers ``layer_bytes`` per device.
-
-    Args:
-      layer_bytes: one layer's gathered parameters per device in the compute dtype
-        (:meth:`jzero.sharding.plan.Plan.layer_bytes`); 0 for a step without layers.
-      gpu: the GPU it compiles for (None: not known, XLA's scheduler limit stays its own).
-      io_bytes: the step's arguments per device that stay live through it (the model states in
-        device memory), for :func:`scheduler_slop_factor`.
-
-    Returns:
-      :data:`GPU_COMPILER_OPTIONS`, with the all-gather and reduce-scatter combining thresholds at
-      :data:`LAYERS_PER_COMBINED_OP` layers' bytes when there are layers, and the scheduler's slop
-      factor for ``gpu``.
-    """
-    options = dict(GPU_COMPILER_OPTIONS)
-    if layer_bytes:
-        options.update(dict.fromkeys(_LAYER_COMBINED, math.ceil(layer_bytes * LAYERS_PER_COMBINED_OP)))
-    if gpu is not None:
-        options["xla_gpu_memory_limit_slop_factor"] = scheduler_slop_factor(gpu, io_bytes)
-    return options
 
 
 # XLA's latency-hiding scheduler keeps a program's buffers within (80% of the device's memory - its

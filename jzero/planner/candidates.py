@@ -15,10 +15,11 @@ import itertools
 import warnings
 from collections.abc import Iterator
 
+from jzero.compiler.options import PIPELINED_GATHERS
 from jzero.config.schema import Config
 from jzero.dtypes import array_bytes
 from jzero.lazy import moved_names
-from jzero.ledger.targets import PIPELINED_GATHERS, Target
+from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.memory.remat import REMAT_POLICIES, offloads
 from jzero.models.sizes import LayerShape, layer_shape

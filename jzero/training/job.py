@@ -21,8 +21,9 @@ import optax
 from jax.sharding import Mesh
 
 from jzero.communication.gather import unit_options
-from jzero.compiler import cache, xla_flags
+from jzero.compiler import cache
 from jzero.compiler.compiling import check_options, compile_lowered
+from jzero.compiler.options import compiler_options
 from jzero.compiler.platforms import on_gpus
 from jzero.config.schema import Config, ModelConfig
 from jzero.config.validation import check_batch_divides
@@ -48,20 +49,19 @@ from jzero.trees import path_str
 __all__ = [
     "Job",
     "build_job",
-    "compiler_options",
     "model_flops_per_token",
     "model_loss",
     "trainable_patterns",
-    "xla_options",
 ]
 
 InitFn = Callable[[jax.Array], Any]
 Model = GPT | Llama  # jzero's own models (model.name gpt or llama)
-# Moved (CHANGELOG.md). own_model, check_options and compile_lowered moved too, and are imported here,
+# Moved (CHANGELOG.md). own_model, check_options, compile_lowered and compiler_options moved too, and are imported here,
 # so they import from here without a warning.
 __getattr__ = moved_names(__name__, {
     "gpt_loss": f"{__name__}.model_loss", "build_precision": "jzero.memory.config.PrecisionConfig.build",
     "build_model": "jzero.models.config.ModelConfig.build", "attention_for": "jzero.models.config.attention_for",
+    "xla_options": "jzero.compiler.options.xla_options",
 })  # fmt: skip
 
 
@@ -71,44 +71,6 @@ def trainable_patterns(config: Config) -> tuple[str, ...] | None:
     if config.train.trainable is not None:
         return tuple(config.train.trainable)
     return ADAPTERS if config.lora.rank else None
-
-
-def compiler_options(devices: Sequence[Any], **inputs: Any) -> dict[str, Any] | None:
-    """The XLA options a compile on ``devices`` is given: :func:`xla_options` (``inputs`` are its
-    keywords) but those ``XLA_FLAGS`` sets, which XLA already has; None when there are none."""
-    effect = xla_options(devices, **inputs)
-    given = {name: e["value"] for name, e in effect.items() if e["from"] != xla_flags.ENV}
-    return given or None
-
-
-def xla_options(
-    devices: Sequence[Any],
-    *,
-    units: bool = False,
-    options: Mapping[str, Any] | None = None,
-    layer_bytes: int = 0,
-    io_bytes: int = 0,
-) -> dict[str, dict]:
-    """The XLA options in effect for a program on ``devices``, each with where it comes from.
-
-    Args:
-      devices: what it compiles for; GPUs (real or a target's) get
-        :func:`jzero.ledger.targets.gpu_compiler_options`, unless ``XLA_FLAGS`` names the flag.
-      units: the step gathers by units: :func:`jzero.communication.gather.unit_options` too.
-      options: the config's ``compiler.xla_options``, which win over everything.
-      layer_bytes: one layer's gathered bytes per device (:meth:`jzero.sharding.plan.Plan.layer_bytes`),
-        which sizes the GPU combining thresholds.
-      io_bytes: the model states per device in device memory, live through the step, which set
-        the GPU scheduler's memory limit (:func:`jzero.ledger.targets.scheduler_slop_factor`).
-
-    Returns:
-      name -> ``{"value": ..., "from": "jzero" | "XLA_FLAGS" | "compiler.xla_options"}``
-      (:func:`jzero.compiler.xla_flags.in_effect`).
-    """
-    gpus = on_gpus(devices)
-    defaults = targets.gpu_compiler_options(layer_bytes, targets.gpu_of(devices[0].device_kind), io_bytes) if gpus else {}
-    needs = unit_options(devices) if units else {}
-    return xla_flags.in_effect(defaults, needs, options or {}, xla_flags.user_flags())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,22 +127,13 @@ class Job:
         return self.make_step(), compiled
 
     def xla_options(self) -> dict[str, dict]:
-        """The XLA options the step compiles with, and where each comes from (:func:`xla_options`)."""
-        return xla_options(list(self.mesh.devices.flat), **self._option_inputs())
-
-    def _option_inputs(self) -> dict[str, Any]:
-        """What chooses the step's XLA options besides its devices."""
-        layer = self.plan.layer_bytes(self.precision.compute_dtype)
-        states = self.plan.per_device_bytes()
-        return {
-            "units": bool(self.plan.units), "options": self.config.compiler.xla_options, "layer_bytes": layer,
-            "io_bytes": states.params + states.optimizer,
-        }  # fmt: skip
+        """The XLA options the step compiles with, and where each comes from (:meth:`CompilerConfig.build`)."""
+        return self.config.compiler.build(list(self.mesh.devices.flat), **_option_inputs(self.plan, self.precision))
 
     def _compile_inputs(self) -> tuple[list, dict[str, Any] | None, Mapping[str, Any]]:
         """The devices, the options given to XLA, and the config's own (:func:`compile_lowered`)."""
-        devices = list(self.mesh.devices.flat)
-        return devices, compiler_options(devices, **self._option_inputs()), self.config.compiler.xla_options
+        devices, mine = list(self.mesh.devices.flat), self.config.compiler.xla_options
+        return devices, compiler_options(devices, options=mine, **_option_inputs(self.plan, self.precision)), mine
 
     def check_xla_options(self) -> None:
         """Refuse an XLA option the step's compile would refuse, before anything is compiled or
@@ -250,6 +203,19 @@ class Job:
             plan = _units_in_effect(self.loss_fn, plan, self.abstract, config, self.precision)
         loss_fn = self.loss_fn if self.model is None else model_loss(self.model, plan, self.precision)
         return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers, loss_fn=loss_fn)
+
+
+def _option_inputs(plan: Plan, precision: Precision) -> dict[str, Any]:
+    """What the step needs, one layer's gathered bytes, and on a known GPU the scheduler's memory
+    limit from the model states live through the step: :func:`jzero.compiler.options.xla_options`'s inputs."""
+    devices = list(plan.mesh.devices.flat)
+    gpu = targets.gpu_of(devices[0].device_kind) if on_gpus(devices) else None
+    states = plan.per_device_bytes()
+    return {
+        "needs": unit_options(devices) if plan.units else None,
+        "layer_bytes": plan.layer_bytes(precision.compute_dtype),
+        "slop_factor": targets.scheduler_slop_factor(gpu, states.params + states.optimizer) if gpu else None,
+    }
 
 
 def build_job(

@@ -36,6 +36,7 @@ from jzero.checkpoint.export import restore_numpy, restore_placed
 from jzero.checkpoint.runs import array_metadata, shape_differences
 from jzero.checkpoint.verify import rotated_away, step_folder, verify_step
 from jzero.compiler.compiling import check_options
+from jzero.compiler.options import compiler_options
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir, not_a_folder
 from jzero.config.schema import MAX_SEED, Config
@@ -55,7 +56,7 @@ from jzero.models.decode import generate
 from jzero.models.lora import merged_adapters
 from jzero.models.names import AUTO_ATTENTION, GPT, LLAMA
 from jzero.sharding.mesh import simulate_cpu_devices
-from jzero.training.job import Model, build_job, compiler_options
+from jzero.training.job import Model, build_job
 from jzero.trees import tree_paths
 
 __all__ = ["Placement", "placement", "run_config", "sample", "sample_command"]

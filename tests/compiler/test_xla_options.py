@@ -13,8 +13,8 @@ from support.cli import keyed_error
 from support.configs import BF16, TINY, tiny_config
 
 from jzero.cli.main import main
-from jzero.ledger.targets import GPU_COMPILER_OPTIONS, GPUS, scheduler_slop_factor
-from jzero.training.job import compiler_options, xla_options
+from jzero.compiler.options import GPU_COMPILER_OPTIONS, SLOP_FACTOR, compiler_options, xla_options
+from jzero.ledger.targets import GPUS, scheduler_slop_factor
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
@@ -35,9 +35,9 @@ def test_defaults_then_xla_flags_then_the_config(monkeypatch, h100x8, devices):
     assert effect["xla_dump_to"]["from"] == "XLA_FLAGS" and "xla_force_host_platform_device_count" not in effect
     assert effect["xla_gpu_enable_latency_hiding_scheduler"] == {"value": False, "from": "compiler.xla_options"}
     assert effect["xla_gpu_all_reduce_combine_threshold_bytes"]["from"] == "jzero"
-    given = compiler_options(h100x8, options=mine)
-    slop = {"xla_gpu_memory_limit_slop_factor": scheduler_slop_factor(GPUS["h100"], 0)}
-    assert given == {k: v for k, v in {**GPU_COMPILER_OPTIONS, **slop, **mine}.items() if k != GATHER}
+    slop = scheduler_slop_factor(GPUS["h100"], 0)
+    given = compiler_options(h100x8, options=mine, slop_factor=slop)
+    assert given == {k: v for k, v in {**GPU_COMPILER_OPTIONS, SLOP_FACTOR: slop, **mine}.items() if k != GATHER}
     monkeypatch.setenv("XLA_FLAGS", f"--{GATHER}=0")
     assert compiler_options(h100x8, options={GATHER: 7})[GATHER] == 7
     assert compiler_options(devices, options=mine) == mine and compiler_options(devices) is None

@@ -14,10 +14,11 @@ from support.runs import compiled_step
 from support.xla import own_devices_env
 
 from jzero.cli.main import main
+from jzero.compiler.options import GPU_COMPILER_OPTIONS, SLOP_FACTOR, compiler_options
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError
 from jzero.ledger import hlo as ledger
-from jzero.ledger.targets import GPU_COMPILER_OPTIONS, GPUS, Target, parse_target, scheduler_slop_factor, target_devices
+from jzero.ledger.targets import GPUS, Target, parse_target, scheduler_slop_factor, target_devices
 from jzero.training.job import build_job
 
 
@@ -173,10 +174,9 @@ def test_every_gpu_compile_gets_the_options(h100x8, devices, tiny_on_h100x8):
     """``Job.compile`` passes jzero's options for GPU devices and nothing for the CPU: with the
     combining thresholds at 0 (the config's), the same step compiles to many more (uncombined)
     all-gathers."""
-    from jzero.training.job import compiler_options
-
-    slop = {"xla_gpu_memory_limit_slop_factor": scheduler_slop_factor(GPUS["h100"], 0)}
-    assert compiler_options(devices) is None and compiler_options(h100x8) == {**GPU_COMPILER_OPTIONS, **slop}
+    slop = {SLOP_FACTOR: scheduler_slop_factor(GPUS["h100"], 0)}
+    assert compiler_options(devices) is None and compiler_options(h100x8) == GPU_COMPILER_OPTIONS
+    assert compiler_options(h100x8, slop_factor=slop[SLOP_FACTOR]) == {**GPU_COMPILER_OPTIONS, **slop}
 
     def gathers(*sets):
         ops = ledger.parse_collectives(_program(tiny_on_h100x8("zero.stage=3", *BF16, *sets)).as_text())
