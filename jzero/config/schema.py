@@ -17,6 +17,7 @@ from jzero.compiler.options import CompilerConfig
 from jzero.lazy import moved_names
 from jzero.memory.config import PrecisionConfig
 from jzero.models.config import LoraConfig, ModelConfig, RopeScalingConfig
+from jzero.models.names import ADAPTERS
 from jzero.optimizers import OptimizerConfig
 from jzero.sharding.axes import DATA, MODEL
 from jzero.sharding.stages import ZeroOptions
@@ -183,6 +184,18 @@ class Config:
     partitioning: PartitioningConfig = dataclasses.field(default_factory=PartitioningConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     compiler: CompilerConfig = dataclasses.field(default_factory=CompilerConfig)
+
+    def batch_shape(self) -> tuple[int, int]:
+        """A global batch's shape: ``train.global_batch_size`` windows of ``model.seq_len + 1`` token
+        ids (the inputs, and the targets one position on)."""
+        return (self.train.global_batch_size, self.model.seq_len + 1)
+
+    def trainable_patterns(self) -> tuple[str, ...] | None:
+        """The path regexes of the parameters that train: ``train.trainable``, else LoRA's adapters
+        (:data:`jzero.models.names.ADAPTERS`) when ``lora.rank`` is set, else None (all of them)."""
+        if self.train.trainable is not None:
+            return tuple(self.train.trainable)
+        return ADAPTERS if self.lora.rank else None
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML-shaped mapping: keywords such as ``async`` lose their field's trailing ``_``."""

@@ -24,22 +24,9 @@ from jzero.config.schema import (
     ZeroConfig,
 )
 from jzero.errors import ConfigError, clip, show_value
-from jzero.sharding.axes import BATCH_AXES, DATA, KNOWN_MESH_AXES, REPLICA, batch_ways
+from jzero.sharding.axes import DATA, KNOWN_MESH_AXES, REPLICA, check_batch_divides
 
-__all__ = ["check_batch_divides", "check_coordinator", "validate", "validate_cluster"]
-
-
-def check_batch_divides(global_batch_size: int, axes: dict[str, int], microbatches: int = 1) -> None:
-    """The batch is split over ``data`` (and ``replica``), and each microbatch too."""
-    ways = batch_ways(axes)
-    if global_batch_size % ways:
-        name = " x ".join(a for a in BATCH_AXES if a in axes)
-        raise ConfigError("train.global_batch_size", f"{global_batch_size} is not divisible by the {name} axis ({ways})")
-    if global_batch_size % (ways * microbatches):
-        raise ConfigError(
-            "train.microbatches",
-            f"{microbatches} microbatches of the {global_batch_size}-row batch do not split evenly over {ways} devices",
-        )
+__all__ = ["check_coordinator", "validate", "validate_cluster"]
 
 
 def check_coordinator(address: str, key: str) -> tuple[str, int]:

@@ -33,11 +33,10 @@ from typing import BinaryIO
 from jzero.config.loading import load_config
 from jzero.config.rundir import RunDir
 from jzero.config.schema import MAX_CPU_DEVICES, Config
-from jzero.config.validation import check_batch_divides
 from jzero.distributed.process import BAD_INPUT, DIVERGED, INTERRUPTED
 from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jzero.errors import ConfigError
-from jzero.sharding.axes import mesh_text, resolve_axes
+from jzero.sharding.axes import check_batch_divides, mesh_text, resolve_axes
 
 __all__ = [
     "LaunchSpec",

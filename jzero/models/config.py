@@ -14,8 +14,8 @@ from jzero.checks import MAX_INT32, MAX_PARAMS, PathText, at_least_zero, check_r
 from jzero.compiler.platforms import flash_attention_available, on_gpus
 from jzero.errors import ConfigError, show_value
 from jzero.memory.remat import REMAT_POLICIES, policy_name
-from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, MODELS, OWN
-from jzero.models.sizes import kv_heads, mlp_units, param_count
+from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, MODELS, OWN, is_adapter
+from jzero.models.sizes import flops_per_token, kv_heads, mlp_units, param_count
 
 if TYPE_CHECKING:
     from jzero.memory.precision import Precision
@@ -113,6 +113,22 @@ class ModelConfig:
     def partitions_activations(self, model_parallel: int) -> bool:
         """``partition_activations``, with its default resolved: on whenever N_m > 1."""
         return model_parallel > 1 if self.partition_activations is None else self.partition_activations
+
+    def flops_per_token(self, plan: Any = None) -> int:
+        """The training FLOPs per token of jzero's model with this shape
+        (:func:`jzero.models.sizes.flops_per_token`: 6 per matmul weight, and attention's), and with
+        the frozen parameters and LoRA adapters of ``plan`` (a :class:`jzero.sharding.plan.Plan`): a
+        frozen matmul weight (a layer's kernel, the head, or the embedding a tied head multiplies by)
+        skips its weight gradient, 2 FLOPs less per weight; an adapter's two matmuls cost 6 per
+        weight, as any trained weight's."""
+        total = flops_per_token(self)
+        for t in plan.tensors if plan is not None else ():
+            count = math.prod(t.shape)
+            if is_adapter(t.path):
+                total += 6 * count
+            elif not t.trainable and (t.path.endswith("/kernel") or (self.tie_embeddings and t.path.endswith("/embedding"))):
+                total -= 2 * count
+        return total
 
     def build(
         self,

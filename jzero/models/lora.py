@@ -20,14 +20,13 @@ import jax
 import jax.numpy as jnp
 
 from jzero.errors import ConfigError
+from jzero.models.names import ADAPTERS, A, B, is_adapter
 
 __all__ = [
     "ADAPTERS", "A", "B", "LoraDense", "LoraSpec", "adapted_kernels", "adapter_paths", "check_targets", "is_adapter",
     "lora_spec", "merged_adapters", "merged_kernel",
 ]  # fmt: skip
 
-A, B = "lora_a", "lora_b"  # the adapter's parameters, beside the kernel they adapt
-ADAPTERS = (f"/{A}$", f"/{B}$")  # the path regexes that train when lora is on and train.trainable is unset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +74,6 @@ class LoraDense(nn.Dense):
         b = self.param(B, nn.with_logical_partitioning(nn.initializers.zeros, (None, self.out_name)), (self.rank, self.features))
         x, a, b = nn.dtypes.promote_dtype(inputs, a, b, dtype=self.dtype)
         return y + (x @ a) @ b * jnp.asarray(self.scale, y.dtype)
-
-
-def is_adapter(path: str) -> bool:
-    """Whether the parameter at ``path`` is an adapter's ``A`` or ``B``."""
-    return path.endswith((f"/{A}", f"/{B}"))
 
 
 def adapted_kernels(paths: Sequence[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION", "AUTO_ATTENTION", "GPT", "KEYS", "LLAMA", "MODELS", "OWN"]
+__all__ = ["ADAPTERS", "ATTENTION", "AUTO_ATTENTION", "GPT", "KEYS", "LLAMA", "MODELS", "OWN", "A", "B", "is_adapter"]
 
 # What ``model.name`` may say: jzero's GPT, its Llama, or a model of your own (its ``init_fn`` and
 # ``loss_fn`` from ``model.entry`` or passed to ``jzero.build_job``), of which only the batch's shape
@@ -24,3 +24,12 @@ KEYS = {
 # materialises them (GPUs, 16-bit compute).
 ATTENTION = ("xla", "cudnn")
 AUTO_ATTENTION = "auto"  # cudnn where the devices and the compute dtype allow it, else xla
+
+# LoRA's adapters (jzero.models.lora): their parameters' names, beside the kernel each adapts.
+A, B = "lora_a", "lora_b"
+ADAPTERS = (f"/{A}$", f"/{B}$")  # the path regexes that train when lora is on and train.trainable is unset
+
+
+def is_adapter(path: str) -> bool:
+    """Whether the parameter at ``path`` is an adapter's ``A`` or ``B``."""
+    return path.endswith((f"/{A}", f"/{B}"))

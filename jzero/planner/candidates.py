@@ -25,7 +25,7 @@ from jzero.memory.remat import REMAT_POLICIES, offloads
 from jzero.models.sizes import LayerShape, layer_shape
 from jzero.sharding.axes import DATA, MODEL, REPLICA
 from jzero.sharding.plan import Plan
-from jzero.sharding.stages import QUANTIZED_WEIGHTS, STAGES, ZeroOptions, per_device_parts, stage_rule
+from jzero.sharding.stages import QUANTIZED_WEIGHTS, STAGES, StageCollective, ZeroOptions, per_device_parts, stage_rule
 
 __all__ = ["Candidate", "EstimateInputs", "candidates", "estimate", "estimate_inputs"]
 # Renamed: "figures" said nothing of what they are for.
@@ -177,25 +177,12 @@ def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, St
 
 
 def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
-    m, replica, data = c.axis_sizes
-    group = data * replica
-    shape = _shape(group, m, target)  # the data (and replica) axes' groups over the hosts
+    m = c.axis_sizes[0]
     matmul = f.n_layers * f.layer.matmul_params
     attention = f.n_layers * f.seq_len * f.d_model
     model_flops = f.flops_per_token * c.global_batch_size * f.seq_len / target.count
     recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
-    psi_grad = f.grad_bytes / m
-    psi_compute = f.num_params * f.compute_itemsize / m
-    rule = c.zero.rule
-    if not rule.optimizer:  # nothing partitioned: the gradients all-reduced
-        transfers = [Transfer(2 * psi_grad, group, *shape)]
-    elif not rule.params:  # gradients reduce-scattered, the updated parameters all-gathered
-        transfers = [Transfer(psi_grad, group, *shape), Transfer(f.param_bytes / m, group, *shape)]
-    else:  # parameters gathered in the forward and the backward, gradients reduce-scattered
-        gather = psi_compute * (0.5 if c.zero.qwz else 1.0) * c.microbatches
-        reduce = psi_grad * (0.25 if c.zero.qgz else 1.0) * c.microbatches
-        backward = Transfer(gather, data, *_shape(data, m, target)) if c.zero.hpz else Transfer(gather, group, *shape)
-        transfers = [Transfer(gather, group, *shape), backward, Transfer(reduce, group, *shape)]
+    transfers = [_transfer(c, f, each, target) for each in c.zero.rule.collectives]
     if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
         transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m))
     host = 2 * parts["optimizer"] * c.zero.offload_optimizer + 2 * parts["params"] * c.zero.offload_params * c.microbatches
@@ -209,6 +196,23 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
         transfers=tuple(transfers),
         host_bytes=host,
     )
+
+
+def _transfer(c: Candidate, f: EstimateInputs, each: StageCollective, target: Target) -> Transfer:
+    """One of the stage's collectives (:attr:`jzero.sharding.stages.StageRule.collectives`) as bytes
+    per device over its group: the gradients in their reduce dtype (qgZ's int4 a quarter of them),
+    the updated parameters in theirs, stage 3's gathers in the compute dtype (qwZ's int8 half of
+    them) once per microbatch, hpZ's backward gather within the data axis only."""
+    m, replica, data = c.axis_sizes
+    group = data * (1 if each.when == "backward" and c.zero.hpz else replica)  # laid over the hosts by _shape
+    if each.state == "grads":
+        size = f.grad_bytes / m * each.units * (0.25 if c.zero.qgz else 1.0)
+    elif each.when == "step":
+        size = f.param_bytes / m
+    else:
+        size = f.num_params * f.compute_itemsize / m * (0.5 if c.zero.qwz else 1.0)
+    times = c.microbatches if c.zero.rule.params else 1
+    return Transfer(size * times, group, *_shape(group, m, target))
 
 
 def _shape(group: int, model: int, target: Target) -> tuple[int, int]:

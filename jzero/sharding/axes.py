@@ -18,6 +18,7 @@ __all__ = [
     "MODEL",
     "REPLICA",
     "batch_ways",
+    "check_batch_divides",
     "mesh_text",
     "model_ways",
     "resolve_axes",
@@ -58,6 +59,19 @@ def resolve_axes(axes: Mapping[str, int], device_count: int) -> dict[str, int]:
     if total > device_count or device_count % total:
         raise ConfigError("mesh.axes", f"{mesh_text(axes)} = {total} devices does not divide the {device_count} available")
     return axes
+
+
+def check_batch_divides(global_batch_size: int, axes: Mapping[str, int], microbatches: int = 1) -> None:
+    """The batch is split over ``data`` (and ``replica``), and each microbatch too."""
+    ways = batch_ways(axes)
+    if global_batch_size % ways:
+        name = " x ".join(a for a in BATCH_AXES if a in axes)
+        raise ConfigError("train.global_batch_size", f"{global_batch_size} is not divisible by the {name} axis ({ways})")
+    if global_batch_size % (ways * microbatches):
+        raise ConfigError(
+            "train.microbatches",
+            f"{microbatches} microbatches of the {global_batch_size}-row batch do not split evenly over {ways} devices",
+        )
 
 
 def mesh_text(axes: Mapping[str, int]) -> str:

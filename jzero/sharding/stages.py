@@ -25,6 +25,7 @@ __all__ = [
     "QUANTIZED_GRADIENTS",
     "QUANTIZED_WEIGHTS",
     "STAGES",
+    "StageCollective",
     "StageRule",
     "ZeroOptions",
     "check_hierarchical",
@@ -120,6 +121,28 @@ class PaperTable:
 
 
 @dataclasses.dataclass(frozen=True)
+class StageCollective:
+    """One data-parallel collective a stage's step makes of one model's worth of a state.
+
+    Attributes:
+      kind: ``all-reduce``, ``reduce-scatter`` or ``all-gather``.
+      state: ``grads`` (the gradients reduced) or ``params`` (the parameters gathered).
+      when: ``step`` (once a step, after the backward), ``forward`` or ``backward`` (stage 3's
+        gathers for compute, once per microbatch).
+    """
+
+    kind: str
+    state: str
+    when: str = "step"
+
+    @property
+    def units(self) -> int:
+        """Its traffic per device in parameter sizes, as the paper counts it: an all-reduce is a
+        reduce-scatter and an all-gather."""
+        return 2 if self.kind == "all-reduce" else 1
+
+
+@dataclasses.dataclass(frozen=True)
 class StageRule:
     """Which model states a ZeRO stage partitions over the ``data`` axis.
 
@@ -136,10 +159,23 @@ class StageRule:
     partitioned: str
 
     @property
+    def collectives(self) -> tuple[StageCollective, ...]:
+        """The data-parallel collectives of a step (the paper's section 7): the gradients all-reduced
+        when nothing is partitioned; reduce-scattered and the updated parameters all-gathered when
+        the optimizer state is; with the parameters partitioned, gathered in the forward and again
+        in the backward, and the gradients reduce-scattered."""
+        if not self.optimizer:
+            return (StageCollective("all-reduce", "grads"),)
+        if not self.params:
+            return StageCollective("reduce-scatter", "grads"), StageCollective("all-gather", "params")
+        gathers = (StageCollective("all-gather", "params", when) for when in ("forward", "backward"))
+        return *gathers, StageCollective("reduce-scatter", "grads")
+
+    @property
     def communication_units(self) -> int:
         """The paper's data-parallel traffic per step, in parameter sizes: 2Ψ (a reduce-scatter and
         an all-gather, or an all-reduce), 3Ψ when parameters are gathered in forward and backward."""
-        return 3 if self.params else 2
+        return sum(c.units for c in self.collectives)
 
     def can_offload(self, part: str) -> bool:
         """Whether ``part`` (one of :data:`OFFLOADABLE`) may rest in host memory at this stage: only a

@@ -9,7 +9,6 @@ Nothing here allocates on devices, and the step compiles only when asked (:meth:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -25,18 +24,16 @@ from jzero.compiler import cache
 from jzero.compiler.compiling import check_options, compile_lowered
 from jzero.compiler.options import compiler_options
 from jzero.compiler.platforms import on_gpus
-from jzero.config.schema import Config, ModelConfig
-from jzero.config.validation import check_batch_divides
+from jzero.config.schema import Config
 from jzero.errors import ConfigError, PlanError
 from jzero.lazy import moved_names
 from jzero.ledger import targets
 from jzero.memory.precision import Precision
-from jzero.models import sizes
 from jzero.models.gpt import GPT, lm_loss
 from jzero.models.llama import Llama
-from jzero.models.lora import ADAPTERS, check_targets, is_adapter
+from jzero.models.lora import check_targets
 from jzero.models.names import OWN
-from jzero.sharding.axes import model_ways
+from jzero.sharding.axes import check_batch_divides, model_ways
 from jzero.sharding.gathers import manual_loss, model_gather, units_in_effect
 from jzero.sharding.mesh import make_mesh, mesh_shape, simulate_cpu_devices
 from jzero.sharding.placement import abstract_state, sharded_abstract, sharded_init
@@ -44,14 +41,12 @@ from jzero.sharding.plan import Plan, make_plan
 from jzero.sharding.state import TrainState
 from jzero.step import LossFn, make_eval_step, make_train_step
 from jzero.training.entry import own_model
-from jzero.trees import path_str
+from jzero.trees import tree_paths
 
 __all__ = [
     "Job",
     "build_job",
-    "model_flops_per_token",
     "model_loss",
-    "trainable_patterns",
 ]
 
 InitFn = Callable[[jax.Array], Any]
@@ -62,15 +57,9 @@ __getattr__ = moved_names(__name__, {
     "gpt_loss": f"{__name__}.model_loss", "build_precision": "jzero.memory.config.PrecisionConfig.build",
     "build_model": "jzero.models.config.ModelConfig.build", "attention_for": "jzero.models.config.attention_for",
     "xla_options": "jzero.compiler.options.xla_options",
+    "model_flops_per_token": "jzero.models.config.ModelConfig.flops_per_token",
+    "trainable_patterns": "jzero.config.schema.Config.trainable_patterns",
 })  # fmt: skip
-
-
-def trainable_patterns(config: Config) -> tuple[str, ...] | None:
-    """The path regexes of the parameters that train: ``train.trainable``, else LoRA's adapters when
-    ``lora.rank`` is set, else None (all of them)."""
-    if config.train.trainable is not None:
-        return tuple(config.train.trainable)
-    return ADAPTERS if config.lora.rank else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +103,7 @@ class Job:
 
     @property
     def batch_shape(self) -> tuple[int, int]:
-        return (self.config.train.global_batch_size, self.config.model.seq_len + 1)
+        return self.config.batch_shape()
 
     def abstract_state(self) -> TrainState:
         """The train state as sharded ``ShapeDtypeStruct`` leaves."""
@@ -200,7 +189,8 @@ class Job:
         plan = make_plan(self.abstract, mesh, zero, rules, path_rules, trainable=self.plan.trainable)
         fetches_layers = self.fetches_layers and zero.offload_params
         if self.model is None:
-            plan = _units_in_effect(self.loss_fn, plan, self.abstract, config, self.precision)
+            batch = jax.ShapeDtypeStruct(config.batch_shape(), jnp.int32)
+            plan = units_in_effect(self.loss_fn, plan, self.abstract.params, batch, self.precision)
         loss_fn = self.loss_fn if self.model is None else model_loss(self.model, plan, self.precision)
         return dataclasses.replace(self, config=config, mesh=mesh, plan=plan, fetches_layers=fetches_layers, loss_fn=loss_fn)
 
@@ -276,7 +266,7 @@ def build_job(
             return model.init(key, sample)["params"]
 
     rng = jax.random.key(config.seed)
-    trainable = trainable_patterns(config)
+    trainable = config.trainable_patterns()
     if abstract is None:
         abstract = _abstract(init_fn, tx, rng, precision, trainable, model)
     rules, path_rules = config.partitioning.rules, config.partitioning.path_rules
@@ -286,9 +276,10 @@ def build_job(
     elif plan.qgz:  # a loss of yours runs under GSPMD, where no partial gradient can be quantized
         raise ConfigError("zero.quantized_gradients", "needs jzero's GPT or Llama, which gather their own layers under shard_map")
     else:
-        plan = _units_in_effect(loss_fn, plan, abstract, config, precision)
+        batch = jax.ShapeDtypeStruct(config.batch_shape(), jnp.int32)
+        plan = units_in_effect(loss_fn, plan, abstract.params, batch, precision)
     if flops_per_token is None:
-        flops_per_token = model_flops_per_token(config.model, plan) if model is not None else 6 * plan.num_params
+        flops_per_token = config.model.flops_per_token(plan) if model is not None else 6 * plan.num_params
     return Job(config, tx, mesh, plan, rng, init_fn, loss_fn, precision, abstract, fetches_layers, flops_per_token, model)
 
 
@@ -300,23 +291,13 @@ def _abstract(init_fn: InitFn, tx: Any, rng: jax.Array, precision: Precision, tr
     try:
         abstract = abstract_state(init_fn, tx, rng, precision, trainable)
     except PlanError:
-        if lora is not None:
-            check_targets(lora, _paths(jax.eval_shape(init_fn, rng)))
-        raise
+        if lora is None:
+            raise
+        abstract = None  # a target's own error first, below
     if lora is not None:
-        check_targets(lora, _paths(abstract.params))
-    return abstract
-
-
-def _paths(params: Any) -> list[str]:
-    return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(nn.unbox(params))[0]]
-
-
-def _units_in_effect(loss_fn: LossFn, plan: Plan, abstract: Any, config: Config, precision: Precision) -> Plan:
-    """The plan with only the units your loss lets the step gather one at a time (:func:`jzero.sharding.gathers.units_in_effect`),
-    so that ``jzero plan`` and the ledger count those."""
-    batch = jax.ShapeDtypeStruct((config.train.global_batch_size, config.model.seq_len + 1), jnp.int32)
-    return units_in_effect(loss_fn, plan, abstract.params, batch, precision)
+        shapes = abstract.params if abstract is not None else jax.eval_shape(init_fn, rng)
+        check_targets(lora, list(tree_paths(nn.unbox(shapes))))
+    return abstract if abstract is not None else abstract_state(init_fn, tx, rng, precision, trainable)  # raises again
 
 
 def model_loss(model: Model, plan: Plan, precision: Precision) -> LossFn:
@@ -326,19 +307,3 @@ def model_loss(model: Model, plan: Plan, precision: Precision) -> LossFn:
     gather = model_gather(plan, precision)
     loss = partial(lm_loss, model if gather is None else model.clone(gather=gather))
     return manual_loss(loss, plan) if plan.qgz else loss
-
-
-def model_flops_per_token(cfg: ModelConfig, plan: Plan | None = None) -> int:
-    """The training FLOPs per token of jzero's model with the ``model:`` section's shape
-    (:func:`jzero.models.sizes.flops_per_token`: 6 per matmul weight, and attention's), and with
-    ``plan``'s frozen parameters and LoRA adapters: a frozen matmul weight (a layer's kernel, the
-    head, or the embedding a tied head multiplies by) skips its weight gradient, 2 FLOPs less per
-    weight; an adapter's two matmuls cost 6 per weight, as any trained weight's."""
-    total = sizes.flops_per_token(cfg)
-    for t in plan.tensors if plan is not None else ():
-        count = math.prod(t.shape)
-        if is_adapter(t.path):
-            total += 6 * count
-        elif not t.trainable and (t.path.endswith("/kernel") or (cfg.tie_embeddings and t.path.endswith("/embedding"))):
-            total -= 2 * count
-    return total

@@ -81,6 +81,27 @@ def test_the_candidates_cover_every_knob_and_the_estimate_orders_them():
     assert by[dataclasses.replace(peeled, pipelined_gathers=False)] < by[peeled]
 
 
+def test_the_estimate_prices_each_stages_collectives_over_their_groups():
+    """Before compiling, a candidate's traffic is the paper's, per device, over the hosts its group
+    spans (h100x16: 2 hosts of 8): stage 0 all-reduces the gradients (2 x their bytes), stage 2
+    reduce-scatters them and all-gathers the updated parameters, stage 3 gathers the bf16 parameters
+    twice per microbatch and reduce-scatters the gradients; hpZ's backward gather stays within a host."""
+    figures, target = _figures(), parse_target("h100x16")
+    found = [c for c in candidates(figures, target, [128]) if c.remat == "none" and dict(c.axes)["model"] == 1]
+
+    def priced(stage, replica=1, hpz=False, microbatches=1):
+        c = next(c for c in found if c.zero.stage == stage and dict(c.axes).get("replica", 1) == replica
+                 and c.zero.hpz == hpz and c.microbatches == microbatches and not c.zero.qwz and not c.zero.qgz
+                 and not c.zero.offload_optimizer and not c.zero.offload_params and c.pipelined_gathers)  # fmt: skip
+        return [(t.bytes, t.devices, t.hosts) for t in estimate(c, figures, target)[1].transfers]
+
+    grads, params, bf16 = figures.grad_bytes, figures.param_bytes, figures.num_params * 2
+    assert priced(0) == [(2 * grads, 16, 2)]
+    assert priced(2) == [(grads, 16, 2), (params, 16, 2)]
+    assert priced(3, microbatches=2) == [(2 * bf16, 16, 2), (2 * bf16, 16, 2), (2 * grads, 16, 2)]
+    assert priced(3, replica=2, hpz=True) == [(bf16, 16, 2), (bf16, 8, 1), (grads, 16, 2)]
+
+
 def test_every_candidate_is_a_config_or_refused_by_validation():
     refused = 0
     for c in candidates(_figures(), parse_target("h100x8"), [32]):

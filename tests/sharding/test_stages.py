@@ -11,6 +11,7 @@ from support.reference import optax_tx, reference_run, reference_with_floor, tra
 
 from jzero.ledger import hlo as ledger
 from jzero.sharding.placement import sharded_init
+from jzero.sharding.stages import STAGES
 from jzero.training.job import build_job
 from jzero.training.report import lowering_notes
 
@@ -146,3 +147,15 @@ def test_tied_embeddings_match_the_reference(stage, data, tied_reference):
     s = build_job(tiny_config(f"zero.stage={stage}", LR, TIED, "mesh.axes.data=8"))
     state = train_sharded(s, data.device_batch)
     tied_reference.check(params=state.params, opt_state=state.opt_state)
+
+
+def test_each_stages_collectives_are_the_papers():
+    """Section 7 of the paper: an all-reduce of the gradients (2Ψ) at stage 0; a reduce-scatter of them
+    and an all-gather of the updated parameters (2Ψ) at stages 1 and 2; at stage 3 the parameters
+    gathered in the forward and again in the backward, and the gradients reduce-scattered (3Ψ)."""
+    kinds = {stage: [(c.kind, c.state, c.when) for c in STAGES[stage].collectives] for stage in STAGES}
+    assert kinds[0] == [("all-reduce", "grads", "step")]
+    assert kinds[1] == kinds[2] == [("reduce-scatter", "grads", "step"), ("all-gather", "params", "step")]
+    gathers = [("all-gather", "params", "forward"), ("all-gather", "params", "backward")]
+    assert kinds[3] == [*gathers, ("reduce-scatter", "grads", "step")]
+    assert [STAGES[s].communication_units for s in range(4)] == [2, 2, 2, 3]
