@@ -23,6 +23,8 @@ Every public name is in the table below, once, with the module that defines it; 
 use (:mod:`jzero.lazy`). The ledger's diagnostics are under :mod:`jzero.ledger`.
 """
 
+from typing import TYPE_CHECKING
+
 from jzero.compiler.platforms import select_platforms
 from jzero.lazy import lazy_names, moved_modules
 
@@ -96,5 +98,38 @@ _MOVED = {
     "state": "sharding.state",
 }
 moved_modules({f"jzero.{old}": f"jzero.{new}" for old, new in _MOVED.items()})
+if TYPE_CHECKING:  # the table above, for type checkers and IDEs (tests/test_api.py keeps the two equal)
+    from jzero.checkpoint.runs import RunCheckpoints
+    from jzero.communication.gather import unit_call
+    from jzero.config.loading import load_config
+    from jzero.config.schema import CheckpointConfig, Config
+    from jzero.errors import (
+        CheckpointError,
+        CheckpointWriteError,
+        ConfigError,
+        DamagedCheckpoint,
+        Diverged,
+        EndedNonFinite,
+        JzeroError,
+        OutputWriteError,
+        PlanError,
+        RunError,
+        TooManySkipped,
+        TrainingHalted,
+    )
+    from jzero.ledger.targets import target_devices
+    from jzero.memory.offload import fetching
+    from jzero.memory.precision import Precision
+    from jzero.memory.remat import remat
+    from jzero.sharding.mesh import make_mesh
+    from jzero.sharding.placement import abstract_state, sharded_abstract, sharded_init, state_from_params
+    from jzero.sharding.plan import Plan, make_plan
+    from jzero.sharding.rules import default_rules
+    from jzero.sharding.stages import STAGES, StageRule, ZeroOptions, paper_bytes_per_device
+    from jzero.sharding.state import TrainState
+    from jzero.step import make_eval_step, make_train_step
+    from jzero.training.hooks import Hook
+    from jzero.training.job import Job, build_job
+    from jzero.training.loop import TrainResult, train
 __all__ = sorted(_API)
 __getattr__, __dir__ = lazy_names(__name__, _API)

@@ -47,6 +47,17 @@ def test_the_table_is_the_public_api():
         assert name in importlib.import_module(jzero._API[name]).__all__, f"{name} is not in {jzero._API[name]}.__all__"
 
 
+@pytest.mark.parametrize("package", ["jzero", "jzero.ledger", "jzero.checkpoint"])
+def test_each_public_table_has_its_type_checking_mirror(package):
+    """The ``if TYPE_CHECKING:`` block of a package with a public table imports exactly the table's
+    names from the table's modules, so that type checkers and IDEs see what ``__getattr__`` serves."""
+    module = importlib.import_module(package)
+    path = pathlib.Path(module.__file__)
+    block = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    mirrored = {alias.name: imp.module for imp in block.body for alias in imp.names}
+    assert mirrored == module._API
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'make_plam'"):
         jzero.make_plam  # noqa: B018
