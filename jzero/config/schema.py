@@ -10,16 +10,18 @@ JAX and no I/O: :mod:`jzero.config.loading` reads a config from YAML and flags,
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
-from jzero.checks import PathText
+from jzero.checks import MAX_INT32, PathText, at_least_zero, check_regexes, positive
 from jzero.compiler.options import CompilerConfig
+from jzero.errors import ConfigError, clip, show_value
 from jzero.lazy import moved_names
 from jzero.memory.config import PrecisionConfig
 from jzero.models.config import LoraConfig, ModelConfig, RopeScalingConfig
 from jzero.models.names import ADAPTERS
 from jzero.optimizers import OptimizerConfig
-from jzero.sharding.axes import DATA, MODEL
+from jzero.sharding.axes import DATA, KNOWN_MESH_AXES, MODEL, REPLICA, check_batch_divides
 from jzero.sharding.stages import ZeroOptions
 
 __getattr__ = moved_names(__name__, {
@@ -45,6 +47,7 @@ __all__ = [
     "RuntimeConfig",
     "TrainConfig",
     "ZeroConfig",
+    "check_coordinator",
 ]
 
 
@@ -57,6 +60,27 @@ class MeshConfig:
     # How many ways each axis spans processes (MaxText's dcn split; with one process per host, hosts);
     # the rest of it stays within a process.
     dcn: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def check(self) -> None:
+        """Known axes of positive sizes (one may be -1), ``data`` among them, each ``dcn`` split dividing its axis."""
+        axes = self.axes
+        if not axes:
+            raise ConfigError("mesh.axes", f"must name at least the {DATA!r} axis")
+        for name, size in axes.items():
+            if name not in KNOWN_MESH_AXES:
+                raise ConfigError(f"mesh.axes.{name}", f"unknown axis (known: {', '.join(KNOWN_MESH_AXES)})")
+            if size == 0 or size < -1 or size > MAX_INT32:
+                raise ConfigError(f"mesh.axes.{name}", f"size must be positive (at most {MAX_INT32}) or -1, got {size}")
+        for name, ways in self.dcn.items():
+            if name not in axes:
+                raise ConfigError(f"mesh.dcn.{name}", f"is not a mesh axis (axes: {', '.join(axes)})")
+            positive(ways, f"mesh.dcn.{name}")
+            if axes[name] > 0 and axes[name] % ways:
+                raise ConfigError(f"mesh.dcn.{name}", f"{ways} does not divide the axis size {axes[name]}")
+        if DATA not in axes:
+            raise ConfigError("mesh.axes", f"must include the {DATA!r} axis")
+        if sum(1 for size in axes.values() if size == -1) > 1:
+            raise ConfigError("mesh.axes", "only one axis size may be -1")
 
 
 
@@ -78,6 +102,12 @@ class RunConfig:
     log_every: int = 10
     tensorboard: bool = True  # scalars in <dir>/tensorboard/ (tensorboard --logdir runs/)
     profile: ProfileConfig | None = None  # none: no trace
+
+    def check(self) -> None:
+        positive(self.log_every, "run.log_every")
+        if self.profile is not None:
+            at_least_zero(self.profile.start, "run.profile.start")
+            positive(self.profile.steps, "run.profile.steps")
 
 
 # ``zero:`` is the one record of the ZeRO options, in the layer below (the plan takes it as it is).
@@ -104,6 +134,21 @@ class TrainConfig:
     # optimizer state. None: all train (with lora.rank > 0: the adapters only).
     trainable: list[str] | None = None
 
+    def check(self, axes: dict[str, int]) -> None:
+        """The counts, and the batch over the mesh's batch ``axes`` (:func:`jzero.sharding.axes.check_batch_divides`)."""
+        if self.nonfinite not in NONFINITE:
+            raise ConfigError("train.nonfinite", f"must be skip or halt, got {show_value(self.nonfinite)}")
+        positive(self.steps, "train.steps")
+        positive(self.global_batch_size, "train.global_batch_size")
+        positive(self.microbatches, "train.microbatches")
+        if self.max_skipped_in_a_row is not None:  # None: jzero.training.nonfinite.skip_limit's default
+            positive(self.max_skipped_in_a_row, "train.max_skipped_in_a_row")
+        at_least_zero(self.eval_every, "train.eval_every")
+        positive(self.eval_batches, "train.eval_batches")
+        if axes[DATA] > 0 and axes.get(REPLICA, 1) > 0:  # a -1 axis is sized against the devices later
+            check_batch_divides(self.global_batch_size, axes, self.microbatches)
+        check_regexes(self.trainable or (), "train.trainable")
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
@@ -112,6 +157,11 @@ class CheckpointConfig:
     every: int = 100  # save every N steps (0: only at the end and on preemption)
     keep: int = 3  # committed checkpoints kept, newest first
     async_: bool = True  # write in the background; the loop blocks only for the device-to-host copy
+
+    def check(self) -> None:
+        if not 0 <= self.every <= MAX_INT32:
+            raise ConfigError("checkpoint.every", f"must be >= 0 (0: only at the end), got {self.every}")
+        positive(self.keep, "checkpoint.keep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +176,11 @@ class DataConfig:
     # the token folder's own validation split, or for bytes the last windows, held out of training.
     eval_path: PathText | None = None
 
+    def check(self) -> None:
+        positive(self.max_bytes, "data.max_bytes", 2**63 - 1)
+        if self.tokens is not None and self.path is not None:
+            raise ConfigError("data.tokens", "give data.path (bytes) or data.tokens (a prepared folder), not both")
+
 
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
@@ -135,6 +190,24 @@ class ClusterConfig:
     coordinator: str = ""  # HOST:PORT
     num_processes: int = 1
     process_id: int = 0
+
+    def check(self, keys: tuple[str, str, str] | None = None) -> None:
+        """The coordinator, the process count and this process's index; ``keys`` name them in
+        errors (default: ``runtime.distributed.*``)."""
+        where, count, index = keys or tuple(f"runtime.distributed.{f}" for f in ("coordinator", "num_processes", "process_id"))
+        check_coordinator(self.coordinator, where)
+        positive(self.num_processes, count)
+        if not 0 <= self.process_id < self.num_processes:
+            last = self.num_processes - 1
+            raise ConfigError(index, f"must be in [0, {last}] (num_processes={self.num_processes}), got {self.process_id}")
+
+
+def check_coordinator(address: str, key: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> ``(host, port)``; anything else is refused naming ``key``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(key, f"must be HOST:PORT with a port in 1-65535, got {show_value(address)}")
+    return host.strip("[]"), int(port)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +224,20 @@ class RuntimeConfig:
     # JAX's persistent compilation cache: auto (~/.cache/jzero/jax), off, or a folder (jzero.compiler.cache).
     compilation_cache: PathText | bool = "auto"
 
+    def check(self) -> None:
+        positive(self.cpu_devices, "runtime.cpu_devices", MAX_CPU_DEVICES)
+        for field in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
+            positive(getattr(self, field), f"runtime.{field}", MAX_TIMEOUT_S)
+        if not isinstance(self.compilation_cache, str):  # a folder's text is the loader's (PathText)
+            got = show_value(self.compilation_cache)
+            raise ConfigError("runtime.compilation_cache", f"must be auto, off or a folder, got {got}")
+        cluster = self.distributed
+        if not isinstance(cluster, (str, bool)):
+            cluster.check()
+        elif cluster not in DISTRIBUTED_MODES:
+            explicit = "{coordinator: HOST:PORT, num_processes: N, process_id: I}"
+            raise ConfigError("runtime.distributed", f"must be auto, off or {explicit}, got {show_value(cluster)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class PartitioningConfig:
@@ -160,6 +247,29 @@ class PartitioningConfig:
     rules: list[list[str | list[str] | None]] | None = None
     # ``[regex, [mesh_axis_or_null per dim]]``: place parameters by path, e.g. an unannotated model's.
     path_rules: list[list[str | list[str | None]]] = dataclasses.field(default_factory=list)
+
+    def check(self, axes: dict[str, int]) -> None:
+        """Each rule's form, its regex, and the mesh ``axes`` it names."""
+        for i, rule in enumerate(self.path_rules):
+            key = f"partitioning.path_rules[{i}]"
+            if len(rule) != 2 or not isinstance(rule[0], str) or not isinstance(rule[1], list):
+                raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {show_value(rule)}")
+            try:
+                re.compile(rule[0])
+            except (re.error, RecursionError, OverflowError) as err:
+                raise ConfigError(key, f"bad regex {show_value(rule[0])}: {clip(str(err))}") from None
+            _names_mesh_axes(rule[1], axes, key)
+        for i, rule in enumerate(self.rules or ()):
+            key = f"partitioning.rules[{i}]"
+            if len(rule) != 2 or not isinstance(rule[0], str):
+                raise ConfigError(key, f"must be [logical_name, mesh_axis_or_null], got {show_value(rule)}")
+            _names_mesh_axes(rule[1] if isinstance(rule[1], list) else [rule[1]], axes, key)
+
+
+def _names_mesh_axes(names: list[str | None], axes: dict[str, int], key: str) -> None:
+    for axis in names:
+        if axis is not None and axis not in axes:
+            raise ConfigError(key, f"names mesh axis {show_value(axis)}, which the mesh lacks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,5 +333,6 @@ MIN_NORMAL_FLOAT32 = 2.0**-126
 # Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
 # 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
 MAX_CPU_DEVICES = 4096
+NONFINITE = ("skip", "halt")  # what train.nonfinite may say
 DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: any longer is a typo

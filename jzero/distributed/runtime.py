@@ -21,8 +21,7 @@ import socket
 import threading
 import time
 
-from jzero.config.schema import ClusterConfig, RuntimeConfig
-from jzero.config.validation import check_coordinator, validate_cluster
+from jzero.config.schema import ClusterConfig, RuntimeConfig, check_coordinator
 from jzero.distributed.process import LOST_PEER, exit_now
 from jzero.errors import ConfigError
 
@@ -66,7 +65,7 @@ def _from_launch_env() -> Cluster | None:
         count, index = int(os.environ[ENV_NUM_PROCESSES]), int(os.environ[ENV_PROCESS_ID])
     except ValueError:
         raise ConfigError(ENV_NUM_PROCESSES, f"and {ENV_PROCESS_ID} must be integers") from None
-    validate_cluster(ClusterConfig(os.environ[ENV_COORDINATOR], count, index), keys=names)
+    ClusterConfig(os.environ[ENV_COORDINATOR], count, index).check(keys=names)
     return Cluster(os.environ[ENV_COORDINATOR], count, index, source="jzero launch")
 
 

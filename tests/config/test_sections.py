@@ -1,5 +1,5 @@
 """Each config section is one record beside what it builds, with its own ``check()`` and ``build()``:
-a new key is a field, its rule and its use in that one module. Here a key is added to two sections
+a new key is a field, its rule and its use in that one module. Here a key is added to three sections
 by subclassing them, and the loader, the validation, the dump and the job take it with no other change."""
 
 import dataclasses
@@ -11,7 +11,7 @@ import yaml
 
 from jzero.checks import at_least_zero
 from jzero.config.loading import dump_config, from_dict, load_config
-from jzero.config.schema import Config
+from jzero.config.schema import Config, TrainConfig
 from jzero.errors import ConfigError
 from jzero.memory.config import PrecisionConfig
 from jzero.optimizers import OptimizerConfig
@@ -45,17 +45,31 @@ class NoFloat16(PrecisionConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class FirstEval(TrainConfig):
+    """``train:``, whose record lives in :mod:`jzero.config.schema`, with a key of its own."""
+
+    first_eval: int = 0
+
+    def check(self, axes: dict[str, int]) -> None:
+        super().check(axes)
+        at_least_zero(self.first_eval, "train.first_eval")
+
+
+@dataclasses.dataclass(frozen=True)
 class Extended(Config):
     optimizer: HalvedOptimizer = dataclasses.field(default_factory=HalvedOptimizer)
     precision: NoFloat16 = dataclasses.field(default_factory=NoFloat16)
+    train: FirstEval = dataclasses.field(default_factory=FirstEval)
 
 
 TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16}, "train": {"global_batch_size": 8}}
 
 
 def test_a_new_key_is_read_typed_checked_and_dumped_by_its_section_alone():
-    config = from_dict({**TINY, "optimizer": {"halve_updates": 2}, "precision": {"allow_float16": False}}, Extended)
-    assert config.optimizer.halve_updates == 2 and config.precision.allow_float16 is False
+    train = {**TINY["train"], "first_eval": 5}
+    config = from_dict({**TINY, "optimizer": {"halve_updates": 2}, "precision": {"allow_float16": False}, "train": train},
+                       Extended)  # fmt: skip
+    assert config.optimizer.halve_updates == 2 and config.precision.allow_float16 is False and config.train.first_eval == 5
     assert from_dict(yaml.safe_load(dump_config(config)), Extended) == config
     with pytest.raises(ConfigError, match=r"^optimizer\.halve_updates: must be an integer"):
         from_dict({"optimizer": {"halve_updates": "twice"}}, Extended)
@@ -63,6 +77,8 @@ def test_a_new_key_is_read_typed_checked_and_dumped_by_its_section_alone():
         from_dict({"optimizer": {"halve_updates": -1}}, Extended)
     with pytest.raises(ConfigError, match=r"^precision\.allow_float16: is false, and a dtype is float16$"):
         from_dict({"precision": {"allow_float16": False, "param_dtype": "float16"}}, Extended)
+    with pytest.raises(ConfigError, match=r"^train\.first_eval: must be 0 or more"):
+        from_dict({"train": {"first_eval": -1}}, Extended)
     with pytest.raises(ConfigError, match=r"^optimizer\.halve_updates: unknown key"):
         from_dict({"optimizer": {"halve_updates": 1}})  # the plain Config has no such key
 
