@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_names", "moved_modules", "moved_names"]
+__all__ = ["MOVED_NAMES", "lazy_names", "moved_modules", "moved_names"]
 
 
 def lazy_names(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -48,6 +48,9 @@ def lazy_names(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], 
     return __getattr__, __dir__
 
 
+MOVED_NAMES: dict[str, dict[str, str]] = {}  # module -> its moved_names table; tests/test_api.py resolves each
+
+
 def moved_names(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
     """A module's ``__getattr__`` for names that moved away from it.
 
@@ -59,6 +62,12 @@ def moved_names(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
       ``__getattr__``: each old name answers with its new home's object and a ``DeprecationWarning``
       naming that home; any other name is an ``AttributeError``.
     """
+    MOVED_NAMES[module] = dict(table)
+    return _answering_from_new_homes(module, table)
+
+
+def _answering_from_new_homes(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
+    """:func:`moved_names`' ``__getattr__``, unregistered (a moved module's stand-in answers for every name)."""
 
     def __getattr__(name: str) -> Any:
         if name not in table:
@@ -111,7 +120,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         new = self.table[module.__name__]
-        module.__getattr__ = moved_names(module.__name__, _Everything(new))
+        module.__getattr__ = _answering_from_new_homes(module.__name__, _Everything(new))
         module.__dir__ = lambda: dir(importlib.import_module(new))
 
 

@@ -42,7 +42,7 @@ from jzero.sharding.trainable import frozen_out, merged
 __all__ = ["LossFn", "activation_rules", "make_eval_step", "make_train_step"]
 _MOVED = {
     "jzero.sharding.placement": ("abstract_state", "check_precision", "sharded_abstract", "sharded_init", "state_from_params"),
-    "jzero.sharding.gathers": ("manual_loss", "model_gather", "unit_loss", "units_in_effect"),
+    "jzero.sharding.gathers": ("manual_loss", "model_gather", "units_in_effect"),  # unit_loss too, imported here
 }
 __getattr__ = moved_names(__name__, {name: f"{home}.{name}" for home, names in _MOVED.items() for name in names})
 

@@ -25,7 +25,7 @@ from jzero.sharding.axes import DATA, KNOWN_MESH_AXES, MODEL, REPLICA, check_bat
 from jzero.sharding.stages import ZeroOptions
 
 __getattr__ = moved_names(__name__, {
-    "float32": "jzero.checks.float32", "MAX_INT32": "jzero.checks.MAX_INT32", "SCHEDULES": "jzero.optimizers.SCHEDULES",
+    "float32": "jzero.checks.float32", "SCHEDULES": "jzero.optimizers.SCHEDULES",
     "MAX_PARAMS": "jzero.checks.MAX_PARAMS", "DTYPE_NAMES": "jzero.dtypes.PRECISION_DTYPES",
 })  # fmt: skip
 

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from jzero.lazy import lazy_names, moved_modules, moved_names
+from jzero.lazy import MOVED_NAMES, lazy_names, moved_modules, moved_names
 
 
 def test_a_lazy_name_imports_its_module_on_first_use_and_is_kept():
@@ -28,6 +28,7 @@ def test_a_lazy_name_imports_its_module_on_first_use_and_is_kept():
 
 def test_a_moved_name_answers_with_its_new_home_and_a_warning():
     getter = moved_names("old.place", {"old_name": "json.dumps"})
+    assert MOVED_NAMES.pop("old.place") == {"old_name": "json.dumps"}  # registered, for tests/test_api.py
     import json
 
     with pytest.warns(DeprecationWarning, match=r"^old\.place\.old_name is now json\.dumps$"):
@@ -38,6 +39,7 @@ def test_a_moved_name_answers_with_its_new_home_and_a_warning():
 
 def test_a_moved_name_may_be_an_attribute_of_a_class_in_its_new_home():
     getter = moved_names("old.place", {"build": "json.decoder.JSONDecoder.decode", "gone": "json.no_such_module.x"})
+    MOVED_NAMES.pop("old.place")
     import json.decoder
 
     with pytest.warns(DeprecationWarning, match=r"is now json\.decoder\.JSONDecoder\.decode$"):
