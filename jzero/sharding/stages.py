@@ -43,14 +43,7 @@ __all__ = [
 
 @record
 class StateBytes:
-    """Model-state bytes per device, by part.
-
-    Attributes:
-      params: the parameters.
-      grads: the gradients.
-      optimizer: the optimizer state.
-      total: the three together.
-    """
+    """Model-state bytes per device, by part: ``params``, ``grads``, ``optimizer`` and their ``total``."""
 
     params: int
     grads: int
@@ -122,14 +115,9 @@ class PaperTable:
 
 @dataclasses.dataclass(frozen=True)
 class StageCollective:
-    """One data-parallel collective a stage's step makes of one model's worth of a state.
-
-    Attributes:
-      kind: ``all-reduce``, ``reduce-scatter`` or ``all-gather``.
-      state: ``grads`` (the gradients reduced) or ``params`` (the parameters gathered).
-      when: ``step`` (once a step, after the backward), ``forward`` or ``backward`` (stage 3's
-        gathers for compute, once per microbatch).
-    """
+    """One data-parallel collective (``kind``: ``all-reduce``, ``reduce-scatter`` or ``all-gather``)
+    of one model's worth of a ``state`` (``grads`` or ``params``), ``when``: once a ``step``, or in the
+    ``forward`` or ``backward`` (stage 3's gathers for compute, once per microbatch)."""
 
     kind: str
     state: str
@@ -137,8 +125,7 @@ class StageCollective:
 
     @property
     def units(self) -> int:
-        """Its traffic per device in parameter sizes, as the paper counts it: an all-reduce is a
-        reduce-scatter and an all-gather."""
+        """Parameter sizes per device, as the paper counts them: an all-reduce is two."""
         return 2 if self.kind == "all-reduce" else 1
 
 
@@ -160,10 +147,9 @@ class StageRule:
 
     @property
     def collectives(self) -> tuple[StageCollective, ...]:
-        """The data-parallel collectives of a step (the paper's section 7): the gradients all-reduced
-        when nothing is partitioned; reduce-scattered and the updated parameters all-gathered when
-        the optimizer state is; with the parameters partitioned, gathered in the forward and again
-        in the backward, and the gradients reduce-scattered."""
+        """A step's data-parallel collectives (the paper's section 7): the gradients all-reduced; or
+        reduce-scattered and the updated parameters all-gathered; or, parameters partitioned, these
+        gathered in the forward and again in the backward and the gradients reduce-scattered."""
         if not self.optimizer:
             return (StageCollective("all-reduce", "grads"),)
         if not self.params:
@@ -173,8 +159,7 @@ class StageRule:
 
     @property
     def communication_units(self) -> int:
-        """The paper's data-parallel traffic per step, in parameter sizes: 2Ψ (a reduce-scatter and
-        an all-gather, or an all-reduce), 3Ψ when parameters are gathered in forward and backward."""
+        """The paper's data-parallel traffic per step, in parameter sizes: 2Ψ, or 3Ψ at stage 3."""
         return sum(c.units for c in self.collectives)
 
     def can_offload(self, part: str) -> bool:
