@@ -14,9 +14,48 @@ from jzero.ledger.tensors import TensorEntry, TensorRow
 from jzero.ledger.timing import Prediction
 from jzero.ledger.zeropp import GradientQuantization, Hierarchical, Quantization
 from jzero.records import json_key, omit_if_none, record
-from jzero.sharding.stages import HostBytes, PaperTable, StateBytes
+from jzero.sharding.stages import HostBytes, StateBytes
 
-__all__ = ["CheckedPlanReport", "Compiler", "PlanReport", "Scaling", "StagesReport", "XlaOption"]
+__all__ = ["CheckedPlanReport", "Compiler", "PaperRow", "PaperTable", "PlanReport", "Scaling", "StagesReport", "XlaOption"]
+
+
+@record
+class PaperRow:
+    """One stage's row of the paper's table.
+
+    Attributes:
+      stage: the ZeRO stage.
+      partitioned: what it partitions, in words.
+      bytes: model-state bytes per device by the paper's formula.
+    """
+
+    stage: int
+    partitioned: str
+    bytes: float
+
+
+@record
+class PaperTable:
+    """The paper's per-stage model-state bytes for this model and mesh (Figure 1 / Table 1 style).
+
+    Attributes:
+      psi: Ψ, the parameter count.
+      k: K, optimizer-state bytes per parameter that trains.
+      param_bytes: bytes per parameter (and per gradient).
+      n_d: N_d, the devices a stage partitions over.
+      n_m: N_m, the model-parallel ways.
+      rows: one row per stage.
+      trainable: the parameters that train (``train.trainable``, LoRA), which alone have gradients
+        and optimizer state: (p Ψ + (g + K) Ψ_t) per row; None when all of them train.
+    """
+
+    psi: int
+    k: float
+    param_bytes: float
+    n_d: int
+    n_m: int
+    rows: list[PaperRow]
+    trainable: int | None = None
 
 
 @record

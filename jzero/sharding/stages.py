@@ -15,8 +15,11 @@ from collections.abc import Iterable, Mapping
 from jzero.communication import units
 from jzero.dtypes import QUANTIZED_WIDTHS
 from jzero.errors import JzeroError, PlanError
+from jzero.lazy import moved_names
 from jzero.records import record
 from jzero.sharding.axes import MODEL, REPLICA
+
+__getattr__ = moved_names(__name__, {name: f"jzero.ledger.report.{name}" for name in ("PaperRow", "PaperTable")})  # the report's
 
 __all__ = [
     "DEFAULT_BLOCK",
@@ -43,7 +46,14 @@ __all__ = [
 
 @record
 class StateBytes:
-    """Model-state bytes per device, by part: ``params``, ``grads``, ``optimizer`` and their ``total``."""
+    """Model-state bytes per device, by part.
+
+    Attributes:
+      params: the parameters.
+      grads: the gradients.
+      optimizer: the optimizer state.
+      total: the three together.
+    """
 
     params: int
     grads: int
@@ -72,45 +82,6 @@ class HostBytes(StateBytes):
         return cls(
             params=states.params, grads=states.grads, optimizer=states.optimizer, total=states.total, activations=activations
         )
-
-
-@record
-class PaperRow:
-    """One stage's row of the paper's table.
-
-    Attributes:
-      stage: the ZeRO stage.
-      partitioned: what it partitions, in words.
-      bytes: model-state bytes per device by the paper's formula.
-    """
-
-    stage: int
-    partitioned: str
-    bytes: float
-
-
-@record
-class PaperTable:
-    """The paper's per-stage model-state bytes for this model and mesh (Figure 1 / Table 1 style).
-
-    Attributes:
-      psi: Ψ, the parameter count.
-      k: K, optimizer-state bytes per parameter that trains.
-      param_bytes: bytes per parameter (and per gradient).
-      n_d: N_d, the devices a stage partitions over.
-      n_m: N_m, the model-parallel ways.
-      rows: one row per stage.
-      trainable: the parameters that train (``train.trainable``, LoRA), which alone have gradients
-        and optimizer state: (p Ψ + (g + K) Ψ_t) per row; None when all of them train.
-    """
-
-    psi: int
-    k: float
-    param_bytes: float
-    n_d: int
-    n_m: int
-    rows: list[PaperRow]
-    trainable: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from jzero.ledger.gathered import Gathered
 from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.levels import ZEROPP_CROSS_HOST_SHARE, Communication, bytes_by_level
 from jzero.ledger.memory import CompiledHost, CompiledMemory
-from jzero.ledger.report import CheckedPlanReport, Compiler, PlanReport, Scaling, XlaOption
+from jzero.ledger.report import CheckedPlanReport, Compiler, PaperRow, PaperTable, PlanReport, Scaling, XlaOption
 from jzero.ledger.saved import Activations, saved_by_kind, saved_by_unit, saved_unrolled
 from jzero.ledger.startup import LiveBytes, LiveProcessBytes, ProcessBytes, Processes, StartupLedger
 from jzero.ledger.tensors import largest, tensor_entry, tensor_rows
@@ -49,8 +49,6 @@ from jzero.sharding.plan import Plan
 from jzero.sharding.stages import (
     STAGES,
     HostBytes,
-    PaperRow,
-    PaperTable,
     paper_bytes_per_device,
     paper_communication_bytes,
     stage_rule,
