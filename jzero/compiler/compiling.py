@@ -1,7 +1,7 @@
 """A lowered program compiled with XLA options: through the persistent cache where it serves the
 devices (:mod:`jzero.compiler.cache`), and an option XLA refuses named in one line
 (:func:`jzero.compiler.xla_flags.compile_error`). Which options a step gets is
-:func:`jzero.training.job.compiler_options`.
+:func:`jzero.compiler.options.compiler_options`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["check_options", "compile_lowered"]
 
 
 def compile_lowered(lowered: Any, devices: Sequence[Any], options: Mapping[str, Any] | None, mine: Mapping[str, Any]) -> Any:
-    """``lowered`` compiled for ``devices`` with ``options`` (:func:`jzero.training.job.compiler_options`'s), through
+    """``lowered`` compiled for ``devices`` with ``options`` (:func:`jzero.compiler.options.compiler_options`'s), through
     the persistent cache where it serves them (:func:`jzero.compiler.cache.for_devices`).
 
     Args:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+from jzero.checks import float32
 from jzero.config import schema
 from jzero.config.loading import ConfigError, _Loader, dump_config, from_dict, load_config
 
@@ -273,7 +274,7 @@ def test_every_float_stays_finite_and_nonzero_in_float32(key):
 def test_the_float32_edges():
     values = [3.4028235e38, 3.40282357e38, -1e39, 1e-45, 1e-46, 0.99999999, 0.1]
     with np.errstate(over="ignore"):
-        assert [schema.float32(x) for x in values] == np.array(values).astype(np.float32).tolist()
+        assert [float32(x) for x in values] == np.array(values).astype(np.float32).tolist()
     assert load_config(None, ["precision.loss_scale=3.4028235e38"]).precision.loss_scale == 3.4028235e38
     assert load_config(None, ["optimizer.eps=1.2e-38", "optimizer.weight_decay=0"]).optimizer.eps == 1.2e-38
     assert load_config(None, ["optimizer.b2=0.9999999"]).optimizer.b2 == 0.9999999  # below 1 as a float32 too
