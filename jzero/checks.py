@@ -21,6 +21,7 @@ __all__ = [
     "MAX_PARAMS",
     "PathText",
     "at_least_zero",
+    "check_regex",
     "check_regexes",
     "float32",
     "in_range",
@@ -99,10 +100,19 @@ def check_regexes(patterns: Iterable[Any], key: str) -> None:
     for i, pattern in enumerate(patterns):
         if not isinstance(pattern, str):
             raise ConfigError(f"{key}[{i}]", f"must be a path regex, got {show_value(pattern)}")
-        try:
-            re.compile(pattern)
-        except (re.error, RecursionError, OverflowError) as err:
-            raise ConfigError(f"{key}[{i}]", f"bad regex {show_value(pattern)}: {clip(str(err))}") from None
+        check_regex(pattern, f"{key}[{i}]")
+
+
+def check_regex(pattern: str, key: str) -> None:
+    """``pattern`` compiles as a regex.
+
+    Raises:
+      ConfigError: naming ``key`` and why it does not.
+    """
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as err:
+        raise ConfigError(key, f"bad regex {show_value(pattern)}: {clip(str(err))}") from None
 
 
 def _num(value: float) -> str:

@@ -10,12 +10,11 @@ JAX and no I/O: :mod:`jzero.config.loading` reads a config from YAML and flags,
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
-from jzero.checks import MAX_INT32, PathText, at_least_zero, check_regexes, positive
+from jzero.checks import MAX_INT32, PathText, at_least_zero, check_regex, check_regexes, positive
 from jzero.compiler.options import CompilerConfig
-from jzero.errors import ConfigError, clip, show_value
+from jzero.errors import ConfigError, show_value
 from jzero.lazy import moved_names
 from jzero.memory.config import PrecisionConfig
 from jzero.models.config import LoraConfig, ModelConfig, RopeScalingConfig
@@ -254,10 +253,7 @@ class PartitioningConfig:
             key = f"partitioning.path_rules[{i}]"
             if len(rule) != 2 or not isinstance(rule[0], str) or not isinstance(rule[1], list):
                 raise ConfigError(key, f"must be [path_regex, [mesh_axis_or_null, ...]], got {show_value(rule)}")
-            try:
-                re.compile(rule[0])
-            except (re.error, RecursionError, OverflowError) as err:
-                raise ConfigError(key, f"bad regex {show_value(rule[0])}: {clip(str(err))}") from None
+            check_regex(rule[0], key)
             _names_mesh_axes(rule[1], axes, key)
         for i, rule in enumerate(self.rules or ()):
             key = f"partitioning.rules[{i}]"

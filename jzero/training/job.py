@@ -289,15 +289,17 @@ def _abstract(init_fn: InitFn, tx: Any, rng: jax.Array, precision: Precision, tr
     target adapts anything, the adapters' patterns find no parameter)."""
     lora = model.lora if model is not None else None
     try:
-        abstract = abstract_state(init_fn, tx, rng, precision, trainable)
-    except PlanError:
+        abstract, failed = abstract_state(init_fn, tx, rng, precision, trainable), None
+    except PlanError as err:
         if lora is None:
             raise
-        abstract = None  # a target's own error first, below
+        abstract, failed = None, err  # a target's own error first, below
     if lora is not None:
-        shapes = abstract.params if abstract is not None else jax.eval_shape(init_fn, rng)
+        shapes = abstract.params if failed is None else jax.eval_shape(init_fn, rng)
         check_targets(lora, list(tree_paths(nn.unbox(shapes))))
-    return abstract if abstract is not None else abstract_state(init_fn, tx, rng, precision, trainable)  # raises again
+    if failed is not None:
+        raise failed
+    return abstract
 
 
 def model_loss(model: Model, plan: Plan, precision: Precision) -> LossFn:

@@ -105,6 +105,8 @@ def test_a_target_that_adapts_nothing_is_refused_by_name(capsys):
     nearest = "nearest kernel is 'blocks/query/kernel'"
     with pytest.raises(ConfigError, match=rf"^lora\.targets\[1\]: 'qury' matches no kernel .*{nearest}"):
         build_job(tiny_config("lora.rank=2", "lora.targets=['value', 'qury']"))
+    with pytest.raises(ConfigError, match=rf"^lora\.targets\[0\]: 'qury' matches no kernel .*{nearest}"):
+        build_job(tiny_config("lora.rank=2", "lora.targets=['qury']"))  # no adapter at all: the plan fails first
     with pytest.raises(ConfigError, match=r"^lora\.rank: adapters go on jzero's models' layers"):
         load_config(None, ["lora.rank=2", "model.name=own"])
 
