@@ -1,5 +1,6 @@
 """Where the suite's CPU goes: a pytest plugin that logs each test's wall time, its process's CPU and
-the CPU of the subprocesses it reaped (``resource.getrusage``), and a summary by file.
+the CPU of the subprocesses it reaped (``resource.getrusage``), the seconds JAX's own duration events
+gave in its process (tracing, lowering, XLA's compile), and a summary by file.
 
     PYTHONPATH=benchmarks SUITE_CPU_LOG=/tmp/cpu.jsonl python -m pytest -q -n 2 -p suite_cpu
     python benchmarks/suite_cpu.py /tmp/cpu.jsonl [/tmp/before.jsonl]     # by file, against a baseline
@@ -27,13 +28,37 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
+# JAX's duration events, by the name this log gives them
+EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+          "/jax/core/compile/backend_compile_duration": "compile"}  # fmt: skip
+_events: dict[str, float] = collections.defaultdict(float)
+
+
+def _listen() -> None:
+    """Sum JAX's duration events into ``_events``; registered at the first test, after the suite's
+    conftest has set JAX's environment (importing JAX earlier would read it first)."""
+    import jax.monitoring
+
+    def listener(event: str, seconds: float, **_) -> None:
+        if event in EVENTS:
+            _events[EVENTS[event]] += seconds
+            _events[EVENTS[event] + "s"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    if not _events:
+        _listen()
+        _events["listening"] = 1
     wall, (me, kids) = time.time(), _cpu()
+    before = dict(_events)
     yield
     me_after, kids_after = _cpu()
     row = {"id": item.nodeid, "wall": time.time() - wall, "self": me_after - me, "kids": kids_after - kids,
            "worker": os.environ.get("PYTEST_XDIST_WORKER")}  # fmt: skip
+    row.update({k: v - before.get(k, 0.0) for k, v in _events.items() if k != "listening"})
     with open(os.environ[LOG], "a") as log:
         log.write(json.dumps(row) + "\n")
 

@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from jzero.checkpoint import in_flight, integrity
 from jzero.checkpoint.meta import RunMeta, state_layout
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
+from jzero.checkpoint.slices import gate_replica_slices
 from jzero.checkpoint.verify import on_every_process, step_folder, verify_step
 from jzero.config.rundir import CHECKPOINTS, not_a_folder
 from jzero.config.schema import CheckpointConfig
@@ -158,6 +159,7 @@ class RunCheckpoints:
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig | None = None, *, read_only: bool = False):
         quiet_orbax()
+        gate_replica_slices()
         cfg = cfg or CheckpointConfig()
         self.every = cfg.every
         self.directory = (Path(run_dir) / CHECKPOINTS).absolute()

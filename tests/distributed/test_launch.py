@@ -220,11 +220,13 @@ def test_sigterm_to_one_process_saves_the_same_step_on_all_and_a_damaged_shard_s
     """SIGTERM to process 1 of 2: both save the step they reached, each its own shards. Then one byte
     of a file of process 1's shards in that step is flipped, in a file whose checksum process 1 reads
     (the processes share the hashing). Relaunched, both processes set the step aside and resume from
-    the one before: had they disagreed, their collectives would not meet."""
+    the one before: had they disagreed, their collectives would not meet. At stage 3, where each
+    process holds its own part of the state: a replicated array this small is written whole by its
+    first replica, on process 0 (jzero/checkpoint/slices.py)."""
     from jzero.checkpoint.integrity import MANIFEST
 
     run = tmp_path / "run"
-    job = _Job(2, 4, _train_words(run, "train.steps=1000", "checkpoint.every=2"))
+    job = _Job(2, 4, _train_words(run, "train.steps=1000", "checkpoint.every=2", "zero.stage=3"))
     job.wait_for_step(run, 3, committed=2)
     os.kill(job.pids[1], signal.SIGTERM)
     code, out, err = job.finish()
@@ -243,7 +245,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_all_and_a_damaged_shard_s
     raw[len(raw) // 2] ^= 0x10
     (saved / name).write_bytes(bytes(raw))
     end = steps[-1] + 2
-    again = _launch(2, 4, _train_words(run, "checkpoint.every=2", f"train.steps={end}"))
+    again = _launch(2, 4, _train_words(run, "checkpoint.every=2", f"train.steps={end}", "zero.stage=3"))
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
     assert f"checkpoint {saved} is damaged (a data file failed its checksum on process 1)" in again.stderr
     assert f"resumed from {run / 'checkpoints' / str(steps[-2])}" in again.stderr
