@@ -64,6 +64,13 @@ _PRECISION = "tests/memory/test_precision.py"
 
 _CHECKPOINT = (
     _m(
+        "a replicated array of any size is sliced across its replicas for the write",
+        "jzero/checkpoint/slices.py",
+        "MIN_REPLICA_SLICE_BYTES = 1 << 20",
+        "MIN_REPLICA_SLICE_BYTES = 0",
+        "tests/checkpoint/test_slices.py",
+    ),
+    _m(
         "verify counts the bytes of every file, not of its part's",
         "jzero/checkpoint/integrity.py",
         '    return sum(files[name]["bytes"] for name in names[index::count])\n',
