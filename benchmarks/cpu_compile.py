@@ -4,8 +4,9 @@ XLA flags plus any given, in wall and process CPU seconds, the compilation cache
     python benchmarks/cpu_compile.py                                                  # the suite's flags
     python benchmarks/cpu_compile.py --xla_cpu_parallel_codegen_split_count=32        # and one more
 
-Each compile is of a freshly lowered step (JAX would otherwise hand back the same executable). On a
-shared machine compare runs made in one sitting, alternated.
+Each compile is of another program, the step for another batch size (JAX hands back the executable
+it has for a program it compiled before). On a shared machine compare runs made in one sitting,
+alternated.
 """
 
 from __future__ import annotations
@@ -35,13 +36,20 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def main() -> None:
-    job = build_job(tiny_config("zero.stage=3"), devices=jax.devices())
+def _lowered(k: int):
+    """The job and its step lowered for a global batch of ``8 k`` rows: a program of its own (JAX
+    hands back the executable it already has for a program it compiled before, cache or not)."""
+    job = build_job(tiny_config("zero.stage=3", f"train.global_batch_size={8 * k}"), devices=jax.devices())
     batch = jax.ShapeDtypeStruct(job.batch_shape, jnp.int32, sharding=job.plan.batch)
-    job.compile(job.make_step().lower(job.abstract_state(), batch))  # the first pays one-time costs
+    return job, job.make_step().lower(job.abstract_state(), batch)
+
+
+def main() -> None:
+    job, lowered = _lowered(1)
+    job.compile(lowered)  # the first pays one-time costs
     wall = cpu = 0.0
-    for _ in range(COMPILES):
-        lowered = job.make_step().lower(job.abstract_state(), batch)
+    for k in range(2, COMPILES + 2):
+        job, lowered = _lowered(k)
         w0, c0 = time.perf_counter(), _cpu()
         job.compile(lowered)
         wall, cpu = wall + time.perf_counter() - w0, cpu + _cpu() - c0

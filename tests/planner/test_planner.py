@@ -209,7 +209,9 @@ def test_the_search_prices_a_llamas_own_layers_and_certifies_a_winner(capsys, h1
     kernels = [t for t in job.plan.tensors if t.path.startswith("layers/") and t.path.endswith("/kernel")]
     assert figures.layer.matmul_params == sum(math.prod(t.shape) for t in kernels) // 2  # 2 layers stacked
     assert {dict(c.axes)["model"] for c in candidates(figures, parse_target("h100x8"), [16])} == {1, 2}  # 2 kv heads
-    assert main(["plan", *LLAMA_ARGS, "--target", "h100x8", "--search", "--time-budget", "20", "--json"]) == 0
+    # A short budget: your config is compiled whatever it is, and this test asks only that a Llama's
+    # search certifies a winner (the GPT's search above checks the ranking of several).
+    assert main(["plan", *LLAMA_ARGS, "--target", "h100x8", "--search", "--time-budget", "4", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     winner = next(r for r in found["search"]["rows"] if r["label"] == found["search"]["winner"])
     assert winner["fits"] and winner["predicted"]["tokens_per_sec"] > 0
