@@ -96,6 +96,9 @@ _MOVED = {
     "plan": "sharding.plan",
     "sharded_state": "sharding.placement",
     "state": "sharding.state",
+    "training.sample": "apps.sample",  # the command bodies out of training/ (issue 52)
+    "training.plot": "apps.plot",
+    "training.hf_import": "apps.hf_import",
 }
 moved_modules({f"jzero.{old}": f"jzero.{new}" for old, new in _MOVED.items()})
 if TYPE_CHECKING:  # the table above, for type checkers and IDEs (tests/test_api.py keeps the two equal)

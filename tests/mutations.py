@@ -638,10 +638,10 @@ _TRAINING = (
     ),
     _m(
         "jzero sample ignores --temperature",
-        "jzero/training/sample.py",
+        "jzero/apps/sample.py",
         '"temperature": args.temperature, ',
         "",
-        "tests/training/test_sample.py",
+        "tests/apps/test_sample.py",
         "-k",
         "temperature",
     ),

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "jzero"
 # optimizers); then the core by concern; "step" is jzero/step.py, the train step over all of it.
 LAYERS = [
     "base", "compiler", "memory", "communication", "sharding", "step",
-    "models", "config", "data", "checkpoint", "ledger", "distributed", "training", "planner", "cli",
+    "models", "config", "data", "checkpoint", "ledger", "distributed", "training", "planner", "apps", "cli",
 ]  # fmt: skip
 ROOT_MODULES = {"jzero.step": "step"}  # a module directly in jzero/ and not in "base"
 

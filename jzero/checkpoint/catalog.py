@@ -19,7 +19,7 @@ from jzero.checkpoint import integrity
 from jzero.checkpoint.meta import RunMeta
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.checkpoint.verify import read_meta, rotated_away, step_folder, verify_step
-from jzero.config.rundir import CHECKPOINTS, not_a_folder
+from jzero.config.run_folder import CHECKPOINTS, not_a_folder
 from jzero.errors import CheckpointError, ConfigError, DamagedCheckpoint, RotatedAway
 from jzero.records import record
 

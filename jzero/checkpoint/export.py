@@ -40,7 +40,7 @@ from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.checkpoint.runs import array_metadata, shape_differences
 from jzero.checkpoint.verify import verify_step
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir
+from jzero.config.run_folder import RunDir
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.dtypes import array_bytes, by_name
 from jzero.errors import CheckpointError, ConfigError, checked_path, clip, error_line, path_error, show_value

@@ -40,7 +40,7 @@ from jzero.checkpoint.hf import CONFIG, INDEX, NAMES, SINGLE, TOKENIZER, hf_conf
 from jzero.checkpoint.runs import array_metadata
 from jzero.checkpoint.verify import verify_step
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir
+from jzero.config.run_folder import RunDir
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.dtypes import array_bytes
 from jzero.errors import CheckpointError, ConfigError, checked_path, path_error, show_value

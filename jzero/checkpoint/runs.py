@@ -34,7 +34,7 @@ from jzero.checkpoint.meta import RunMeta, state_layout
 from jzero.checkpoint.quiet import failure_reported, quiet_orbax
 from jzero.checkpoint.slices import gate_replica_slices
 from jzero.checkpoint.verify import on_every_process, step_folder, verify_step
-from jzero.config.rundir import CHECKPOINTS, not_a_folder
+from jzero.config.run_folder import CHECKPOINTS, not_a_folder
 from jzero.config.schema import CheckpointConfig
 from jzero.errors import (
     CheckpointError,

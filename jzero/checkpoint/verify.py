@@ -19,8 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jzero.checkpoint import integrity
-from jzero.config.rundir import CHECKPOINTS
-from jzero.config.runlock import writer_may_be_live
+from jzero.config.run_folder import CHECKPOINTS, writer_may_be_live
 from jzero.errors import DamagedCheckpoint, RotatedAway
 
 __all__ = ["ROTATION_WAIT_S", "on_every_process", "read_meta", "rotated_away", "step_folder", "verify_step"]

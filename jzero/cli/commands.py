@@ -129,7 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _preempted_line(run_dir: str, result: TrainResult) -> str:
     """What a preempted run did: the step it saved, or that it saved nothing (and what remains)."""
-    from jzero.config.rundir import CHECKPOINTS
+    from jzero.config.run_folder import CHECKPOINTS
 
     head = f"jzero: preempted by {result.preempted}"
     span = f"steps {result.start_step} -> {result.final_step}"
@@ -246,7 +246,7 @@ def _export_hf(args: argparse.Namespace) -> int:
 def cmd_checkpoint_import(args: argparse.Namespace) -> int:
     """``jzero checkpoint import``: a Hugging Face Llama folder as a run at step 0, on the devices
     its config asks for (``runtime.cpu_devices`` simulated where there is no accelerator)."""
-    from jzero.training.hf_import import import_checkpoint, import_config
+    from jzero.apps.hf_import import import_checkpoint, import_config
 
     _start(import_config(args.hf_dir, args.out, args.set))
     with interrupt_raises():
@@ -378,13 +378,13 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 def cmd_sample(args: argparse.Namespace) -> int:
     """``jzero sample``: continue ``--prompt`` with the run's newest (or ``--step``) checkpoint, streamed to stdout."""
-    from jzero.training.sample import sample_command
+    from jzero.apps.sample import sample_command
 
     return sample_command(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``jzero report``: the run's ``metrics.jsonl`` drawn as a PNG at ``--out``; no JAX."""
-    from jzero.training.plot import plot_command
+    from jzero.apps.plot import plot_command
 
     return plot_command(args)

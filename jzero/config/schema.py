@@ -95,7 +95,7 @@ class ProfileConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """``run:``: the run folder (:class:`~jzero.config.rundir.RunDir`) and what is logged there."""
+    """``run:``: the run folder (:class:`~jzero.config.run_folder.RunDir`) and what is logged there."""
 
     dir: PathText = "runs/default"
     log_every: int = 10

@@ -36,7 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
-from jzero.config.runlock import process_alive
+from jzero.config.run_folder import process_alive
 from jzero.data.sources import Documents
 from jzero.data.tokenizer import EOS_TOKENS, MIN_BPE_VOCAB, SPECIAL_TOKENS, BpeTokenizer, train_bpe
 from jzero.data.tokens import TOKENIZER_FILE, TokenHeader, TokenWriter

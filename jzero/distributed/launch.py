@@ -31,7 +31,7 @@ from types import FrameType
 from typing import BinaryIO
 
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir
+from jzero.config.run_folder import RunDir
 from jzero.config.schema import MAX_CPU_DEVICES, Config
 from jzero.distributed.process import BAD_INPUT, DIVERGED, INTERRUPTED
 from jzero.distributed.runtime import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID

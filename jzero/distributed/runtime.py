@@ -20,10 +20,12 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
+from jzero.config.run_folder import RunLock, check_run_path
 from jzero.config.schema import ClusterConfig, RuntimeConfig, check_coordinator
 from jzero.distributed.process import LOST_PEER, exit_now
-from jzero.errors import ConfigError
+from jzero.errors import ConfigError, OutputWriteError
 
 __all__ = [
     "ENV_COORDINATOR",
@@ -35,6 +37,7 @@ __all__ = [
     "finish",
     "initialize",
     "is_primary",
+    "lock_run_dir",
 ]
 
 # What `jzero launch` sets for each process it starts; `runtime.distributed: auto` reads them first.
@@ -164,6 +167,34 @@ def is_primary() -> bool:
     import jax
 
     return jax.process_index() == 0
+
+
+def lock_run_dir(path: str) -> RunLock:
+    """The run folder's lock (:class:`~jzero.config.run_folder.RunLock`), held by process 0 once every
+    process knows it got it; every process raises the refusal. Release it on every exit path.
+
+    Raises:
+      ConfigError: ``run.dir``: another trainer holds the folder, or it cannot be made.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    run_dir = Path(path)
+    check_run_path(run_dir)
+    lock, refused = RunLock(run_dir), None
+    if is_primary():
+        try:
+            lock.acquire()
+        except (ConfigError, OutputWriteError) as err:
+            refused = err
+    if jax.process_count() > 1:  # the others learn process 0's answer (a collective)
+        agreed = multihost_utils.process_allgather(np.int32(refused is not None))
+        if refused is None and np.any(agreed):
+            refused = ConfigError("run.dir", f"process 0 could not take the lock {lock.folder.lock}")
+    if refused is not None:
+        raise refused
+    return lock
 
 
 def _client():  # JAX's own client of its coordination service

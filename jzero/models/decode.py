@@ -10,7 +10,7 @@ The forward here is a function of the params tree of ``GPT.init`` or ``Llama.ini
 that reuses the models' own pieces: their norms and Dense modules, :func:`jzero.models.layers.rotary`
 at the tokens' positions and :func:`jzero.models.layers.attend` (each key and value head repeated
 over its group of query heads, for the Llama's grouped-query attention).
-``tests/training/test_sample.py`` checks its logits against each model's ``apply`` on the whole
+``tests/apps/test_sample.py`` checks its logits against each model's ``apply`` on the whole
 prefix, and ``tests/models/test_llama.py`` its greedy tokens against transformers' ``generate``.
 :func:`decode_loop` is the loop alone: another model is decoded by it given the same two calls, a
 prefill that returns the last logits and a cache, and a one-token step at a position that returns

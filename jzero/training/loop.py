@@ -27,9 +27,9 @@ from jzero.checkpoint.meta import run_meta
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.compiler.cache import cache_hits
 from jzero.config.loading import dump_config, read_text_file
-from jzero.config.rundir import RunDir
+from jzero.config.run_folder import RunDir, check_run_dir, create_run_dir
 from jzero.config.schema import Config, ProfileConfig
-from jzero.distributed.runtime import is_primary
+from jzero.distributed.runtime import is_primary, lock_run_dir
 from jzero.lazy import moved_names
 from jzero.ledger.render import format_ledger_summary
 from jzero.ledger.startup import GoodputReport, StartupLedger
@@ -61,7 +61,6 @@ from jzero.training.preemption import Preemption
 from jzero.training.profile import ProfileWindow
 from jzero.training.progress import TrainProgress
 from jzero.training.report import startup_ledger
-from jzero.training.run_folder import check_run_dir, create_run_dir, lock_run_dir
 
 __all__ = ["Extras", "TrainResult", "default_hooks", "train"]
 __getattr__ = moved_names(__name__, {name: f"jzero.training.metrics.{name}" for name in ("MetricsLog", "Throughput")})
@@ -374,7 +373,7 @@ def train(
 ) -> TrainResult:
     """Train per ``config`` under ``run.dir``: ``config.yaml``, ``metrics.jsonl``, ``ledger.json``
     (with the goodput added at the end), checkpoints, TensorBoard scalars and a profile
-    (:class:`~jzero.config.rundir.RunDir`). Resumes from the latest committed checkpoint. SIGTERM or
+    (:class:`~jzero.config.run_folder.RunDir`). Resumes from the latest committed checkpoint. SIGTERM or
     SIGINT saves at the next step boundary and stops. Holds ``run.dir``'s lock (one writer per run
     folder) from before anything there is read until the last save is committed.
 
@@ -394,7 +393,7 @@ def train(
 
     Raises:
       ConfigError: the run is refused; nothing has been written then. Another trainer holding
-        ``run.dir``'s lock is refused too (:class:`~jzero.config.runlock.RunLock`; in this process or another).
+        ``run.dir``'s lock is refused too (:class:`~jzero.config.run_folder.RunLock`; in this process or another).
       TrainingHalted: ``train.nonfinite: halt`` met a non-finite gradient.
       TooManySkipped: more than ``train.max_skipped_in_a_row`` steps in a row had a non-finite
         gradient; no step whose loss was not finite is saved.

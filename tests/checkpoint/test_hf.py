@@ -13,13 +13,13 @@ from support.cli import one_line_error, sets
 from support.hf_llama import hf_logits, write_hf_llama, write_tokenizer
 from support.reference import assert_within_floor, loss_with_floor
 
+from jzero.apps.hf_import import import_checkpoint
 from jzero.checkpoint.hf import INDEX, SINGLE, placed_params
 from jzero.checkpoint.hf_export import export_hf
 from jzero.cli.main import main
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir
+from jzero.config.run_folder import RunDir
 from jzero.training.data import train_data
-from jzero.training.hf_import import import_checkpoint
 from jzero.training.job import build_job
 from jzero.training.loop import train
 

@@ -22,7 +22,7 @@ from jzero.checkpoint.integrity import MANIFEST, DamagedCheckpoint, Unverified, 
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.checkpoint.verify import verify_step
 from jzero.cli.main import main
-from jzero.config.rundir import CHECKPOINTS
+from jzero.config.run_folder import CHECKPOINTS
 from jzero.config.schema import CheckpointConfig
 from jzero.training.job import build_job
 from jzero.training.loop import train

@@ -25,7 +25,7 @@ from jzero.checkpoint.export import read_safetensors
 from jzero.cli.interrupts import interrupt_raises, on_sigint
 from jzero.cli.main import main
 from jzero.config.loading import ConfigError, load_config
-from jzero.config.rundir import CHECKPOINTS
+from jzero.config.run_folder import CHECKPOINTS
 
 # ---------------------------------------------------------------------------------------------
 # Config files

@@ -18,8 +18,7 @@ from support.runs import cli_args, jzero_process, run_config
 
 from jzero.checkpoint.runs import CHECKPOINTS
 from jzero.cli.main import main
-from jzero.config.rundir import RunDir
-from jzero.config.runlock import RunLock, writer_may_be_live
+from jzero.config.run_folder import RunDir, RunLock, writer_may_be_live
 from jzero.errors import ConfigError
 from jzero.training.hooks import Hook
 from jzero.training.loop import train
@@ -86,7 +85,7 @@ def test_a_second_trainer_is_refused_and_the_first_ends_intact(devices, tmp_path
     assert main(["checkpoint", "verify", str(run)]) == 0, capsys.readouterr().err
 
 
-HOLD = ("import sys, time; from jzero.config.runlock import RunLock; "
+HOLD = ("import sys, time; from jzero.config.run_folder import RunLock; "
         "RunLock(sys.argv[1]).acquire(); print(flush=True); time.sleep(99)")
 
 

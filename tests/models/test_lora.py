@@ -19,7 +19,7 @@ from support.runs import shared_job
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir
+from jzero.config.run_folder import RunDir
 from jzero.data.tokenizer import load_tokenizer
 from jzero.errors import ConfigError
 from jzero.models.lora import A, B, is_adapter

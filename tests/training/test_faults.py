@@ -19,13 +19,13 @@ from support.disks import small_disk
 from support.files import snapshot
 from support.runs import cli_args, copy_run, host, jzero_process, run_config
 
+from jzero.apps.sample import sample
 from jzero.checkpoint.catalog import describe, verify_run
 from jzero.checkpoint.export import export_checkpoint
 from jzero.checkpoint.runs import CHECKPOINTS, RunCheckpoints
 from jzero.cli.main import main
 from jzero.training.job import build_job
 from jzero.training.loop import train
-from jzero.training.sample import sample
 
 
 def test_reading_a_run_while_it_rotates_never_reports_damage(devices, tmp_path):

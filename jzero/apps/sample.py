@@ -38,7 +38,7 @@ from jzero.checkpoint.verify import rotated_away, step_folder, verify_step
 from jzero.compiler.compiling import check_options
 from jzero.compiler.options import compiler_options
 from jzero.config.loading import load_config
-from jzero.config.rundir import RunDir, not_a_folder
+from jzero.config.run_folder import RunDir, not_a_folder
 from jzero.config.schema import MAX_SEED, Config
 from jzero.data.tokenizer import BYTES, Tokenizer, load_tokenizer
 from jzero.data.tokens import TOKENIZER_FILE

@@ -20,12 +20,12 @@ from typing import Any
 from jzero.checkpoint.hf import CONFIG, TOKENIZER, is_hf_folder, model_section
 from jzero.config.loading import load_config
 from jzero.config.schema import Config
+from jzero.distributed.runtime import lock_run_dir
 from jzero.errors import ConfigError
 from jzero.training.data import train_data
 from jzero.training.hooks import writing
 from jzero.training.job import build_job
 from jzero.training.loop import prepare_run
-from jzero.training.run_folder import lock_run_dir
 
 __all__ = ["import_checkpoint", "import_config"]
 

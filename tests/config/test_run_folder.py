@@ -1,9 +1,11 @@
-"""The run folder before a run writes to it (:mod:`jzero.training.run_folder`)."""
+"""The run folder before a run writes to it (:mod:`jzero.config.run_folder`), and its lock as
+process 0 takes it (:func:`jzero.distributed.runtime.lock_run_dir`)."""
 
 import pytest
 
+from jzero.config.run_folder import check_run_dir, check_run_path, create_run_dir
+from jzero.distributed.runtime import lock_run_dir
 from jzero.errors import ConfigError
-from jzero.training.run_folder import check_run_dir, check_run_path, create_run_dir, lock_run_dir
 
 
 def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path):

@@ -15,6 +15,7 @@ from support.configs import ROOT, TINY
 from support.files import snapshot
 from support.reference import assert_within_floor
 
+from jzero.apps.sample import _restore_params, placement, sample
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
@@ -24,7 +25,6 @@ from jzero.models.gpt import GPT
 from jzero.models.llama import Llama
 from jzero.training.job import build_job
 from jzero.training.loop import train
-from jzero.training.sample import _restore_params, placement, sample
 from jzero.trees import tree_paths
 
 TEXT = "the quick brown fox jumps over the lazy dog. "

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from support.configs import TINY
 
+from jzero.apps.plot import draw, read_metrics
 from jzero.cli.main import main
-from jzero.training.plot import draw, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

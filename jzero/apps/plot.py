@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jzero.config.rundir import RunDir, not_a_folder
+from jzero.config.run_folder import RunDir, not_a_folder
 from jzero.errors import ConfigError, path_error, show_value
 
 if TYPE_CHECKING:
