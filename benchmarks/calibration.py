@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jzero.config.loading import load_config  # noqa: E402
+from jzero.ledger.prediction import StepParts, step_cost  # noqa: E402
 from jzero.ledger.targets import parse_target, target_devices  # noqa: E402
 from jzero.ledger.timing import EFFICIENCY, predict  # noqa: E402
-from jzero.training.prediction import StepParts, step_cost  # noqa: E402
-from jzero.training.report import plan_report  # noqa: E402
+from jzero.training.report import plan_report, report_inputs  # noqa: E402
 
 MPT = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, H100 80GB BF16"
 MAXTEXT = "AI-Hypercomputer/maxtext src/maxtext/configs/gpu/a3/llama_2_7b/README.md"
@@ -106,7 +106,7 @@ def measure(run: Run) -> dict:
     hardware = target.hardware()
     report = plan_report(job, compiled, hardware)
     parts = StepParts(report.model_flops, report.compiled_host, report.activations)
-    cost = step_cost(job, parts, compiled.as_text(), _ops(compiled))
+    cost = step_cost(report_inputs(job), parts, compiled.as_text(), _ops(compiled))
     predicted = predict(cost, hardware)
     published = run.tokens_per_sec_per_gpu * target.count
     return {

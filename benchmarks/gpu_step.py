@@ -9,7 +9,7 @@ seq 2048) in bf16, stage 0 on one device, ``--batch`` rows (default 8) with full
 compiled once, run ``--warmup`` times, then ``--steps`` times, each finished (``block_until_ready``)
 before the clock stops; the median step gives tokens/s and MFU (model FLOPs over the GPU's dense
 bf16 peak). The prediction is ``jzero plan``'s for the same compiled program
-(:mod:`jzero.training.prediction`), so the ratio measured / predicted checks the model's efficiency
+(:mod:`jzero.ledger.prediction`), so the ratio measured / predicted checks the model's efficiency
 factor on this GPU.
 
 ``--gpus N --stage S`` runs it at stage S on ``data: N``. ``--trace DIR`` traces the timed steps

@@ -99,6 +99,7 @@ _MOVED = {
     "training.sample": "apps.sample",  # the command bodies out of training/ (issue 52)
     "training.plot": "apps.plot",
     "training.hf_import": "apps.hf_import",
+    "training.prediction": "ledger.prediction",  # the report builder in ledger/ (issue 52)
 }
 moved_modules({f"jzero.{old}": f"jzero.{new}" for old, new in _MOVED.items()})
 if TYPE_CHECKING:  # the table above, for type checkers and IDEs (tests/test_api.py keeps the two equal)

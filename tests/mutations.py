@@ -431,14 +431,14 @@ _LEDGER = (
     ),
     _m(
         "a prediction the FLOP counter cannot make keeps its step time",
-        "jzero/training/prediction.py",
+        "jzero/ledger/prediction.py",
         "    if error is None:\n        return p\n",
         "    if error is None or True:\n        return p\n",
-        "tests/training/test_prediction.py",
+        "tests/ledger/test_prediction.py",
     ),
     _m(
         "a checked report drops the verdict's memory budget",
-        "jzero/training/report.py",
+        "jzero/ledger/plan_report.py",
         "return extend(report, CheckedPlanReport, memory_per_device=memory_per_device, fits=fits)",
         "return extend(report, CheckedPlanReport, memory_per_device=None, fits=fits)",
         "tests/ledger/test_records.py::test_all_stages_and_a_memory_budget_on_a_target",
@@ -615,10 +615,10 @@ _TRAINING = (
     ),
     _m(
         "the prediction ignores every transfer",
-        "jzero/training/prediction.py",
+        "jzero/ledger/prediction.py",
         "        transfers=transfers(ops, hosts, counted),\n",
         "        transfers=(),\n",
-        "tests/training/test_prediction.py",
+        "tests/ledger/test_prediction.py",
     ),
     _m(
         "tokens counted 8x too high",

@@ -132,6 +132,7 @@ REACHED_THROUGH = {
     "jzero.config.validation": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.ledger.element_types": ("jzero.training.report", "tests/communication/test_zeropp.py"),
     "jzero.ledger.hlo_text": ("jzero.ledger.hlo", "tests/ledger/test_ledger.py"),  # the parser the readers share
+    "jzero.ledger.inputs": ("jzero.ledger.plan_report", "tests/sharding/test_trainable.py"),  # what the report reads of a step
     "jzero.models.names": ("jzero.config.loading", "tests/config/test_config.py"),
     "jzero.sharding.tensor_plan": ("jzero.sharding.plan", "tests/sharding/test_plan.py"),  # make_plan's per-tensor parts
     "jzero.planner.progress": ("jzero.cli.main", "tests/planner/test_planner.py"),

@@ -263,6 +263,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``jzero plan``: plan the config (or every stage) without allocating; text, or JSON with ``--json``."""
     from jzero.distributed.runtime import is_primary
     from jzero.ledger.estimate import parse_memory
+    from jzero.ledger.plan_report import with_scaling, with_verdict
     from jzero.ledger.render import format_plan
     from jzero.ledger.report import StagesReport
     from jzero.ledger.stages_table import format_all_stages
@@ -271,7 +272,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from jzero.records import to_json
     from jzero.sharding.stages import STAGES
     from jzero.training.job import build_job
-    from jzero.training.report import one_group_reference, plan_report, with_scaling, with_verdict
+    from jzero.training.report import one_group_reference, plan_report
 
     target = _target(args)
     options = search_options(args.search, args.target, args.all_stages, args.global_batch_size, args.time_budget, args.write)

@@ -1,11 +1,31 @@
-"""TODO"""
+"""``ledger.json``, what a run writes at start-up: the plan report of the step it compiled
+(:func:`jzero.ledger.plan_report.plan_report`) with what its live state holds, per device and per
+process, and at the end where its time went."""
 
 from __future__ import annotations
 
-from jzero.ledger.report import PlanReport
-from jzero.records import json_key, omit_if_none, record
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["GoodputReport", "LiveBytes", "LiveProcessBytes", "ProcessBytes", "Processes", "StartupLedger"]
+from jzero.ledger import hlo
+from jzero.ledger.inputs import ReportInputs
+from jzero.ledger.plan_report import plan_report
+from jzero.ledger.report import PlanReport
+from jzero.memory.offload import DEVICE, HOST
+from jzero.records import extend, json_key, omit_if_none, record
+
+if TYPE_CHECKING:
+    from jzero.sharding.state import TrainState
+
+__all__ = [
+    "GoodputReport",
+    "LiveBytes",
+    "LiveProcessBytes",
+    "ProcessBytes",
+    "Processes",
+    "StartupLedger",
+    "process_figures",
+    "startup_ledger",
+]
 
 
 @record
@@ -96,3 +116,42 @@ class StartupLedger(PlanReport):
     live_host_bytes_per_device: LiveBytes
     processes: Processes
     goodput: GoodputReport | None = omit_if_none()
+
+
+def startup_ledger(inputs: ReportInputs, compiled: Any, state: TrainState) -> StartupLedger:
+    """The plan report of the step a run compiled (:func:`jzero.ledger.plan_report.plan_report`), with
+    the bytes its live state really holds and what each process's devices hold (a collective when
+    there are several processes)."""
+    report = plan_report(inputs, compiled)
+    live = {}
+    for key, kind in (("live_bytes_per_device", DEVICE), ("live_host_bytes_per_device", HOST)):
+        params = hlo.live_bytes_per_device(state.params, kind)
+        optimizer = hlo.live_bytes_per_device(state.opt_state, kind)
+        live[key] = LiveBytes(params=params, optimizer=optimizer, total=params + optimizer)
+    processes = process_figures(inputs.plan.mesh, state, report.per_device_bytes.total)
+    return extend(report, StartupLedger, **live, processes=processes)
+
+
+def process_figures(mesh: Any, state: TrainState, planned_per_device: int) -> Processes:
+    """The job's processes and what their devices hold: the planned model states of one process's
+    devices and of all of them, and the live parameters and optimizer state each process holds
+    (measured in every process and gathered, a collective when there are several)."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    devices = list(mesh.devices.flat)
+    local = sum(1 for d in devices if d.process_index == jax.process_index())
+    live = hlo.live_bytes_per_process(state.params) + hlo.live_bytes_per_process(state.opt_state)
+    if jax.process_count() > 1:
+        # JAX runs in 32 bits: each count travels as two int32 digits base 2**30.
+        pairs = np.asarray(multihost_utils.process_allgather(np.array(divmod(live, 2**30), np.int32)))
+        gathered = [int(high) * 2**30 + int(low) for high, low in pairs.reshape(-1, 2)]
+    else:
+        gathered = [live]
+    return Processes(
+        count=jax.process_count(),
+        devices_per_process=local,
+        planned_model_state_bytes=ProcessBytes(per_process=planned_per_device * local, global_=planned_per_device * len(devices)),
+        live_bytes=LiveProcessBytes(per_process=gathered, global_=sum(gathered)),
+    )

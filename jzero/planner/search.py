@@ -5,7 +5,7 @@ bytes exceed the budget, and compiles the rest deviceless, best estimate first, 
 abstract state, until the time budget runs out. Your config as given is compiled first. A candidate
 is **certified** when its compiled device peak (the compiler's own memory analysis) is within the
 budget; the certified ones are ranked by the compiled step's predicted tokens/s
-(:mod:`jzero.training.prediction`).
+(:mod:`jzero.ledger.prediction`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from jzero.config.loading import load_config
 from jzero.errors import ConfigError, JzeroError, error_line
+from jzero.ledger.plan_report import with_verdict
 from jzero.ledger.render import human_bytes
 from jzero.ledger.report import CheckedPlanReport
 from jzero.ledger.targets import Target, target_devices
@@ -26,7 +27,7 @@ from jzero.ledger.timing import Hardware, predict
 from jzero.models.names import GPT, LLAMA
 from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.training.job import Job, build_job
-from jzero.training.report import plan_report, with_verdict
+from jzero.training.report import plan_report
 
 __all__ = ["YOURS", "Row", "Search", "pareto", "refuse_unfit", "search", "smallest_peak"]
 

@@ -23,12 +23,12 @@ from jzero.cli.main import main
 from jzero.ledger.flops import matmul_flops
 from jzero.ledger.hlo import parse_collectives
 from jzero.ledger.levels import group_shape
+from jzero.ledger.prediction import transfers
 from jzero.ledger.render import format_plan
 from jzero.ledger.report import CheckedPlanReport
 from jzero.ledger.targets import NIC_SHARE, parse_target
 from jzero.ledger.timing import Hardware, StepCost, Transfer, bus_bandwidth, predict
 from jzero.records import from_json, to_json
-from jzero.training.prediction import transfers
 
 # No sum over a batch here: each figure is a few float64 products and quotients. Their floor, the
 # same factors multiplied in every order, differs by at most 1.9e-16 relative (measured on the

@@ -5,9 +5,9 @@ and the FLOP counts that are an error of the counter, not a prediction."""
 import pytest
 
 from jzero.ledger.flops import MatmulFlops
+from jzero.ledger.prediction import counter_error
 from jzero.ledger.targets import GPUS
 from jzero.ledger.timing import Hardware, StepCost, Transfer, predict
-from jzero.training.prediction import counter_error
 
 # Round figures, so that every expected time below is arithmetic one can check by eye. rel=1e-12
 # throughout: a handful of float64 products and quotients, no reduction whose order a CPU could change;

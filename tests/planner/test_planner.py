@@ -1,4 +1,4 @@
-"""``jzero plan --search`` (jzero.planner) and the plan's prediction (jzero.training.prediction):
+"""``jzero plan --search`` (jzero.planner) and the plan's prediction (jzero.ledger.prediction):
 the candidates, bad input, a search that certifies its winner by the compiled peak and writes a
 config that ``jzero plan`` reproduces, and ``predicted`` in ``plan --json`` on GPU targets only."""
 

@@ -10,10 +10,10 @@ from support.configs import LR, STEPS, tiny_config
 from support.reference import optax_tx, reference_run, reference_with_floor, train_sharded
 
 from jzero.ledger import hlo as ledger
+from jzero.ledger.plan_report import lowering_notes
 from jzero.sharding.placement import sharded_init
 from jzero.sharding.stages import STAGES
 from jzero.training.job import build_job
-from jzero.training.report import lowering_notes
 
 N_D = 8
 

@@ -13,10 +13,10 @@ from support.reference import frozen_tx, reference_with_floor
 from jzero.errors import PlanError
 from jzero.ledger import flops, hlo
 from jzero.ledger.hlo import live_bytes_per_device
+from jzero.ledger.plan_report import paper_table
 from jzero.ledger.tensors import FROZEN, tensor_rows
 from jzero.sharding.trainable import frozen_out, merged, trainable_mask
 from jzero.training.job import build_job
-from jzero.training.report import paper_table
 
 TRAIN = ["blocks/(query|value)", "ln_f"]  # the queries and values of every layer, and the final norm
 SET = f"train.trainable={TRAIN}"

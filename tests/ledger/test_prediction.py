@@ -1,4 +1,4 @@
-"""The step from a compiled program to its predicted step time (jzero/training/prediction.py), on a
+"""The step from a compiled program to its predicted step time (jzero/ledger/prediction.py), on a
 handwritten program whose every term is worked out here by hand: a synchronous all-gather of a
 weight over 8 GPUs, one matmul with it, then one elementwise op on its result."""
 
@@ -8,11 +8,12 @@ from support.configs import tiny_config
 from jzero.ledger.flops import ModelFlops
 from jzero.ledger.hlo import parse_collectives
 from jzero.ledger.memory import CompiledHost
+from jzero.ledger.prediction import StepParts, predicted
 from jzero.ledger.saved import Activations
 from jzero.ledger.targets import device_hardware
 from jzero.ledger.timing import EFFICIENCY
 from jzero.training.job import build_job
-from jzero.training.prediction import StepParts, predicted
+from jzero.training.report import report_inputs
 
 M, K, N = 4096, 1024, 1024
 PROGRAM = f"""\
@@ -42,7 +43,7 @@ def test_a_handwritten_programs_predicted_step_worked_by_hand(job, h100x8):
         CompiledHost(argument=0, output=0),
         Activations(device=0, host=0, remat="none", partitioned=False, host_from="compiled", saved_by="layer loops", by_kind=[]),
     )
-    p = predicted(job, parts, PROGRAM, parse_collectives(PROGRAM))
+    p = predicted(report_inputs(job), parts, PROGRAM, parse_collectives(PROGRAM))
     hw = device_hardware(h100x8[0])
     compute = flops / (hw.peak_flops * EFFICIENCY)
     gather = K * N * 2 * 7 / 8 / hw.within_host_bytes_per_s  # the whole bf16 weight, 7 of 8 shards received, NVLink
@@ -70,7 +71,7 @@ def test_a_step_the_flop_counter_cannot_explain_gets_the_reason_and_no_step_time
         CompiledHost(argument=0, output=0),
         Activations(device=0, host=0, remat="none", partitioned=False, host_from="compiled", saved_by="layer loops", by_kind=[]),
     )
-    p = predicted(job, parts, PROGRAM, parse_collectives(PROGRAM))
+    p = predicted(report_inputs(job), parts, PROGRAM, parse_collectives(PROGRAM))
     assert p.error.startswith("the FLOP counter found only 0.10x the model's FLOPs"), p.error
     assert (p.step_time_s, p.tokens_per_sec, p.mfu, p.bound) == (None, None, None, None)
     # One float64 quotient, x / (10 x): its floor is one rounding (~1e-16 relative); rel=1e-12, as above.

@@ -11,12 +11,12 @@ from typing import NamedTuple
 from jzero.ledger import targets
 from jzero.ledger.collectives import Collective, paper_bytes
 from jzero.ledger.flops import MatmulFlops, ModelFlops, matmul_flops
+from jzero.ledger.inputs import ReportInputs
 from jzero.ledger.levels import group_shape
 from jzero.ledger.memory import CompiledHost
 from jzero.ledger.saved import Activations
 from jzero.ledger.timing import Hardware, Prediction, StepCost, Transfer, predict
 from jzero.ledger.traffic import hbm_bytes
-from jzero.training.job import Job
 
 __all__ = ["COUNTER_TOLERANCE", "StepParts", "counter_error", "predicted", "step_cost", "transfers"]
 
@@ -35,16 +35,16 @@ class StepParts(NamedTuple):
     activations: Activations  # offloaded activations: out and back
 
 
-def step_cost(job: Job, parts: StepParts, hlo_text: str, ops: list[Collective]) -> StepCost:
+def step_cost(inputs: ReportInputs, parts: StepParts, hlo_text: str, ops: list[Collective]) -> StepCost:
     """What the compiled step asks of each device, for :func:`jzero.ledger.timing.predict`.
 
     Args:
-      job: the built job.
+      inputs: what the step was compiled from (:class:`jzero.ledger.inputs.ReportInputs`).
       parts: the plan report's parts the time model reads.
       hlo_text: the compiled step's HLO.
       ops: its collectives (:func:`jzero.ledger.hlo.parse_collectives`).
     """
-    return _step_cost(job, parts, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text), _hosts(job))
+    return _step_cost(inputs, parts, matmul_flops(hlo_text), ops, hbm_bytes(hlo_text), _hosts(inputs))
 
 
 def transfers(ops: list[Collective], hosts: list[int], counted: MatmulFlops) -> tuple[Transfer, ...]:
@@ -75,13 +75,13 @@ def transfers(ops: list[Collective], hosts: list[int], counted: MatmulFlops) -> 
 
 
 def _step_cost(
-    job: Job, parts: StepParts, counted: MatmulFlops, ops: list[Collective], memory_bytes: int, hosts: list[int]
+    inputs: ReportInputs, parts: StepParts, counted: MatmulFlops, ops: list[Collective], memory_bytes: int, hosts: list[int]
 ) -> StepCost:
     host = parts.compiled_host
     return StepCost(
         flops=counted.executed,
         model_flops=parts.model_flops.per_device_per_step,
-        tokens=job.config.train.global_batch_size * job.config.model.seq_len,
+        tokens=inputs.tokens,
         hbm_bytes=memory_bytes,
         transfers=transfers(ops, hosts, counted),
         # Offloaded states come in and go back each step; offloaded activations go out and come back.
@@ -116,18 +116,18 @@ def counter_error(counted: MatmulFlops, model_flops: float, attention_share: flo
     return None
 
 
-def _attention_share(job: Job) -> float:
+def _attention_share(inputs: ReportInputs) -> float:
     """Attention's 12 L T d of the model's FLOPs per token."""
-    m = job.config.model
-    return min(1.0, 12 * m.n_layers * m.seq_len * m.d_model / job.flops_per_token) if job.flops_per_token else 0.0
+    m, per_token = inputs.model, inputs.flops_per_token
+    return min(1.0, 12 * m.n_layers * m.seq_len * m.d_model / per_token) if per_token else 0.0
 
 
-def _hosts(job: Job) -> list[int]:
-    return [d.process_index for d in job.mesh.devices.flat]
+def _hosts(inputs: ReportInputs) -> list[int]:
+    return [d.process_index for d in inputs.plan.mesh.devices.flat]
 
 
 def predicted(
-    job: Job, parts: StepParts, hlo_text: str, ops: list[Collective], hardware: Hardware | None = None
+    inputs: ReportInputs, parts: StepParts, hlo_text: str, ops: list[Collective], hardware: Hardware | None = None
 ) -> Prediction | None:
     """The report's ``predicted`` part (:func:`jzero.ledger.timing.predict`), with the executed FLOPs
     (remat's recomputation included) against the model's; None where the devices' hardware is not
@@ -137,14 +137,14 @@ def predicted(
     ``hardware`` is the target's (:meth:`jzero.ledger.targets.Target.hardware`, with its network);
     by default the devices' GPU in hosts of as many devices as the first host has, a NIC per GPU.
     """
-    hosts = _hosts(job)
-    hardware = hardware or targets.device_hardware(job.mesh.devices.flat[0], hosts.count(hosts[0]))
+    hosts = _hosts(inputs)
+    hardware = hardware or targets.device_hardware(inputs.plan.mesh.devices.flat[0], hosts.count(hosts[0]))
     if hardware is None:
         return None
     counted = matmul_flops(hlo_text)
-    cost = _step_cost(job, parts, counted, ops, hbm_bytes(hlo_text), hosts)
+    cost = _step_cost(inputs, parts, counted, ops, hbm_bytes(hlo_text), hosts)
     p = predict(cost, hardware)
-    error = counter_error(counted, cost.model_flops, _attention_share(job), p.mfu)
+    error = counter_error(counted, cost.model_flops, _attention_share(inputs), p.mfu)
     if error is None:
         return p
     return dataclasses.replace(p, step_time_s=None, tokens_per_sec=None, mfu=None, bound=None, error=error)
