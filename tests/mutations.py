@@ -607,6 +607,13 @@ _SHARDING = (
 
 _TRAINING = (
     _m(
+        "the report's inputs call jzero's GPT a model of yours (no formula beside its saved bytes)",
+        "jzero/training/report.py",
+        "        own_model=job.model is None,\n",
+        "        own_model=True,\n",
+        "tests/ledger/test_saved.py::test_each_policy_saves_its_formula_exactly_on_cpu",
+    ),
+    _m(
         "a model.entry file path is imported as a module name",
         "jzero/training/entry.py",
         '    if not where.endswith(".py"):\n',
