@@ -12,6 +12,7 @@ charged nothing for it. The log is appended to: start each run with a new file.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/
 _events: dict[str, float] = collections.defaultdict(float)
 
 
+@functools.cache  # once per process
 def _listen() -> None:
     """Sum JAX's duration events into ``_events``; registered at the first test, after the suite's
     conftest has set JAX's environment (importing JAX earlier would read it first)."""
@@ -49,16 +51,14 @@ def _listen() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not _events:
-        _listen()
-        _events["listening"] = 1
+    _listen()
     wall, (me, kids) = time.time(), _cpu()
     before = dict(_events)
     yield
     me_after, kids_after = _cpu()
     row = {"id": item.nodeid, "wall": time.time() - wall, "self": me_after - me, "kids": kids_after - kids,
            "worker": os.environ.get("PYTEST_XDIST_WORKER")}  # fmt: skip
-    row.update({k: v - before.get(k, 0.0) for k, v in _events.items() if k != "listening"})
+    row.update({k: v - before.get(k, 0.0) for k, v in _events.items()})
     with open(os.environ[LOG], "a") as log:
         log.write(json.dumps(row) + "\n")
 

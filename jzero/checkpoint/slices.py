@@ -12,6 +12,8 @@ written is the same either way: the same values, read back by any mesh.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from orbax.checkpoint import type_handlers
 from orbax.checkpoint._src.metadata import array_metadata_store
@@ -21,9 +23,8 @@ __all__ = ["MIN_REPLICA_SLICE_BYTES", "gate_replica_slices"]
 
 MIN_REPLICA_SLICE_BYTES = 1 << 20  # 1 MiB per replica's slice
 
-_GATED: list[bool] = []
 
-
+@functools.cache  # once per process
 def gate_replica_slices() -> None:
     """Register Orbax's ``jax.Array`` handler with the size gate, once per process.
 
@@ -31,10 +32,8 @@ def gate_replica_slices() -> None:
     in the process after it, jzero's or not. The handler is Orbax's default one (with its array
     metadata store) but for the gate.
     """
-    if not _GATED:
-        handler = type_handlers.ArrayHandler(
-            array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES
-        )
-        # The registry itself, not register_type_handler: that logs a warning for every override.
-        type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True, ignore_warnings=True)
-        _GATED.append(True)
+    handler = type_handlers.ArrayHandler(
+        array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES
+    )
+    # The registry itself, not register_type_handler: that logs a warning for every override.
+    type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True, ignore_warnings=True)

@@ -176,9 +176,7 @@ def lock_run_dir(path: str) -> RunLock:
     Raises:
       ConfigError: ``run.dir``: another trainer holds the folder, or it cannot be made.
     """
-    import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
+    from jzero.checkpoint.verify import on_every_process  # JAX: not at this module's import
 
     run_dir = Path(path)
     check_run_path(run_dir)
@@ -188,10 +186,9 @@ def lock_run_dir(path: str) -> RunLock:
             lock.acquire()
         except (ConfigError, OutputWriteError) as err:
             refused = err
-    if jax.process_count() > 1:  # the others learn process 0's answer (a collective)
-        agreed = multihost_utils.process_allgather(np.int32(refused is not None))
-        if refused is None and np.any(agreed):
-            refused = ConfigError("run.dir", f"process 0 could not take the lock {lock.folder.lock}")
+    # The others learn process 0's answer (a collective when there are several).
+    if any(on_every_process(refused is not None)) and refused is None:
+        refused = ConfigError("run.dir", f"process 0 could not take the lock {lock.folder.lock}")
     if refused is not None:
         raise refused
     return lock

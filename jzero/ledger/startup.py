@@ -4,7 +4,11 @@ process, and at the end where its time went."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from jzero.ledger import hlo
 from jzero.ledger.inputs import ReportInputs
@@ -12,9 +16,7 @@ from jzero.ledger.plan_report import plan_report
 from jzero.ledger.report import PlanReport
 from jzero.memory.offload import DEVICE, HOST
 from jzero.records import extend, json_key, omit_if_none, record
-
-if TYPE_CHECKING:
-    from jzero.sharding.state import TrainState
+from jzero.sharding.state import TrainState
 
 __all__ = [
     "GoodputReport",
@@ -136,10 +138,6 @@ def process_figures(mesh: Any, state: TrainState, planned_per_device: int) -> Pr
     """The job's processes and what their devices hold: the planned model states of one process's
     devices and of all of them, and the live parameters and optimizer state each process holds
     (measured in every process and gathered, a collective when there are several)."""
-    import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
-
     devices = list(mesh.devices.flat)
     local = sum(1 for d in devices if d.process_index == jax.process_index())
     live = hlo.live_bytes_per_process(state.params) + hlo.live_bytes_per_process(state.opt_state)
