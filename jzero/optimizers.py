@@ -71,7 +71,7 @@ class OptimizerConfig:
 
 def _decay_rate(value: float, key: str) -> None:
     """In [0, 1), also as the float32 the optimizer uses it in: 1 would never forget, above it diverges
-    (measured: a b2 that is 1 in float32 leaves Adam's update 0 at every step)."""
+    (docs/design.md, "Facts behind the code")."""
     in_range(value, key, 0, 1, open_high=True)
     if float32(value) == 1:
         raise ConfigError(key, f"is 1 as a float32, which the optimizer uses; at most {1 - 2**-24!r}, got {value!r}")

@@ -23,21 +23,22 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 # Every program, not only those that took over JAX's 1 s: many tests build the same tiny step again
 # (a new Job, a new closure, the same program), and a hit costs less than a compile (docs/design.md,
-# "The test suite's time").
+# "The test suite's time", "Where a test process's time goes").
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-# No Python frames in the programs' locations (JAX keeps 10 per operation): they are debug
-# information only, left out of the cache key, and a GPU target's compile annotates its kernels
-# with them (docs/design.md).
+# No Python frames in the programs' locations: they are debug information only, left out of the
+# cache key, and a GPU target's compile annotates its kernels with them (docs/design.md, "The test
+# suite's time", "Python frames in the programs' locations").
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 
-# The suite starts a few hundred Python processes that import jzero. Where PYTHONDONTWRITEBYTECODE
-# is set, each would compile jzero's sources afresh (docs/design.md).
+# The suite starts many Python processes that import jzero. Where PYTHONDONTWRITEBYTECODE is set,
+# each would compile jzero's sources afresh (docs/design.md, "The test suite's time", "jzero's byte
+# code").
 if sys.dont_write_bytecode:
     compileall.compile_dir(Path(__file__).resolve().parents[1] / "jzero", quiet=1)
 
-# Python's collector at its default thresholds (700, 10, 10) walks the whole heap every ~70,000
-# allocations, and a test process's heap grows with each program it traces and keeps: collect less
-# often (docs/design.md).
+# Python's collector walks the whole heap at each full collection, and a test process's heap grows
+# with each program it traces and keeps: collect less often (docs/design.md, "The test suite's
+# time", "Python's garbage collector in a test process").
 gc.set_threshold(20_000, 50, 1_000)
 
 from jzero.distributed.process import import_jax  # noqa: E402

@@ -251,9 +251,8 @@ def gathering(module: Any, gather_tree: Callable[[str, Any], Any] | None, prefix
 
 # The unit's checkpoint policy: keep the projections' outputs (matmuls without batch dimensions),
 # redo the rest, attention's batched products and the gathered parameters included (gathered
-# again). Two others were measured (benchmarks/units.py): saving everything but the gathered
-# parameters kept what layout ops made of them (a reshaped scale, a transposed kernel), which held
-# the gathered buffers into the backward; saving every matmul output kept attention's scores too.
+# again). The other policies kept gathered buffers or attention's scores into the backward
+# (docs/units.md, "How it works").
 UNIT_REMAT = "dots_with_no_batch_dims_saveable"
 _SAVED = getattr(jax.checkpoint_policies, UNIT_REMAT)
 # hpZ: every checkpoint around a gather keeps the secondary copy too.
@@ -305,13 +304,13 @@ def unit_call(fn: Callable[..., Any], shards: Any, specs: Any, *args: Any, after
 
 
 # XLA's CPU pipeline removes optimization barriers before its last CSE pass, which then merges each
-# rematerialised computation with the forward's (measured: a gathering unit's backward all-gather
-# disappears, and every unit stays gathered from the forward to the backward). GPU pipelines remove
-# them only after scheduling.
+# rematerialised computation with the forward's: a gathering unit's backward all-gather disappears,
+# and every unit stays gathered from the forward to the backward (docs/design.md, "The CPU
+# backend", "Remat saves memory only under a loop, unless a pass is turned off"). GPU pipelines
+# remove them only after scheduling.
 CPU_UNIT_OPTIONS: dict[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 # With units, each unit's gradient is reduce-scattered as the backward leaves it: combined, XLA held
-# every unit's gradient for one reduce-scatter at the end (benchmarks/units.py, data=4 x model=2 on
-# h100x8: 3.33 layers' worth gathered at once, 2.20 with this; data=8 unchanged at 2.13).
+# every unit's gradient for one reduce-scatter at the end (docs/units.md, "What it does, measured").
 GPU_UNIT_OPTIONS: dict[str, int] = {"xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
 
 

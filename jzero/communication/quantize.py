@@ -163,8 +163,8 @@ def dequantize(values: jax.Array, scales: jax.Array, dtype: Any) -> jax.Array:
 
 def to_wire(values: jax.Array, width: str) -> jax.Array:
     """Int values as the int8 bytes a collective sends: int8 as they are, int4 two to a byte along the
-    last dimension (even). XLA widens an s4 collective to s8 (measured: an s4 all-to-all compiles to
-    s8 for the GPU target and the CPU), so int4 is packed by hand to send half the bytes."""
+    last dimension (even). XLA widens an s4 collective to s8 (docs/design.md, "The GPU target", "An
+    s4 collective travels as s8"), so int4 is packed by hand to send half the bytes."""
     if width == "int8":
         return values
     nibbles = (values.astype(jnp.int8) + 8).astype(jnp.uint8)  # -7..7 -> 1..15

@@ -102,8 +102,7 @@ def _compile_only(devices: Sequence[jax.Device]) -> bool:
 def for_devices(devices: Sequence[jax.Device]) -> Iterator[dict[str, str | bool]]:
     """Compile for ``devices`` with the persistent cache, unless they are a GPU target's compile-only
     devices on a CPU host: JAX writes their programs to the cache but cannot read them back without
-    a GPU (measured: "PjRtCompiler must be constructed with a Client to call
-    DeserializeLoadedExecutable", a warning, then a fresh compile).
+    a GPU (docs/design.md, "The GPU target", "Where a deviceless compile's time goes").
 
     Yields:
       The XLA options to compile with besides the program's own: for a GPU target, the kernel cache

@@ -56,18 +56,19 @@ class CompilerConfig:
         return xla_options(devices, options=self.xla_options, **inputs)
 
 
-# XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What they
-# change is measured by benchmarks/gpu_options.py (docs/gpu-targets.md quotes it for the 7B).
+# XLA options for GPU programs; every GPU compile (the plan's and a GPU run's) uses them. What each
+# changes (benchmarks/gpu_options.py): docs/gpu-targets.md, "Overlap, and the XLA options jzero
+# sets for GPUs".
 # - The latency-hiding scheduler puts compute between each async collective's start and done. XLA
-#   0.10.2 already did (the 7B program was byte-identical with it off); set so that a change of
-#   XLA's default cannot serialize the gathers and reduce-scatters.
+#   0.10.2 already did; set so that a change of XLA's default cannot serialize the gathers and
+#   reduce-scatters.
 # - Pipelined collectives: XLA's collective pipeliner moves the next layer's all-gather (and this
 #   layer's gradient reduce-scatter, and all-reduce) across the layer loop's iterations, so each
 #   runs under another layer's compute: FSDP2's prefetch of one layer, done by the compiler.
 # - Combining thresholds: XLA merges collectives up to this many bytes into one op. A layer's
 #   gathers must be one op, which the pipeliner then prefetches whole; at 256 MiB a 7B layer took
-#   several ops and some waited (7B stage 3 on h100x8: 44.3 ms of 77.7 exposed with the old options).
-#   1 GiB is for a step without layers; gpu_compiler_options sizes them from the layer.
+#   several ops and some waited. 1 GiB is for a step without layers; gpu_compiler_options sizes
+#   them from the layer.
 # - The highest-priority stream for collectives: NCCL kernels are not starved by compute kernels
 #   at run time (NVIDIA's JAX-Toolbox advice); nothing changes in the compiled program.
 PIPELINED_GATHERS = "xla_gpu_enable_pipelined_all_gather"

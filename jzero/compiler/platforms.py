@@ -127,5 +127,6 @@ def flash_attention_available() -> bool:
     """Whether cuDNN is installed for JAX's fused attention (the ``nvidia-cudnn-cu12`` wheel, part of
     ``jax[cuda12]`` and of the ``gpu-target`` extra). Without it ``jax.nn.dot_product_attention(...,
     implementation="cudnn")`` fails to trace ("cuDNN not found"), a GPU target's deviceless compile
-    included; with it that compile succeeds (measured: docs/design.md)."""
+    included; with it that compile succeeds (docs/design.md, "The GPU target", "cuDNN's flash
+    attention compiles deviceless once cuDNN is installed")."""
     return importable("nvidia.cudnn")

@@ -4,8 +4,9 @@
 XLA reads ``XLA_FLAGS`` once, when JAX's backends start, and a flag it does not know, or a value it
 cannot read, aborts the process from native code (JAX 0.10.2: exit status 1, and the command line
 diverts that stderr). :func:`check_xla_flags` asks a child process first. Compile options are
-applied over ``XLA_FLAGS`` for one compile (measured, docs/design.md), so a default is dropped where
-``XLA_FLAGS`` names its flag. No JAX here.
+applied over ``XLA_FLAGS`` for one compile (docs/design.md, "The GPU target", "A compile option
+wins over the same flag in XLA_FLAGS"), so a default is dropped where ``XLA_FLAGS`` names its flag.
+No JAX here.
 """
 
 from __future__ import annotations

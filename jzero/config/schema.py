@@ -318,16 +318,16 @@ EXPORT_DTYPES = ("float32", "bfloat16")  # what ``jzero checkpoint export --dtyp
 EXPORT_FORMATS = ("safetensors", "hf")  # what ``jzero checkpoint export --format`` writes: one file, or a Hugging Face folder
 
 
-# grain's shuffle takes a uint32 seed, and jax.random.key keeps only the low 32 bits (measured with
-# JAX 0.10: the keys of 2**32 and 0 are equal).
+# grain's shuffle takes a uint32 seed, and jax.random.key keeps only the low 32 bits, so a larger
+# seed would repeat a smaller one's keys (docs/design.md, "Facts behind the code").
 MAX_SEED = 2**32 - 1
 # Every float key reaches the step as a float32 (optax's hyperparameters, the schedule, the loss
 # scale): a value must stay finite there, and a nonzero one must stay a normal number, as XLA on
-# the CPU flushes subnormals to 0 (measured: 1e-40 x 1.0 is 0; an eps of 1e-40 makes Adam's update NaN).
+# the CPU flushes subnormals to 0 (docs/design.md, "The CPU backend", "Subnormals are 0").
 MAX_FLOAT32 = 3.4028234663852886e38
 MIN_NORMAL_FLOAT32 = 2.0**-126
-# Simulated CPU devices cost host memory and start-up time each: 4096 took 0.6 GB and 3 s here,
-# 65536 took 10 GB and aborted after 200 s. No test mesh needs more.
+# Simulated CPU devices cost host memory and start-up time each; no test mesh needs more than this
+# (docs/design.md, "The CPU backend", "Simulated devices cost memory and start-up").
 MAX_CPU_DEVICES = 4096
 NONFINITE = ("skip", "halt")  # what train.nonfinite may say
 DISTRIBUTED_MODES = ("auto", "off")  # or an explicit ClusterConfig mapping

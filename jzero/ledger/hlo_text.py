@@ -141,9 +141,9 @@ def trip_count(ins: _Instruction, computations: Computations) -> int | None:
 
     Without it, the condition's ``compare(counter, C)`` (``LT`` or ``LE``) gives it, from XLA's
     ``known_init_step`` or else from the counter's constant in the loop's initial tuple, by 1 (XLA's
-    collective pipeliner writes neither count nor start on a loop it peels: measured, a microbatch
-    loop of 3 ran from 1 while below 2). None when they do not say: a bound or a start that is not
-    a constant (a traced ``while_loop``).
+    collective pipeliner writes neither count nor start on a loop it peels: docs/design.md, "The GPU
+    target", "The collective pipeliner remakes loops"). None when they do not say: a bound or a
+    start that is not a constant (a traced ``while_loop``).
 
     Args:
       ins: the ``while`` instruction.

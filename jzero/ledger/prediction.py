@@ -21,8 +21,8 @@ from jzero.ledger.traffic import hbm_bytes
 __all__ = ["COUNTER_TOLERANCE", "StepParts", "counter_error", "predicted", "step_cost", "transfers"]
 
 # How far below the FLOPs causal attention explains the executed FLOPs may fall before the counter is
-# called wrong: the model's 6 N + 12 L T d is not the program's exact GEMMs (measured 0.98x for
-# gpt-7b with dots_saveable, against a 0.96x floor; docs/planner.md).
+# called wrong: the model's 6 N + 12 L T d is not the program's exact GEMMs (docs/planner.md, "The
+# step-time model", gives gpt-7b's ratios).
 COUNTER_TOLERANCE = 0.05
 
 

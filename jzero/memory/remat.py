@@ -6,9 +6,8 @@ recomputed (``jax.checkpoint``). The names are :data:`REMAT_POLICIES`:
 - ``none``: no matmul is recomputed. Every matmul's output and the fused attention kernel's outputs
   are kept; the elementwise work between them (norms, GELU, rotary) is recomputed from those. This
   is what a layer needs, as in PyTorch without activation checkpointing: JAX's own linearization
-  would keep every intermediate (a tanh GELU alone kept 6 tensors of the MLP's width, the norms
-  their float32 copies: 86 bytes per token and model dimension per layer on the MPT-7B row of
-  ``benchmarks/calibration.py``, against 20 with this policy; ``docs/offload.md``).
+  would keep every intermediate (a tanh GELU's, the norms' float32 copies; ``docs/design.md``,
+  "The GPU target", "JAX's linearization keeps every intermediate").
 - ``full``: only the layer's inputs are kept; the whole layer is recomputed in the backward.
 - ``dots_saveable``: matrix-multiply outputs are kept, the cheap elementwise work is recomputed.
 - ``dots_with_no_batch_dims_saveable``: the same, but only matmuls without batch dimensions (the
@@ -18,7 +17,8 @@ recomputed (``jax.checkpoint``). The names are :data:`REMAT_POLICIES`:
 
 Remat only saves memory where XLA cannot see the forward and backward as one computation: under a
 loop (``nn.scan``, ``jax.lax.scan``). Around an unrolled layer XLA may schedule the recomputation
-away (measured: the same compiled temporaries with every policy when the layers are not scanned).
+away (``docs/design.md``, "The CPU backend", "Remat saves memory only under a loop, unless a pass
+is turned off").
 """
 
 from __future__ import annotations
