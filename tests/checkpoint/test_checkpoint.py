@@ -96,9 +96,8 @@ def test_sigterm_saves_at_the_step_boundary_and_exits_0(devices, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "SIGTERM: saving at the next step boundary" in err
-    step = int(out.split("saved step ")[1].split()[0])
+    (step,) = [r.step for r in describe(tmp_path) if r.committed]  # the one save: the preemption's
     assert step >= 4 and f"preempted by SIGTERM after steps 0 -> {step}; saved step {step}" in out
-    assert [r.step for r in describe(tmp_path) if r.committed] == [step]
     result = train(run_config(tmp_path, f"train.steps={step + 2}"), progress=False)
     assert (result.start_step, result.final_step) == (step, step + 2)
 

@@ -12,6 +12,9 @@ from support.xla import own_devices_env
 
 from jzero.cli.main import main
 from jzero.config.loading import load_config
+from jzero.ledger.render import format_plan
+from jzero.ledger.report import CheckedPlanReport
+from jzero.records import from_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs/gpt-tiny.yaml")
@@ -162,11 +165,15 @@ def test_plan_all_stages_with_a_memory_verdict(devices, capsys):
         assert report["memory_per_device"] == 1e9 and report["fits"] is True
         assert report["largest"][0]["bytes"] >= report["largest"][-1]["bytes"]
 
+    # One byte below stage 3's peak: the record's verdict, then that record as jzero plan prints it.
     peak = stages["3"]["compiled"]["peak"]
-    assert main(["plan", CONFIG, *_sets(), "--memory-per-device", str(peak - 1)]) == 0
-    out = capsys.readouterr().out
-    assert f"verdict: the compiled step does NOT fit in {(peak - 1) / 1e9:g} GB per device" in out
-    assert "largest tensors (whole)" in out
+    assert main(["plan", CONFIG, *_sets(), "--json", "--memory-per-device", str(peak - 1)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stage"] == 3 and report["compiled"]["peak"] == report["device_peak"] == peak
+    assert report["memory_per_device"] == peak - 1 and report["fits"] is False
+    text = format_plan(from_json(CheckedPlanReport, report))
+    assert f"verdict: the compiled step does NOT fit in {(peak - 1) / 1e9:g} GB per device" in text
+    assert "largest tensors (whole)" in text
 
 
 def test_plan_flags_work_that_does_not_shrink_with_the_data_axis(devices, capsys):
@@ -176,9 +183,15 @@ def test_plan_flags_work_that_does_not_shrink_with_the_data_axis(devices, capsys
     clean = json.loads(capsys.readouterr().out)["scaling"]
     assert clean["flags"] == [] and clean["flops_ratio_to_predicted"] == pytest.approx(1.0, abs=0.05)
     replicated = "partitioning.rules=[[batch, null], [vocab, model], [heads, model], [mlp, model]]"
-    assert main(["plan", CONFIG, *_sets(replicated)]) == 0
-    out = capsys.readouterr().out
-    assert "FLAG: per-device FLOPs are" in out and "work is replicated across data" in out
+    assert main(["plan", CONFIG, *_sets(replicated), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    scaling = report["scaling"]
+    ratio = scaling["flops_ratio_to_predicted"]
+    assert scaling["batch_groups"] == 8 and ratio > 1.2
+    flops_flag = f"per-device FLOPs are {ratio:.1f}x one batch group's / 8: work is replicated across data"
+    assert flops_flag in scaling["flags"]
+    # ...and jzero plan prints the flag (the record read back, as the text command renders it)
+    assert f"FLAG: {flops_flag}" in format_plan(from_json(CheckedPlanReport, report)).splitlines()
 
 
 def test_train_help_ends_with_two_examples_that_parse(capsys):
