@@ -54,7 +54,7 @@ from jzero.errors import (
 )
 from jzero.models.decode import generate
 from jzero.models.lora import merged_adapters
-from jzero.models.names import AUTO_ATTENTION, GPT, LLAMA
+from jzero.models.names import AUTO_ATTENTION, OWN
 from jzero.sharding.mesh import simulate_cpu_devices
 from jzero.training.job import Model, build_job
 from jzero.trees import tree_paths
@@ -251,9 +251,9 @@ def _request(run_dir: str | Path, prompt: str, max_tokens: int, temperature: flo
         raise ConfigError("--temperature", f"must be 0 (greedy) or more, not {temperature}")
     config = run_config(run_dir)
     m = config.model
-    if m.name not in (GPT, LLAMA):
+    if m.name == OWN:
         yours = "jzero.models.decode.decode_loop decodes yours"
-        ours = "jzero sample decodes jzero's GPT and Llama"
+        ours = "jzero sample decodes jzero's own models (jzero.models.architectures)"
         raise ConfigError("model.name", f"{run_dir} trained a model of your own; {ours}, {yours}")
     if top_k is not None and not 1 <= top_k <= m.vocab_size:
         raise ConfigError("--top-k", f"must be from 1 to the vocabulary's {m.vocab_size}, not {top_k}")

@@ -1,9 +1,10 @@
-"""Hugging Face Llama checkpoints: ``config.json`` and safetensors in PyTorch's naming and layout.
+"""Hugging Face checkpoints of the decoder's families (Llama, Qwen2, Qwen3, Mistral, Gemma 2 and 3):
+``config.json`` and safetensors in PyTorch's naming and layout.
 
 A Hugging Face folder holds ``config.json``, the weights as one ``model.safetensors`` or several
-files listed in ``model.safetensors.index.json``, and often ``tokenizer.json``. jzero's Llama
-(:mod:`jzero.models.llama`) names its parameters after Hugging Face's; :data:`NAMES` is the one
-table between the two. PyTorch's ``Linear`` keeps its weight ``[out, in]`` and Flax's ``Dense`` its
+files listed in ``model.safetensors.index.json``, and often ``tokenizer.json``. jzero's decoder
+(:mod:`jzero.models.decoder`) names its parameters after Hugging Face's; :data:`NAMES`, from the
+architecture table, is the one table between the two. PyTorch's ``Linear`` keeps its weight ``[out, in]`` and Flax's ``Dense`` its
 kernel ``[in, out]``, so matrices are transposed; jzero's layers are one stacked tensor
 ``[n_layers, ...]`` where Hugging Face has one tensor per layer.
 
@@ -26,7 +27,8 @@ from jax.sharding import NamedSharding
 from jzero.checkpoint.export import read_safetensors
 from jzero.data.tokens import TOKENIZER_FILE, release_pages
 from jzero.errors import ConfigError, clip, show_value
-from jzero.models.sizes import kv_heads, mlp_units
+from jzero.models.architectures import ARCHITECTURES, Architecture, architecture, by_hf_class, hf_names
+from jzero.models.sizes import head_size, kv_heads, mlp_units, sliding_layers
 from jzero.sharding.plan import Plan
 
 __all__ = [
@@ -47,27 +49,16 @@ __all__ = [
 
 CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
 TOKENIZER = TOKENIZER_FILE  # the tokenizer's file, as in a token folder
-ARCHITECTURE = "LlamaForCausalLM"
 FLOAT32 = np.dtype(np.float32)  # what a run starts from (its master copy, when it keeps one)
 MAX_SEQ_LEN = 4096  # model.seq_len from max_position_embeddings, at most this (--set model.seq_len=N)
 
-# jzero's Llama parameter -> (Hugging Face's tensor, "{}" the layer for stacked ones; transposed)
+# jzero's decoder parameter -> (Hugging Face's tensor, "{}" the layer for stacked ones; transposed):
+# the same path has the same name in every row, so one table serves them all.
 NAMES: dict[str, tuple[str, bool]] = {
-    "embed_tokens/embedding": ("model.embed_tokens.weight", False),
-    "layers/input_layernorm/scale": ("model.layers.{}.input_layernorm.weight", False),
-    "layers/q_proj/kernel": ("model.layers.{}.self_attn.q_proj.weight", True),
-    "layers/k_proj/kernel": ("model.layers.{}.self_attn.k_proj.weight", True),
-    "layers/v_proj/kernel": ("model.layers.{}.self_attn.v_proj.weight", True),
-    "layers/o_proj/kernel": ("model.layers.{}.self_attn.o_proj.weight", True),
-    "layers/post_attention_layernorm/scale": ("model.layers.{}.post_attention_layernorm.weight", False),
-    "layers/gate_proj/kernel": ("model.layers.{}.mlp.gate_proj.weight", True),
-    "layers/up_proj/kernel": ("model.layers.{}.mlp.up_proj.weight", True),
-    "layers/down_proj/kernel": ("model.layers.{}.mlp.down_proj.weight", True),
-    "norm/scale": ("model.norm.weight", False),
-    "lm_head/kernel": ("lm_head.weight", True),
+    path: name for row in ARCHITECTURES if row.hf_class for path, name in hf_names(row, tied=False).items()
 }
 
-# config.json's keys -> the model: section's (the rest are read or checked below)
+# config.json's keys -> the model: section's (a row reads those of its keys; the rest are read or checked below)
 _KEYS = {
     "vocab_size": "vocab_size",
     "hidden_size": "d_model",
@@ -75,13 +66,20 @@ _KEYS = {
     "num_attention_heads": "n_heads",
     "num_key_value_heads": "n_kv_heads",
     "intermediate_size": "mlp_hidden",
+    "head_dim": "head_dim",
     "rope_theta": "rope_theta",
     "rms_norm_eps": "rms_norm_eps",
     "tie_word_embeddings": "tie_embeddings",
+    "sliding_window": "sliding_window",
+    "query_pre_attn_scalar": "attn_scalar",
+    "attn_logit_softcapping": "attn_softcap",
+    "final_logit_softcapping": "final_softcap",
+    "rope_local_base_freq": "rope_local_theta",
 }
-# What transformers' LlamaConfig takes when config.json leaves a key out (num_key_value_heads: the heads).
-_HF_DEFAULTS = {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 _SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}  # Hugging Face's -> model.layer_types'
+_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}  # a row's activation -> hidden_act's name
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -99,11 +97,13 @@ def _read_json(path: Path, key: str) -> Any:
 
 
 def model_section(folder: str | Path) -> dict[str, Any]:
-    """The ``model:`` section of a Hugging Face Llama's ``config.json`` (YAML-shaped, ``name: llama``).
+    """The ``model:`` section of a Hugging Face checkpoint's ``config.json`` (YAML-shaped): its row
+    of the architecture table (:func:`jzero.models.architectures.by_hf_class`) and its sizes.
 
     Raises:
-      ConfigError: naming ``config.json``'s key: not a Llama, or a choice jzero's Llama does not make
-        (biases, another activation, a head size other than ``hidden_size / num_attention_heads``).
+      ConfigError: naming ``config.json``'s key: an architecture jzero does not read (the message
+        lists those it does), or a choice its row does not make (another activation, biases where
+        it has none, a kind of layer or rope scaling it does not compute).
     """
     path = Path(folder) / CONFIG
     raw = _read_json(path, str(path))
@@ -113,55 +113,98 @@ def model_section(folder: str | Path) -> dict[str, Any]:
     def bad(key: str, problem: str) -> ConfigError:
         return ConfigError(f"{path}: {key}", problem)
 
-    if ARCHITECTURE not in (raw.get("architectures") or []) and raw.get("model_type") != "llama":
+    row = by_hf_class(list(raw.get("architectures") or []), raw.get("model_type"))
+    if row is None:
         got = show_value(raw.get("architectures") or raw.get("model_type"))
-        raise bad("architectures", f"jzero reads {ARCHITECTURE} (model_type llama), got {got}")
-    missing = [k for k in _KEYS if k not in raw and k not in (*_HF_DEFAULTS, "num_key_value_heads")]
+        known = ", ".join(r.hf_class for r in ARCHITECTURES if r.hf_class)
+        raise bad("architectures", f"jzero reads {known}; got {got}")
+    missing = next((k for k in _REQUIRED if k not in raw), None)
     if missing:
-        raise bad(missing[0], "is missing")
-    raw = {**_HF_DEFAULTS, **raw}
-    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
-        if raw.get(key, want) != want:
-            raise bad(key, f"jzero's Llama has {json.dumps(want)}, got {clip(json.dumps(raw[key]))}")
-    heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
-    if raw.get("head_dim") not in (None, hidden // max(heads, 1)):
-        raise bad("head_dim", f"jzero's Llama has hidden_size / num_attention_heads = {hidden // heads}, got {raw['head_dim']}")
-    section: dict[str, Any] = {"name": "llama", **{ours: raw[theirs] for theirs, ours in _KEYS.items() if theirs in raw}}
+        raise bad(missing, "is missing")
+    raw = {**dict(row.hf_defaults), **raw}
+    _check_choices(raw, row, bad)
+    section: dict[str, Any] = {"name": row.name}
+    section |= {ours: raw[theirs] for theirs, ours in _KEYS.items() if ours in row.keys and raw.get(theirs) is not None}
     section["seq_len"] = min(int(raw.get("max_position_embeddings", MAX_SEQ_LEN)), MAX_SEQ_LEN)
-    scaling = raw.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind != "llama3":
-            raise bad("rope_scaling", f"jzero reads rope_type llama3, got {show_value(kind)}")
-        section["rope_scaling"] = {"rope_type": kind, **{k: scaling[k] for k in _SCALING if k in scaling}}
+    section |= _window(raw, row, bad)
+    if raw.get("rope_scaling") and raw["rope_scaling"].get("rope_type", raw["rope_scaling"].get("type")) != "default":
+        section["rope_scaling"] = _rope_scaling(raw["rope_scaling"], bad)
     return section
 
 
+def _check_choices(raw: dict[str, Any], row: Architecture, bad: Callable[[str, str], ConfigError]) -> None:
+    """What a row computes and ``config.json`` may say otherwise: the activation, the biases."""
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or _ACTIVATIONS[row.activation]
+    if activation != _ACTIVATIONS[row.activation]:
+        key = "hidden_activation" if "hidden_activation" in raw else "hidden_act"
+        raise bad(key, f"jzero's {row.name} has {json.dumps(_ACTIVATIONS[row.activation])}, got {clip(json.dumps(activation))}")
+    for key, want in (("attention_bias", row.qkv_bias), ("mlp_bias", False)):
+        if key in raw and raw[key] != want:
+            raise bad(key, f"jzero's {row.name} has {json.dumps(want)}, got {clip(json.dumps(raw[key]))}")
+
+
+def _window(raw: dict[str, Any], row: Architecture, bad: Callable[[str, str], ConfigError]) -> dict[str, Any]:
+    """``sliding_window`` and ``layer_types`` as the row reads them: Qwen's ``use_sliding_window``
+    and ``max_window_layers``, Gemma's pattern, or ``config.json``'s own ``layer_types``."""
+    window = raw.get("sliding_window")
+    if "sliding_window" not in row.keys or window is None or raw.get("use_sliding_window") is False:
+        return {}
+    if "layer_types" not in row.keys:
+        return {"sliding_window": window}  # Mistral: every layer
+    layers = raw["num_hidden_layers"]
+    kinds = raw.get("layer_types")
+    if kinds is None and "max_window_layers" in raw:
+        kinds = ["sliding_attention" if i >= raw["max_window_layers"] else "full_attention" for i in range(layers)]
+    if kinds is None:
+        every = raw.get("sliding_window_pattern", row.sliding_every)
+        kinds = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+    other = next((k for k in kinds if k not in _LAYER_TYPES), None)
+    if other is not None:
+        raise bad("layer_types", f"jzero computes {' and '.join(_LAYER_TYPES)}, got {show_value(other)}")
+    ours = [_LAYER_TYPES[k] for k in kinds]
+    return {"sliding_window": window, "layer_types": ours} if "sliding" in ours else {}
+
+
+def _rope_scaling(scaling: dict[str, Any], bad: Callable[[str, str], ConfigError]) -> dict[str, Any]:
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return {"rope_type": kind, "factor": scaling["factor"]}
+    if kind != "llama3":
+        raise bad("rope_scaling", f"jzero reads rope_type llama3 or linear, got {show_value(kind)}")
+    return {"rope_type": kind, **{k: scaling[k] for k in _SCALING if k in scaling}}
+
+
 def hf_config(model: Any, dtype: str, imported: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``config.json`` for a ``model:`` section of ``name: llama`` (its fields resolved), weights in
-    ``dtype``: the ``config.json`` it was ``imported`` from (its token ids, its names), with the shape
-    and dtype the run has."""
+    """``config.json`` for a ``model:`` section of a decoder row (its fields resolved), weights in
+    ``dtype``: the ``config.json`` it was ``imported`` from (its token ids, its names), with the
+    shape and dtype the run has, every key jzero reads written out."""
+    row = architecture(model.name)
+    activation = "hidden_activation" if row.sandwich_norms else "hidden_act"
     out: dict[str, Any] = {
         **(imported or {}),
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
+        "architectures": [row.hf_class],
+        "model_type": row.model_types[0],
+        activation: _ACTIVATIONS[row.activation],
         # the positions the model knows: the original's, or more if the run trained longer
         "max_position_embeddings": max(model.seq_len, int((imported or {}).get("max_position_embeddings", 0))),
         "torch_dtype": dtype,
-        "head_dim": model.d_model // model.n_heads,
     }
-    values = {"n_kv_heads": kv_heads(model), "mlp_hidden": mlp_units(model)}
-    out.update({theirs: values.get(ours, getattr(model, ours)) for theirs, ours in _KEYS.items()})
+    out |= {"attention_bias": False} if not row.qkv_bias else {}
+    out |= {"mlp_bias": False} if row.name == "llama" else {}
+    values = {"n_kv_heads": kv_heads(model), "mlp_hidden": mlp_units(model), "head_dim": head_size(model)}
+    out.update({theirs: values.get(ours, getattr(model, ours)) for theirs, ours in _KEYS.items() if ours in row.keys})
+    if "layer_types" in row.keys:
+        slides = sliding_layers(model)
+        out["layer_types"] = [f"{'sliding' if s else 'full'}_attention" for s in slides]
+        out |= {"use_sliding_window": any(slides)} if row.name.startswith("qwen") else {}  # layer_types say which
     s = model.rope_scaling
-    out["rope_scaling"] = None if s is None else {"rope_type": s.rope_type, **{k: getattr(s, k) for k in _SCALING}}
+    out["rope_scaling"] = None if s is None else {"rope_type": s.rope_type, "factor": s.factor} if s.rope_type == "linear" else {
+        "rope_type": s.rope_type, **{k: getattr(s, k) for k in _SCALING}}  # fmt: skip
     return out
 
 
 def hf_names(path: str, layers: int) -> list[str]:
-    """Hugging Face's tensors for one of jzero's Llama parameters: one per layer for a stacked one."""
+    """Hugging Face's tensors for one of jzero's decoder parameters: one per layer for a stacked one."""
     name, _ = NAMES[path]
     return [name.format(i) for i in range(layers)] if "{}" in name else [name]
 
@@ -217,11 +260,12 @@ class HFCheckpoint:
         want = {}
         for path, shape in shapes.items():
             if path not in NAMES:
-                raise ConfigError(path, "is not a parameter of jzero's Llama")
+                raise ConfigError(path, "is not a parameter of jzero's decoder")
             want |= {hf: one for hf, one, _ in hf_tensors(path, shape, layers)}
         unmapped = sorted(set(self.tensors) - set(want))
         if unmapped:
-            raise ConfigError(f"{self.folder}: {unmapped[0]}", "maps to no parameter of jzero's Llama (config.json's shape)")
+            why = "maps to no parameter of jzero's decoder (config.json's row and shape)"
+            raise ConfigError(f"{self.folder}: {unmapped[0]}", why)
         for hf, shape in want.items():
             if hf not in self.tensors:
                 raise ConfigError(f"{self.folder}: {hf}", "is missing")
@@ -256,7 +300,7 @@ def slice_of(checkpoint: HFCheckpoint, path: str, layers: int, dtype: Any) -> Ca
 
 
 def placed_params(folder: str | Path, plan: Plan, given: Mapping[str, jax.Array] | None = None) -> Any:
-    """A Hugging Face Llama's weights as ``plan``'s float32 parameters, each device's shard read
+    """A Hugging Face checkpoint's weights as ``plan``'s float32 parameters, each device's shard read
     from the files by itself (``jax.make_array_from_callback``): a process reads only what its
     devices hold.
 

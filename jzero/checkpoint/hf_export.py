@@ -1,6 +1,7 @@
-"""``jzero checkpoint export RUN_DIR --format hf --out DIR``: a Llama run as a Hugging Face folder.
+"""``jzero checkpoint export RUN_DIR --format hf --out DIR``: a decoder's run (Llama, Qwen, Mistral,
+Gemma) as a Hugging Face folder.
 
-The folder is what ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads: ``config.json``,
+The folder is what transformers' ``*ForCausalLM.from_pretrained(DIR)`` loads: ``config.json``,
 the weights in PyTorch's naming and layout (:data:`jzero.checkpoint.hf.NAMES`), one
 ``model.safetensors`` or, over :data:`SHARD_BYTES`, numbered files and their index, and the run's
 ``tokenizer.json`` when it has one. It works from a run at any stage and mesh: each parameter is
@@ -44,8 +45,9 @@ from jzero.config.run_folder import RunDir
 from jzero.config.schema import EXPORT_DTYPES
 from jzero.dtypes import array_bytes
 from jzero.errors import CheckpointError, ConfigError, checked_path, path_error, show_value
+from jzero.models.architectures import architecture
 from jzero.models.lora import A, B, adapted_kernels, adapter_paths, is_adapter, lora_spec, merged_kernel
-from jzero.models.names import LLAMA
+from jzero.models.names import DECODERS
 
 __all__ = ["ADAPTER_FOLDER", "SHARD_BYTES", "export_hf"]
 
@@ -66,14 +68,14 @@ def export_hf(
     shard_bytes: int = SHARD_BYTES,
     warn: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Write a Llama run's committed step as a Hugging Face folder.
+    """Write a decoder run's committed step as a Hugging Face folder.
 
     A LoRA run's adapters are folded into their kernels (``merge_lora``: the folder is the model the
-    run trained, in plain Llama weights), or written on their own in PEFT's layout, in ``lora/``
+    run trained, in plain weights), or written on their own in PEFT's layout, in ``lora/``
     under the folder (:data:`ADAPTER_FOLDER`), beside the weights they adapt.
 
     Args:
-      run_dir: the run's folder; its ``config.yaml`` must say ``model.name: llama``.
+      run_dir: the run's folder; its ``config.yaml`` must name a decoder row (``model.name: llama``, ``qwen2``, ...).
       out: the folder to write; it must not exist unless ``force``; its parent must.
       step: the committed step (default: the newest).
       dtype: the weights' dtype, ``float32`` or ``bfloat16``.
@@ -84,7 +86,8 @@ def export_hf(
 
     Returns:
       ``step``, ``tensors``, ``files``, ``bytes``, ``out``, ``dtype`` and ``adapters`` (the adapter
-      tensors written on their own, 0 when merged or without LoRA).
+      tensors written on their own, 0 when merged or without LoRA), and ``family``, the row's
+      Hugging Face class without ``ForCausalLM`` (``Llama``, ``Qwen2``, ``Gemma3``, ...).
 
     Raises:
       ConfigError: ``--dtype``, ``--out`` or the run's model (``model.name``) refused; nothing is written.
@@ -100,14 +103,16 @@ def export_hf(
         raise ConfigError("--out", f"{parent} is not a folder")
     folder = RunDir(Path(run_dir))
     config = load_config(folder.config)
-    if config.model.name != LLAMA:
-        raise ConfigError("--format", f"hf writes jzero's Llama; {run_dir} trained model.name: {config.model.name}")
+    if config.model.name not in DECODERS:
+        rows = ", ".join(DECODERS)
+        raise ConfigError("--format", f"hf writes the decoder's rows ({rows}); {run_dir} trained model.name: {config.model.name}")
     imported = json.loads(folder.hf_config.read_text()) if folder.hf_config.is_file() else None
     files = {CONFIG: json.dumps(hf_config(config.model, dtype, imported), indent=2) + "\n"}
     tokenizer = folder.tokenizer if folder.tokenizer.is_file() else None
     merge = lora_scale(run_dir) if merge_lora else None
     step_export = _StepExport(config.model.n_layers, dtype, shard_bytes, files, tokenizer, lora_spec(config.lora), merge)
-    return read_newest(run_dir, step, lambda step_dir: step_export.write(step_dir, out, force, warn))
+    done = read_newest(run_dir, step, lambda step_dir: step_export.write(step_dir, out, force, warn))
+    return {**done, "family": architecture(config.model.name).hf_class.removesuffix("ForCausalLM")}
 
 
 class _StepExport:
@@ -151,7 +156,7 @@ class _StepExport:
         tensors = []
         for path in sorted(params):
             if path not in NAMES:
-                raise CheckpointError(path, "is not a parameter of jzero's Llama")
+                raise CheckpointError(path, "is not a parameter of jzero's decoder")
             tensors += [(hf, one, path, layer) for hf, one, layer in hf_tensors(path, tuple(params[path][0]), self.layers)]
         return tensors
 

@@ -236,8 +236,8 @@ def _export_hf(args: argparse.Namespace) -> int:
         done = export_hf(args.run_dir, args.out, args.step, args.dtype, **options)
     files = f"{done['files']} safetensors file" + ("s" if done["files"] > 1 else "")
     merged = " (LoRA's adapters merged)" if args.merge_lora else ""
-    print(f"exported step {done['step']} as Hugging Face Llama{merged}: {done['tensors']} tensors, {human_bytes(done['bytes'])} "
-          f"as {done['dtype']} in {files} to {done['out']}")  # fmt: skip
+    print(f"exported step {done['step']} as Hugging Face {done['family']}{merged}: {done['tensors']} tensors, "
+          f"{human_bytes(done['bytes'])} as {done['dtype']} in {files} to {done['out']}")  # fmt: skip
     if done["adapters"]:
         print(f"LoRA's adapters: {done['adapters']} tensors in PEFT's layout in {done['out']}/{ADAPTER_FOLDER}")
     return 0

@@ -14,13 +14,14 @@ from jzero.checks import MAX_INT32, MAX_PARAMS, PathText, at_least_zero, check_r
 from jzero.compiler.platforms import flash_attention_available, on_gpus
 from jzero.errors import ConfigError, show_value
 from jzero.memory.remat import REMAT_POLICIES, policy_name
-from jzero.models.names import ATTENTION, AUTO_ATTENTION, KEYS, LLAMA, MODELS, OWN, is_adapter
-from jzero.models.sizes import flops_per_token, kv_heads, mlp_units, param_count
+from jzero.models.names import ATTENTION, AUTO_ATTENTION, DECODERS, KEYS, MODELS, OWN, is_adapter
+from jzero.models.names import GPT as GPT_NAME
+from jzero.models.sizes import flops_per_token, head_size, kv_heads, mlp_units, param_count, sliding_layers
 
 if TYPE_CHECKING:
     from jzero.memory.precision import Precision
+    from jzero.models.decoder import Decoder
     from jzero.models.gpt import GPT
-    from jzero.models.llama import Llama
     from jzero.models.lora import LoraSpec
 
 __all__ = ["LoraConfig", "ModelConfig", "RopeScalingConfig", "attention_for"]
@@ -28,10 +29,11 @@ __all__ = ["LoraConfig", "ModelConfig", "RopeScalingConfig", "attention_for"]
 
 @dataclasses.dataclass(frozen=True)
 class RopeScalingConfig:
-    """``model.rope_scaling`` (llama): Llama 3.1's long-context rotary scaling, Hugging Face's
-    ``rope_scaling`` with ``rope_type: llama3`` (:func:`jzero.models.layers.rope_frequencies`)."""
+    """``model.rope_scaling``: Hugging Face's ``rope_scaling``. ``rope_type: llama3`` is Llama 3.1's
+    long-context scaling (all four numbers); ``linear`` divides every frequency by ``factor`` (Gemma 3's
+    full-attention layers). :func:`jzero.models.layers.rope_frequencies` computes both."""
 
-    rope_type: str = "llama3"  # the only kind there is here
+    rope_type: str = "llama3"  # llama3 or linear
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -39,23 +41,33 @@ class RopeScalingConfig:
 
     def check(self) -> None:
         """Raises: ConfigError: naming ``model.rope_scaling.<key>``."""
-        if self.rope_type != "llama3":
-            raise ConfigError("model.rope_scaling.rope_type", f"must be llama3, got {show_value(self.rope_type)}")
-        for field in ("factor", "low_freq_factor", "original_max_position_embeddings"):
+        if self.rope_type not in ROPE_TYPES:
+            kinds = " or ".join(ROPE_TYPES)
+            raise ConfigError("model.rope_scaling.rope_type", f"must be {kinds}, got {show_value(self.rope_type)}")
+        positive(self.factor, "model.rope_scaling.factor", math.inf)
+        if self.rope_type == ROPE_TYPES[1]:
+            _check_unread(self, ("rope_type", "factor"), "rope_type linear reads only factor", "model.rope_scaling")
+            return
+        for field in ("low_freq_factor", "original_max_position_embeddings"):
             positive(getattr(self, field), f"model.rope_scaling.{field}", math.inf)
         if not self.high_freq_factor > self.low_freq_factor:
             low = f"low_freq_factor={self.low_freq_factor}"
             raise ConfigError("model.rope_scaling.high_freq_factor", f"must be over {low}, got {self.high_freq_factor}")
 
 
+ROPE_TYPES = ("llama3", "linear")
+LAYER_TYPES = ("full", "sliding")  # model.layer_types: a layer attends to every earlier position, or to its window
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """``model:``: jzero's GPT (:mod:`jzero.models.gpt`) or Llama (:mod:`jzero.models.llama`), its
-    shape and its remat policy; or, with ``name: own``, a model of yours, of which only ``seq_len``
-    and ``vocab_size`` are read (the batch is ``[train.global_batch_size, seq_len + 1]`` int32 ids
-    below ``vocab_size``). Which keys each model reads: :data:`jzero.models.names.KEYS`."""
+    """``model:``: a row of the architecture table (:mod:`jzero.models.architectures`: jzero's GPT,
+    or the decoder of Llama, Qwen2, Qwen3, Mistral, Gemma 2 or Gemma 3), its shape and its remat
+    policy; or, with ``name: own``, a model of yours, of which only ``seq_len`` and ``vocab_size``
+    are read (the batch is ``[train.global_batch_size, seq_len + 1]`` int32 ids below
+    ``vocab_size``). Which keys each model reads: :data:`jzero.models.names.KEYS`."""
 
-    name: str = "gpt"  # gpt, llama or own
+    name: str = "gpt"  # a row of jzero.models.architectures (gpt, llama, qwen2, qwen3, mistral, gemma2, gemma3) or own
     # name: own: ``FILE.py:FUNCTION`` (relative to the working directory) or ``MODULE:FUNCTION``;
     # ``FUNCTION(config)`` returns ``(init_fn, loss_fn)``. None: they are passed to jzero.build_job.
     entry: PathText | None = None
@@ -72,12 +84,20 @@ class ModelConfig:
     partition_activations: bool | None = None
     # auto: cuDNN's flash attention on GPUs with 16-bit compute and cuDNN installed, else xla.
     attention: str = AUTO_ATTENTION
-    # llama only:
+    # the decoders (every row but gpt):
     n_kv_heads: int | None = None  # key and value heads (grouped-query attention); None: n_heads
-    mlp_hidden: int | None = None  # the SwiGLU MLP's units; None: 8/3 d_model rounded up to 256 (Meta's rule)
+    mlp_hidden: int | None = None  # the gated MLP's units; None: 8/3 d_model rounded up to 256 (Meta's rule)
+    head_dim: int | None = None  # one head's size; None: d_model / n_heads
     rope_theta: float = 500_000.0  # the rotary base
-    rope_scaling: RopeScalingConfig | None = None  # Llama 3.1's; None: unscaled
+    rope_scaling: RopeScalingConfig | None = None  # Llama 3.1's or a linear one; None: unscaled
     rms_norm_eps: float = 1e-5
+    # qwen2, qwen3, mistral, gemma2, gemma3 (jzero.models.names.KEYS):
+    sliding_window: int | None = None  # a sliding layer's query sees this many positions, its own included
+    layer_types: list[str] | None = None  # full or sliding, one per layer; None: the row's pattern (sliding_every)
+    attn_scalar: float | None = None  # attention's logits times attn_scalar**-0.5; None: head_dim's
+    attn_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2); None: none
+    final_softcap: float | None = None  # the same on the output logits
+    rope_local_theta: float = 10_000.0  # gemma3: the sliding layers' rotary base (unscaled)
 
     def check(self) -> None:
         """Refuse a model jzero cannot build, or a key its model does not read.
@@ -94,12 +114,12 @@ class ModelConfig:
         _check_unread(self, KEYS[self.name], f"jzero's {self.name} does not read it (model.name: {self.name})")
         for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "seq_len"):
             positive(getattr(self, field), f"model.{field}")
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError("model.n_heads", f"{self.n_heads} does not divide model.d_model={self.d_model}")
-        if (self.d_model // self.n_heads) % 2:
+        if self.head_dim is None and (self.d_model // self.n_heads) % 2:
             raise ConfigError("model.n_heads", f"head size d_model/n_heads={self.d_model // self.n_heads} must be even (rotary)")
-        if self.name == LLAMA:
-            _check_llama(self)
+        if self.name in DECODERS:
+            _check_decoder(self)
         _check_width(self)
         if self.remat not in REMAT_POLICIES:
             policies = ", ".join(REMAT_POLICIES)
@@ -138,8 +158,8 @@ class ModelConfig:
         fetch_params: bool = False,
         devices: Sequence[Any] = (),
         lora: LoraSpec | None = None,
-    ) -> GPT | Llama:
-        """jzero's GPT or Llama with this shape: the fields its model reads
+    ) -> GPT | Decoder:
+        """jzero's GPT or the decoder of its row with this shape: the fields its model reads
         (:data:`jzero.models.names.KEYS`), defaults resolved.
 
         Args:
@@ -149,56 +169,78 @@ class ModelConfig:
           devices: what it runs on, which picks its attention (:func:`attention_for`).
           lora: low-rank adapters on the layers' kernels it targets (:meth:`LoraConfig.build`).
         """
+        from jzero.models.decoder import Decoder, rope_scaling_pairs
         from jzero.models.gpt import GPT
-        from jzero.models.llama import Llama, rope_scaling_pairs
 
         shape = {key: getattr(self, key) for key in KEYS[self.name]}
         shape["remat"] = policy_name(self.remat)
         shape["partition_activations"] = self.partitions_activations(model_parallel)
-        shape["attention"] = attention_for(self.attention, devices, precision)
-        if self.name == LLAMA:
-            scaling = dataclasses.asdict(self.rope_scaling) if self.rope_scaling is not None else None
-            shape.update(n_kv_heads=kv_heads(self), mlp_hidden=mlp_units(self), rope_scaling=rope_scaling_pairs(scaling))
-            return Llama(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
-        return GPT(**shape, fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
+        shape["attention"] = attention_for(self.attention, devices, precision, self.attn_softcap)
+        common = dict(fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
+        if self.name == GPT_NAME:
+            return GPT(**shape, **common)
+        scaling = dataclasses.asdict(self.rope_scaling) if self.rope_scaling is not None else None
+        if scaling and scaling["rope_type"] == "linear":
+            scaling = {k: scaling[k] for k in ("rope_type", "factor")}
+        shape.update(n_kv_heads=kv_heads(self), mlp_hidden=mlp_units(self), head_dim=head_size(self))
+        shape.update(rope_scaling=rope_scaling_pairs(scaling), layer_types=sliding_layers(self))
+        return Decoder(arch=self.name, **shape, **common)
 
 
-def _check_llama(m: ModelConfig) -> None:
+def _check_decoder(m: ModelConfig) -> None:
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
     positive(kv, "model.n_kv_heads")
     if m.n_heads % kv:
         raise ConfigError("model.n_kv_heads", f"{kv} does not divide model.n_heads={m.n_heads} (grouped-query attention)")
-    if m.mlp_hidden is not None:
-        positive(m.mlp_hidden, "model.mlp_hidden")
-    positive(m.rope_theta, "model.rope_theta", math.inf)
-    positive(m.rms_norm_eps, "model.rms_norm_eps", math.inf)
+    for field in ("mlp_hidden", "head_dim", "sliding_window"):
+        if getattr(m, field) is not None:
+            positive(getattr(m, field), f"model.{field}")
+    if m.head_dim is not None and m.head_dim % 2:
+        raise ConfigError("model.head_dim", f"must be even (rotary), got {m.head_dim}")
+    for field in ("rope_theta", "rms_norm_eps", "rope_local_theta", "attn_scalar", "attn_softcap", "final_softcap"):
+        if getattr(m, field) is not None:
+            positive(getattr(m, field), f"model.{field}", math.inf)
     if m.rope_scaling is not None:
         m.rope_scaling.check()
+    _check_layer_types(m)
+
+
+def _check_layer_types(m: ModelConfig) -> None:
+    if m.layer_types is None:
+        return
+    if m.sliding_window is None:
+        raise ConfigError("model.layer_types", "needs model.sliding_window: the size of a sliding layer's window")
+    if not isinstance(m.layer_types, list) or len(m.layer_types) != m.n_layers:
+        raise ConfigError("model.layer_types", f"must list one of {' or '.join(LAYER_TYPES)} per layer ({m.n_layers})")
+    bad = next((t for t in m.layer_types if t not in LAYER_TYPES), None)
+    if bad is not None:
+        raise ConfigError("model.layer_types", f"each must be {' or '.join(LAYER_TYPES)}, got {show_value(bad)}")
 
 
 def _check_width(m: ModelConfig) -> None:
     """The MLP's hidden width is a dimension too."""
     if mlp_units(m) > MAX_INT32:
-        width = "the MLP width mlp_ratio x d_model" if m.name != LLAMA else "the MLP width mlp_hidden"
-        key = "model.mlp_ratio" if m.name != LLAMA else "model.mlp_hidden"
+        width = "the MLP width mlp_ratio x d_model" if m.name == GPT_NAME else "the MLP width mlp_hidden"
+        key = "model.mlp_ratio" if m.name == GPT_NAME else "model.mlp_hidden"
         raise ConfigError(key, f"{width} = {mlp_units(m)} is over {MAX_INT32}")
 
 
 def _check_count(m: ModelConfig) -> None:
     count = param_count(m)
     if count > MAX_PARAMS:
-        mlp = f"mlp_ratio={m.mlp_ratio}" if m.name != LLAMA else f"mlp_hidden={mlp_units(m)}"
+        mlp = f"mlp_ratio={m.mlp_ratio}" if m.name == GPT_NAME else f"mlp_hidden={mlp_units(m)}"
         sizes = f"d_model={m.d_model}, n_layers={m.n_layers}, {mlp}, vocab_size={m.vocab_size}"
         raise ConfigError("model", f"{sizes} make {count:.3g} parameters, over the limit of 2**53 ({MAX_PARAMS:.3g})")
 
 
-def _check_unread(m: ModelConfig, read: tuple[str, ...], why: str) -> None:
-    """Every ``model:`` key that ``read`` leaves out keeps its default: a value nothing reads is a mistake."""
-    default = ModelConfig()
-    for field in dataclasses.fields(ModelConfig):
+def _check_unread(m: Any, read: tuple[str, ...], why: str, section: str = "model") -> None:
+    """Every key of ``m`` (a section's record) that ``read`` leaves out keeps its default: a value
+    nothing reads is a mistake."""
+    default = type(m)()
+    for field in dataclasses.fields(m):
         name = field.name
         if name not in (*read, "name", "entry") and getattr(m, name) != getattr(default, name):
-            raise ConfigError(f"model.{name}", why)
+            raise ConfigError(f"{section}.{name}", why)
 
 
 def _check_vocab(m: ModelConfig) -> None:
@@ -222,14 +264,15 @@ def _check_own(m: ModelConfig) -> None:
 _ENTRY = re.compile(r"^(?:.+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
 
 
-def attention_for(asked: str, devices: Sequence[Any], precision: Precision) -> str:
+def attention_for(asked: str, devices: Sequence[Any], precision: Precision, softcap: float | None = None) -> str:
     """``model.attention`` resolved for ``devices``: ``auto`` is cuDNN's flash kernel on GPUs (real or
-    a target's) with 16-bit compute and cuDNN installed, else XLA's.
+    a target's) with 16-bit compute and cuDNN installed, and no soft-capped logits (``softcap``:
+    ``model.attn_softcap``, which its kernel does not compute), else XLA's.
 
     Raises:
       ConfigError: ``cudnn`` asked where it cannot run, naming ``model.attention`` and why.
     """
-    why = _no_flash(devices, precision)
+    why = "soft-capped logits (model.attn_softcap) need xla" if softcap is not None else _no_flash(devices, precision)
     if asked == AUTO_ATTENTION:
         return ATTENTION[0] if why else ATTENTION[1]
     if asked == ATTENTION[1] and why:

@@ -1,4 +1,4 @@
-"""Text from jzero's GPT and Llama (:mod:`jzero.models.gpt`, :mod:`jzero.models.llama`): KV-cache
+"""Text from jzero's GPT and decoders (:mod:`jzero.models.gpt`, :mod:`jzero.models.decoder`): KV-cache
 decoding in one compiled loop.
 
 :func:`generate` runs the prompt through the model once (:func:`prefill`), keeping every layer's
@@ -6,12 +6,10 @@ keys and values in a :class:`KVCache`, then makes each new token inside one ``ja
 under ``jit``: a one-token forward (:func:`decode_step`) attends to the cache and appends its own key
 and value, so no step recomputes the prefix.
 
-The forward here is a function of the params tree of ``GPT.init`` or ``Llama.init`` (boxed or not)
-that reuses the models' own pieces: their norms and Dense modules, :func:`jzero.models.layers.rotary`
-at the tokens' positions and :func:`jzero.models.layers.attend` (each key and value head repeated
-over its group of query heads, for the Llama's grouped-query attention).
-``tests/apps/test_sample.py`` checks its logits against each model's ``apply`` on the whole
-prefix, and ``tests/models/test_llama.py`` its greedy tokens against transformers' ``generate``.
+The forward is the model's own: each layer takes its cache as an optional input (Flax's
+``decode=True`` pattern), so training and decoding run the same blocks. ``tests/apps/test_sample.py``
+checks the cached logits against each model's ``apply`` on the whole prefix, and
+``tests/models/test_families.py`` greedy tokens against transformers' ``generate``.
 :func:`decode_loop` is the loop alone: another model is decoded by it given the same two calls, a
 prefill that returns the last logits and a cache, and a one-token step at a position that returns
 the next logits and the cache.
@@ -29,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from jzero.models.gpt import GPT, _layer_norm
-from jzero.models.layers import attend, rope_frequencies, rotary
-from jzero.models.llama import Llama, RMSNorm
+from jzero.models.decoder import Decoder
+from jzero.models.gpt import GPT
 
 __all__ = ["KVCache", "OnToken", "decode_loop", "decode_step", "forward", "generate", "init_cache", "next_token", "prefill"]
 
@@ -46,94 +43,24 @@ class KVCache(NamedTuple):
     v: jax.Array
 
 
-Model = GPT | Llama
+Model = GPT | Decoder
 
 
 def init_cache(model: Model, batch: int, max_len: int) -> KVCache:
     """An empty cache for ``batch`` sequences of up to ``max_len`` tokens (at most ``model.seq_len``):
-    one entry per key and value head (the Llama's ``n_kv_heads``)."""
+    one entry per key and value head (a decoder's ``n_kv_heads``)."""
     heads = getattr(model, "n_kv_heads", model.n_heads)  # the GPT has as many as query heads
-    shape = (model.n_layers, batch, max_len, heads, model.d_model // model.n_heads)
+    head_dim = model.head_size if isinstance(model, Decoder) else model.d_model // model.n_heads
+    shape = (model.n_layers, batch, max_len, heads, head_dim)
     return KVCache(jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype))
 
 
-def _norm(p: dict, x: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    return _layer_norm(dtype, "norm").apply({"params": p}, x)  # the GPT's own LayerNorm (its epsilon)
-
-
-def _linear(p: dict, x: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    return nn.Dense(p["kernel"].shape[-1], use_bias="bias" in p, dtype=dtype).apply({"params": p}, x)
-
-
-def _cached_attention(q, k, v, k_cache, v_cache, start, positions, dtype):
-    """``q`` over the cache, after writing ``k`` and ``v`` (rotated) into it at ``start``: causal, and
-    nothing past the new tokens. Grouped-query attention repeats each cached head over its group."""
-    k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
-    v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
-    sees = jnp.arange(k_cache.shape[1])[None, :] <= positions[:, None]
-    group = q.shape[2] // k_cache.shape[2]
-    keys, values = (jnp.repeat(c, group, axis=2) if group > 1 else c for c in (k_cache, v_cache))
-    return attend(q, keys, values, sees, dtype), k_cache, v_cache
-
-
-def _gpt_block(model: GPT, p: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array):
-    """One block (:class:`jzero.models.gpt.Block`'s math) on ``x`` [batch, length, d_model] at positions
-    ``start ..``: its keys and values are written into the layer's cache, and it attends to the cache."""
-    batch, length, _ = x.shape
-    dtype, heads = model.dtype, model.n_heads
-    positions = start + jnp.arange(length)
-    h = _norm(p["ln_attn"], x, dtype)
-    q, k, v = (_linear(p[n], h, dtype).reshape(batch, length, heads, -1) for n in ("query", "key", "value"))
-    q, k = rotary(q, positions), rotary(k, positions)
-    attn, k_cache, v_cache = _cached_attention(q, k, v, k_cache, v_cache, start, positions, dtype)
-    x = x + _linear(p["attn_out"], attn.reshape(batch, length, model.d_model), dtype)
-    h = nn.gelu(_linear(p["mlp_in"], _norm(p["ln_mlp"], x, dtype), dtype))
-    return x + _linear(p["mlp_out"], h, dtype), k_cache, v_cache
-
-
-def _llama_block(model: Llama, p: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array):
-    """One layer (:class:`jzero.models.llama.LlamaBlock`'s math), as :func:`_gpt_block`."""
-    batch, length, _ = x.shape
-    dtype, head_dim = model.dtype, model.d_model // model.n_heads
-    positions = start + jnp.arange(length)
-    h = _rms_norm(model, p["input_layernorm"], x)
-    q = _linear(p["q_proj"], h, dtype).reshape(batch, length, model.n_heads, head_dim)
-    k, v = (_linear(p[n], h, dtype).reshape(batch, length, model.n_kv_heads, head_dim) for n in ("k_proj", "v_proj"))
-    freq = rope_frequencies(head_dim, model.rope_theta, dict(model.rope_scaling) if model.rope_scaling else None)
-    q, k = rotary(q, positions, freq), rotary(k, positions, freq)
-    attn, k_cache, v_cache = _cached_attention(q, k, v, k_cache, v_cache, start, positions, dtype)
-    x = x + _linear(p["o_proj"], attn.reshape(batch, length, model.d_model), dtype)
-    h = _rms_norm(model, p["post_attention_layernorm"], x)
-    mlp = nn.silu(_linear(p["gate_proj"], h, dtype)) * _linear(p["up_proj"], h, dtype)
-    return x + _linear(p["down_proj"], mlp, dtype), k_cache, v_cache
-
-
-def _rms_norm(model: Llama, p: dict, x: jax.Array) -> jax.Array:
-    return RMSNorm(model.rms_norm_eps, model.dtype).apply({"params": p}, x)
-
-
-class _Parts(NamedTuple):
-    """Where a model keeps its token embedding, its stacked layers and its final norm, and how a
-    layer and that norm run."""
-
-    embed: str
-    layers: str
-    final: str
-    block: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
-    norm: Callable[[Any, dict, jax.Array], jax.Array]
-
-
-_PARTS = {
-    GPT: _Parts("embed", "blocks", "ln_f", _gpt_block, lambda model, p, x: _norm(p, x, model.dtype)),
-    Llama: _Parts("embed_tokens", "layers", "norm", _llama_block, _rms_norm),
-}
-
-
 def forward(model: Model, params: Any, tokens: jax.Array, cache: KVCache, start: jax.Array | int) -> tuple[jax.Array, KVCache]:
-    """The model on ``tokens`` at positions ``start .. start + length - 1``, given the cache of the tokens before.
+    """The model on ``tokens`` at positions ``start .. start + length - 1``, given the cache of the
+    tokens before: the model's own layers, each with its cache (``model.apply(..., cache, start)``).
 
     Args:
-      model: the GPT or Llama whose ``params`` these are (its shape and dtype).
+      model: the GPT or decoder whose ``params`` these are (its shape and dtype).
       params: the params tree of ``model.init`` (boxed with logical names or not).
       tokens: ``[batch, length]`` int token ids.
       cache: the keys and values of positions ``0 .. start - 1`` (:func:`init_cache`).
@@ -143,23 +70,7 @@ def forward(model: Model, params: Any, tokens: jax.Array, cache: KVCache, start:
       ``(logits, cache)``: float32 logits ``[batch, length, vocab]``, and the cache with these
       tokens' keys and values added.
     """
-    params = nn.unbox(params)
-    start = jnp.asarray(start, jnp.int32)
-    parts = _PARTS[type(model)]
-    x = jnp.take(params[parts.embed]["embedding"], tokens, axis=0).astype(model.dtype)
-
-    def layer(x, inputs):
-        p, k_cache, v_cache = inputs
-        x, k_cache, v_cache = parts.block(model, p, x, k_cache, v_cache, start)
-        return x, (k_cache, v_cache)
-
-    x, (k, v) = jax.lax.scan(layer, x, (params[parts.layers], cache.k, cache.v))
-    x = parts.norm(model, params[parts.final], x)
-    if model.tie_embeddings:
-        logits = jnp.einsum("ble,ve->blv", x, params[parts.embed]["embedding"].astype(model.dtype))
-    else:
-        logits = _linear(params["lm_head"], x, model.dtype)
-    return logits.astype(jnp.float32), KVCache(k, v)
+    return model.apply({"params": nn.unbox(params)}, tokens, cache, jnp.asarray(start, jnp.int32))
 
 
 def prefill(model: Model, params: Any, prompt: jax.Array, max_len: int) -> tuple[jax.Array, KVCache]:
@@ -200,11 +111,11 @@ def generate(
     on_token: OnToken | None = None,
     compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Continue ``prompt`` with jzero's GPT or Llama by up to ``max_tokens`` tokens: :func:`decode_loop` with
+    """Continue ``prompt`` with jzero's GPT or a decoder by up to ``max_tokens`` tokens: :func:`decode_loop` with
     :func:`prefill` and :func:`decode_step`.
 
     Args:
-      model: the GPT or Llama (:mod:`jzero.models.gpt`, :mod:`jzero.models.llama`).
+      model: the GPT or a decoder (:mod:`jzero.models.gpt`, :mod:`jzero.models.decoder`).
       params: its params tree, on the device to decode on.
       prompt: ``[batch, length]`` int token ids, at least one per row.
       key: the PRNG key.

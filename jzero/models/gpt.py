@@ -30,12 +30,16 @@ from jzero.communication.gather import gathering
 from jzero.models.layers import (
     BATCH_ACT,
     SAVED_ACT,
+    Cache,
     annotated,
     attend,
+    attention,
+    cached,
     causal_attention,
     dense,
     gathered,
     head_policy,
+    layer_inputs,
     layer_stack,
     lookup,
     rotary,
@@ -79,7 +83,10 @@ class Block(nn.Module):
     lora: LoraSpec | None = None  # low-rank adapters on the kernels it targets
 
     @nn.compact
-    def __call__(self, x: jax.Array, _unused=None) -> tuple[jax.Array, None]:
+    def __call__(self, x: jax.Array, layer: Any = None) -> tuple[jax.Array, Cache | None]:
+        """``x`` [batch, length, d_model] -> the block's output and, when ``layer`` is ``(_, cache)``
+        (:func:`jzero.models.layers.layer_inputs`), the cache with these tokens' keys and values."""
+        cache = None if layer is None else layer[1]
         if self.partition_activations:
             # Said again where the block starts, so that the stack of saved inputs the backward reads
             # keeps this sharding too; the next line is the gather over model.
@@ -107,7 +114,12 @@ class Block(nn.Module):
             )
             for n in ("query", "key", "value")
         )
-        attn = nn.with_logical_constraint(causal_attention(q, k, v, self.attention), heads)
+        at = None if cache is None else cache.start + jnp.arange(length)
+        q, k = rotary(q, at), rotary(k, at)
+        positions = None
+        if cache is not None:
+            k, v, cache, positions = cached(k, v, cache)
+        attn = nn.with_logical_constraint(attention(q, k, v, implementation=self.attention, positions=positions), heads)
         attn = attn.reshape(batch, length, self.d_model)
         x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype, True, self.lora, self.path)(attn)
 
@@ -115,7 +127,7 @@ class Block(nn.Module):
         h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype, True, self.lora, self.path)(h)
         h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
         x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype, True, self.lora, self.path)(h)
-        return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), None
+        return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), cache
 
 
 class GPT(nn.Module):
@@ -137,8 +149,10 @@ class GPT(nn.Module):
     lora: LoraSpec | None = None  # low-rank adapters (jzero.models.lora) on the layers' kernels it targets
 
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        """``tokens`` [batch, length] int -> logits [batch, length, vocab] float32."""
+    def __call__(self, tokens: jax.Array, cache: Any = None, start: jax.Array | int = 0) -> Any:
+        """``tokens`` [batch, length] int -> logits [batch, length, vocab] float32; with a ``cache``
+        (:class:`jzero.models.decode.KVCache`) and the first token's position ``start``, ``(logits,
+        cache)`` with the tokens' keys and values written in."""
         x, embed = lookup(tokens, self.vocab_size, self.d_model, nn.initializers.normal(0.02), self.gather, "embed")
         x = x.astype(self.dtype)  # positions: rotary, in attention
         stack = layer_stack(Block, self.n_layers, self.remat, self.gather, self.fetch_params, "blocks")
@@ -148,13 +162,13 @@ class GPT(nn.Module):
         x = nn.with_logical_constraint(x, BATCH_ACT)
         shape = (self.d_model, self.n_heads, self.mlp_ratio, self.n_layers)
         blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, self.lora, name="blocks")
-        x, _ = blocks(x, None)
+        x, written = blocks(x, layer_inputs(None, cache, start, self.n_layers))
         x = nn.with_logical_constraint(x, BATCH_ACT)
         head = nn.remat(GPT._head, policy=head_policy(self.remat, self.gather))
         # The table as it rests: a tied head gathers it again, inside its own remat.
         resting = embed.embedding if self.gather is None else self.variables["params"]["embed"]["embedding"]
-        logits = head(self, x, resting)
-        return logits.astype(jnp.float32)
+        logits = head(self, x, resting).astype(jnp.float32)
+        return logits if cache is None else (logits, cache._replace(k=written.k, v=written.v))
 
     def _head(self, x: jax.Array, embedding: jax.Array) -> jax.Array:
         """The final LayerNorm and the output layer: the tied embedding or its own ``lm_head``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -24,12 +24,16 @@ from jzero.models.names import ATTENTION
 __all__ = [
     "BATCH_ACT",
     "SAVED_ACT",
+    "Cache",
     "annotated",
     "attend",
+    "attention",
+    "cached",
     "causal_attention",
     "dense",
     "gathered",
     "head_policy",
+    "layer_inputs",
     "layer_stack",
     "lookup",
     "rope_frequencies",
@@ -83,7 +87,8 @@ def rope_frequencies(head_dim: int, theta: float = ROPE_THETA, scaling: Mapping[
     Args:
       head_dim: the size of one attention head.
       theta: the rotary base (Llama 3: 500000).
-      scaling: Llama 3.1's ``rope_scaling`` (``rope_type: llama3``, ``factor``, ``low_freq_factor``,
+      scaling: ``rope_scaling``: ``rope_type: linear`` divides every frequency by ``factor``; Llama
+        3.1's (``rope_type: llama3``, ``factor``, ``low_freq_factor``,
         ``high_freq_factor``, ``original_max_position_embeddings``): wavelengths longer than the
         original context over ``low_freq_factor`` are divided by ``factor``, those shorter than it
         over ``high_freq_factor`` kept, and those between blended (as Hugging Face's
@@ -92,6 +97,8 @@ def rope_frequencies(head_dim: int, theta: float = ROPE_THETA, scaling: Mapping[
     freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     if not scaling:
         return freq
+    if scaling.get("rope_type") == "linear":
+        return freq / float(scaling["factor"])
     factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
     context = float(scaling["original_max_position_embeddings"])
     wavelength = 2 * math.pi / freq
@@ -140,34 +147,111 @@ gathered.defvjp(_gathered_fwd, _gathered_bwd)
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
     """Softmax attention of ``q`` [batch, queries, heads, head_dim] over ``k`` and ``v`` [batch, keys,
     heads, head_dim], positions already applied; ``mask`` [queries, keys] is True where a query sees a key."""
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    return attention(q, k.astype(dtype), v.astype(dtype), positions=mask)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    implementation: str = ATTENTION[0],
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
+    sliding: jax.Array | None = None,
+    positions: Any = None,
+) -> jax.Array:
+    """Causal softmax attention, rotary positions already applied.
+
+    Args:
+      q: [batch, length, heads, head_dim], in the compute dtype.
+      k, v: [batch, keys, kv_heads, head_dim]; ``heads`` a multiple of ``kv_heads`` (grouped-query
+        attention: each key and value head serves ``heads / kv_heads`` query heads).
+      implementation: one of :data:`ATTENTION`.
+      scale: the logits' factor (default ``head_dim**-0.5``).
+      softcap: the logits become ``softcap * tanh(logits / softcap)`` before the mask (Gemma 2).
+      window: a query sees this many positions, its own included (a sliding window); None: all before it.
+      sliding: where layers differ, this layer's flag (a scan's per-layer input): the window holds
+        only where it is True. None: ``window`` holds as given.
+      positions: with a KV cache, ``(query positions [length], key positions [keys])``, or a
+        ``[length, keys]`` mask of what each query sees; None: ``0 .. length - 1`` for both.
+
+    Returns:
+      [batch, length, heads, head_dim], in ``q``'s dtype.
+    """
+    dtype, scale = q.dtype, q.shape[-1] ** -0.5 if scale is None else scale
+    if positions is None and softcap is None and (sliding is None or implementation == ATTENTION[1]):
+        return _fused(q, k, v, implementation, scale, window, sliding)
+    mask = _mask(q.shape[1], k.shape[1], window, sliding, positions)
+    if softcap is None:
+        return _fused(q, k, v, ATTENTION[0], scale, None, None, mask)
+    batch, length, heads, head_dim = q.shape
+    grouped = q.reshape(batch, length, k.shape[2], heads // k.shape[2], head_dim)
+    logits = jnp.einsum("btkgd,bskd->bkgts", grouped, k.astype(dtype)) * jnp.asarray(scale, dtype)
+    logits = jnp.tanh(logits / softcap) * softcap
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return jnp.einsum("bkgts,bskd->btkgd", weights, v.astype(dtype)).reshape(q.shape)
+
+
+def _fused(q, k, v, implementation, scale, window, sliding, mask=None):
+    """``jax.nn.dot_product_attention``: causal with a static window, or ``mask``; where layers
+    differ under cuDNN, a branch per kind of layer (its kernel takes no mask)."""
+    dtype = q.dtype
+    if implementation == ATTENTION[0] and dtype == jnp.float16:
+        # XLA's path asks for an F16_F16_F32 dot, which the CPU backend cannot compile: fp32 instead.
+        q = q.astype(jnp.float32)
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+
+    def call(size):
+        local = (size - 1, 0) if size is not None and mask is None else None
+        masked = None if mask is None else mask[None, None]
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=masked, scale=scale, is_causal=mask is None, local_window_size=local, implementation=implementation
+        )
+
+    if sliding is None:
+        return call(window).astype(dtype)
+    return jax.lax.cond(sliding, lambda: call(window), lambda: call(None)).astype(dtype)
+
+
+def _mask(length: int, keys: int, window: int | None, sliding: jax.Array | None, positions: Any) -> jax.Array:
+    """``[length, keys]``: True where a query sees a key (causal, inside the window where it holds)."""
+    if positions is not None and not isinstance(positions, tuple):
+        return positions
+    q_at, k_at = positions if positions is not None else (jnp.arange(length), jnp.arange(keys))
+    sees = k_at[None, :] <= q_at[:, None]
+    if window is None:
+        return sees
+    inside = k_at[None, :] > q_at[:, None] - window
+    return sees & (inside if sliding is None else inside | ~sliding)
 
 
 def causal_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = ATTENTION[0], freq: jax.Array | None = None
 ) -> jax.Array:
-    """Causal softmax attention, rotary positions on ``q`` and ``k``.
+    """Causal softmax attention, rotary positions on ``q`` and ``k`` (:func:`attention` after
+    :func:`rotary` with ``freq``, default the GPT's)."""
+    return attention(rotary(q, freq=freq), rotary(k, freq=freq), v, implementation=implementation)
 
-    Args:
-      q: [batch, length, heads, head_dim], in the compute dtype.
-      k, v: [batch, length, kv_heads, head_dim]; ``heads`` a multiple of ``kv_heads`` (grouped-query
-        attention: each key and value head serves ``heads / kv_heads`` query heads).
-      implementation: one of :data:`ATTENTION`.
-      freq: the rotary frequencies (:func:`rope_frequencies`; default the GPT's).
 
-    Returns:
-      [batch, length, heads, head_dim], in ``v``'s dtype.
-    """
-    q, k = rotary(q, freq=freq), rotary(k, freq=freq)
-    dtype = q.dtype
-    if implementation == ATTENTION[0] and dtype == jnp.float16:
-        # XLA's path asks for an F16_F16_F32 dot, which the CPU backend cannot compile: fp32 instead.
-        q = q.astype(jnp.float32)
-    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, implementation=implementation)
-    return out.astype(dtype)
+class Cache(NamedTuple):
+    """One layer's KV cache as a layer reads it: its rotated keys and its values ``[batch, max_len,
+    kv_heads, head_dim]``, and the position of the first new token (:mod:`jzero.models.decode`)."""
+
+    k: jax.Array
+    v: jax.Array
+    start: jax.Array
+
+
+def cached(k: jax.Array, v: jax.Array, cache: Cache) -> tuple[jax.Array, jax.Array, Cache, tuple[jax.Array, jax.Array]]:
+    """The new tokens' keys and values written into ``cache`` at its start: every key and value the
+    queries see, the cache to hand on, and ``(query positions, key positions)`` for :func:`attention`."""
+    keys = jax.lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache.start, axis=1)
+    values = jax.lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache.start, axis=1)
+    positions = (cache.start + jnp.arange(k.shape[1]), jnp.arange(keys.shape[1]))
+    return keys, values, Cache(keys, values, cache.start), positions
 
 
 # The token embedding, the stack of layers and the tied head, as both of jzero's models build them.
@@ -199,6 +283,16 @@ def layer_stack(layer: type[nn.Module], n_layers: int, policy: str | bool, gathe
         block, variable_axes={"params": 0}, split_rngs={"params": True}, length=n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
     )  # fmt: skip
+
+
+def layer_inputs(flags: jax.Array | None, cache: Any, start: jax.Array | int, n_layers: int) -> Any:
+    """What a :func:`layer_stack`'s scan hands each layer: None in training where every layer is
+    alike, else ``(flag, Cache)`` sliced per layer: its flag where layers differ (``flags``
+    [n_layers]), and its :class:`Cache` when decoding (``cache``: every layer's keys and values
+    stacked, ``start`` the first new token's position, the same for every layer)."""
+    if cache is None:
+        return None if flags is None else (flags, None)
+    return (flags, Cache(cache.k, cache.v, jnp.full((n_layers,), start, jnp.int32)))
 
 
 def head_policy(policy: str | bool, gather: Any) -> Any:

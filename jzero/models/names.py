@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ["ADAPTERS", "ATTENTION", "AUTO_ATTENTION", "GPT", "KEYS", "LLAMA", "MODELS", "OWN", "A", "B", "is_adapter"]
+from jzero.models.architectures import ARCHITECTURES, DECODERS
 
-# What ``model.name`` may say: jzero's GPT, its Llama, or a model of your own (its ``init_fn`` and
-# ``loss_fn`` from ``model.entry`` or passed to ``jzero.build_job``), of which only the batch's shape
-# is configured.
-MODELS = ("gpt", "llama", "own")
-GPT, LLAMA, OWN = MODELS
+__all__ = [
+    "ADAPTERS", "ATTENTION", "AUTO_ATTENTION", "DECODERS", "GPT", "KEYS", "LLAMA", "MODELS", "OWN", "A", "B", "is_adapter",
+]  # fmt: skip
+
+# What ``model.name`` may say: a row of the architecture table (jzero's GPT, or the decoder of
+# Llama, Qwen, Mistral or Gemma, jzero.models.architectures), or a model of your own (its
+# ``init_fn`` and ``loss_fn`` from ``model.entry`` or passed to ``jzero.build_job``), of which only
+# the batch's shape is configured.
+GPT, LLAMA, OWN = "gpt", "llama", "own"
+MODELS = (*(a.name for a in ARCHITECTURES), OWN)
 
 # The ``model:`` keys each of jzero's models reads; the others must keep their defaults.
-_SHARED = (
-    "vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "remat", "tie_embeddings", "partition_activations", "attention",
-)  # fmt: skip
-KEYS = {
-    GPT: (*_SHARED, "mlp_ratio"),
-    LLAMA: (*_SHARED, "n_kv_heads", "mlp_hidden", "rope_theta", "rope_scaling", "rms_norm_eps"),
-}
+KEYS = {a.name: a.keys for a in ARCHITECTURES}
 
 # How the models attend (``jax.nn.dot_product_attention``'s implementations): ``xla``, any backend,
 # with the [batch, heads, T, T] logits in float32; ``cudnn``, the fused flash kernel, which never

@@ -11,7 +11,8 @@ import dataclasses
 import math
 from typing import Any
 
-from jzero.models.names import LLAMA
+from jzero.models.architectures import architecture
+from jzero.models.names import GPT
 
 __all__ = [
     "SAVED_BY_POLICY",
@@ -29,6 +30,8 @@ __all__ = [
     "gpt_param_count",
     "gpt_saved_per_layer",
     "gpt_saved_role",
+    "head_size",
+    "sliding_layers",
 ]
 
 # What each remat policy keeps of a GPT layer (docs/offload.md, "What a layer saves"): its input,
@@ -59,6 +62,7 @@ class LayerShape:
       kv_heads: key and value heads (fewer than ``n_heads`` with grouped-query attention).
       mlp_hidden: the MLP's hidden units.
       gated: a gated MLP (the Llama's SwiGLU: gate and up projections) rather than one input projection.
+      head_dim: one head's size (None: ``d_model / n_heads``; Gemma's and Qwen3's are set apart).
     """
 
     d_model: int
@@ -66,24 +70,30 @@ class LayerShape:
     kv_heads: int
     mlp_hidden: int
     gated: bool
+    head_dim: int | None = None
+
+    @property
+    def q_width(self) -> int:
+        """The query's (and attention's output) width: ``n_heads`` x ``head_dim``."""
+        return self.d_model if self.head_dim is None else self.n_heads * self.head_dim
 
     @property
     def kv_width(self) -> int:
-        """The key's (and the value's) width: ``d_model`` x ``kv_heads`` / ``n_heads``."""
-        return self.d_model * self.kv_heads // self.n_heads
+        """The key's (and the value's) width: ``kv_heads`` x ``head_dim``."""
+        return self.q_width * self.kv_heads // self.n_heads
 
     @property
     def matmul_params(self) -> int:
-        """q and o (2 d^2), k and v (2 d kv_width), the MLP (2 or, gated, 3 d mlp_hidden)."""
+        """q and o (2 d q_width), k and v (2 d kv_width), the MLP (2 or, gated, 3 d mlp_hidden)."""
         mlp = (3 if self.gated else 2) * self.d_model * self.mlp_hidden
-        return 2 * self.d_model**2 + 2 * self.d_model * self.kv_width + mlp
+        return 2 * self.d_model * self.q_width + 2 * self.d_model * self.kv_width + mlp
 
     def values_per_token(self) -> dict[str, int]:
         """Elements per token of each value a layer can save (:data:`SAVED_BY_POLICY`'s kinds):
         ``mlp_in`` is the MLP's first matmul (both of a gated MLP's), ``attention`` its output."""
-        d, kv = self.d_model, self.kv_width
+        d, q, kv = self.d_model, self.q_width, self.kv_width
         mlp_in = self.mlp_hidden * (2 if self.gated else 1)
-        return {"input": d, "query": d, "key": kv, "value": kv, "attn_out": d, "mlp_in": mlp_in, "attention": d}
+        return {"input": d, "query": q, "key": kv, "value": kv, "attn_out": d, "mlp_in": mlp_in, "attention": q}
 
     def saved_per_token(self, policy: str) -> int:
         """Elements per token one layer saves under a remat policy (cuDNN's attention: its output)."""
@@ -97,8 +107,9 @@ class LayerShape:
 
 
 def layer_shape(m: Any) -> LayerShape:
-    """The :class:`LayerShape` of a ``model:`` section (either model)."""
-    return LayerShape(m.d_model, m.n_heads, kv_heads(m), mlp_units(m), m.name == LLAMA)
+    """The :class:`LayerShape` of a ``model:`` section (any row of the architecture table)."""
+    head_dim = None if m.name == GPT else getattr(m, "head_dim", None)
+    return LayerShape(m.d_model, m.n_heads, kv_heads(m), mlp_units(m), m.name != GPT, head_dim)
 
 
 def matmul_params(m: Any) -> int:
@@ -129,16 +140,35 @@ def gpt_flops_per_token(vocab_size: int, d_model: int, n_layers: int, mlp_ratio:
 
 
 def mlp_units(m: Any) -> int:
-    """The MLP's hidden units: the GPT's ``mlp_ratio`` x ``d_model``; the Llama's ``mlp_hidden``, or
+    """The MLP's hidden units: the GPT's ``mlp_ratio`` x ``d_model``; a decoder's ``mlp_hidden``, or
     Meta's rule without it (8/3 ``d_model`` rounded up to a multiple of 256)."""
-    if m.name != LLAMA:
+    if m.name == GPT:
         return m.mlp_ratio * m.d_model
     return m.mlp_hidden if m.mlp_hidden is not None else 256 * math.ceil(8 * m.d_model / 3 / 256)
 
 
 def kv_heads(m: Any) -> int:
-    """The key and value heads: the Llama's ``n_kv_heads`` (default ``n_heads``); the GPT's ``n_heads``."""
-    return m.n_kv_heads if m.name == LLAMA and m.n_kv_heads is not None else m.n_heads
+    """The key and value heads: a decoder's ``n_kv_heads`` (default ``n_heads``); the GPT's ``n_heads``."""
+    return m.n_kv_heads if m.name != GPT and m.n_kv_heads is not None else m.n_heads
+
+
+def head_size(m: Any) -> int:
+    """One attention head's size: ``head_dim`` where a decoder sets it, else ``d_model / n_heads``."""
+    given = None if m.name == GPT else getattr(m, "head_dim", None)
+    return given if given is not None else m.d_model // m.n_heads
+
+
+def sliding_layers(m: Any) -> tuple[bool, ...]:
+    """Which layers attend to a sliding window (``model.sliding_window``) rather than every earlier
+    position: ``layer_types`` where given, else the row's pattern (``sliding_every``: Gemma's), else
+    every layer once a window is set (Mistral's). All False without a window."""
+    window = None if m.name == GPT else getattr(m, "sliding_window", None)
+    if window is None:
+        return (False,) * m.n_layers
+    if getattr(m, "layer_types", None) is not None:
+        return tuple(kind == "sliding" for kind in m.layer_types)
+    every = architecture(m.name).sliding_every
+    return tuple(bool((i + 1) % every) if every else True for i in range(m.n_layers))
 
 
 def llama_matmul_params(vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, mlp_hidden: int) -> int:
@@ -158,16 +188,27 @@ def llama_param_count(
 
 
 def param_count(m: Any) -> int:
-    """A ``model:`` section's parameter count (the GPT's to its leading terms, the Llama's exactly)."""
-    if m.name == LLAMA:
-        return llama_param_count(m.vocab_size, m.d_model, m.n_layers, m.n_heads, kv_heads(m), mlp_units(m), m.tie_embeddings)
-    return gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
+    """A ``model:`` section's parameter count (the GPT's to its leading terms, a decoder's exactly:
+    its matmul weights, the embedding unless tied, its norms' scales, biases and query/key norms as
+    its row of the architecture table has them)."""
+    if m.name == GPT:
+        return gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
+    arch, layer = architecture(m.name), layer_shape(m)
+    per_layer = (4 if arch.sandwich_norms else 2) * m.d_model
+    per_layer += (layer.q_width + 2 * layer.kv_width) if arch.qkv_bias else 0
+    per_layer += 2 * head_size(m) if arch.qk_norm else 0
+    embedding = 0 if m.tie_embeddings else m.vocab_size * m.d_model
+    return matmul_params(m) + embedding + m.n_layers * per_layer + m.d_model
 
 
 def flops_per_token(m: Any) -> int:
     """Training FLOPs per token of a ``model:`` section's model: 6 N over its matmul weights N plus
-    12 L T d for attention (:func:`gpt_flops_per_token`'s counting)."""
-    return 6 * matmul_params(m) + 12 * m.n_layers * m.seq_len * m.d_model
+    12 T q_width per layer for attention (:func:`gpt_flops_per_token`'s counting: 12 L T d for the
+    GPT), where a sliding layer's query sees ``min(T, sliding_window)`` positions instead of T."""
+    width = layer_shape(m).q_width
+    window = getattr(m, "sliding_window", None) or m.seq_len
+    spans = sum(min(m.seq_len, window) if sliding else m.seq_len for sliding in sliding_layers(m))
+    return 6 * matmul_params(m) + 12 * spans * width
 
 
 def gpt_saved_per_layer(

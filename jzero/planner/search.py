@@ -24,7 +24,7 @@ from jzero.ledger.render import human_bytes
 from jzero.ledger.report import CheckedPlanReport
 from jzero.ledger.targets import Target, target_devices
 from jzero.ledger.timing import Hardware, predict
-from jzero.models.names import GPT, LLAMA
+from jzero.models.names import DECODERS, GPT
 from jzero.planner.candidates import candidates, estimate, estimate_inputs
 from jzero.training.job import Job, build_job
 from jzero.training.report import plan_report
@@ -32,7 +32,7 @@ from jzero.training.report import plan_report
 __all__ = ["YOURS", "Row", "Search", "pareto", "refuse_unfit", "search", "smallest_peak"]
 
 YOURS = "your config"
-BUILT_IN = (GPT, LLAMA)  # the models whose layer shape prices a candidate (jzero.models.sizes.layer_shape)
+BUILT_IN = (GPT, *DECODERS)  # the models whose layer shape prices a candidate (jzero.models.sizes.layer_shape)
 
 
 @dataclasses.dataclass
@@ -122,8 +122,8 @@ def search(
     config = load_config(config_path, sets)
     if config.model.name not in BUILT_IN:
         raise ConfigError(
-            "--search", f"prices the candidates of jzero's own models ({' or '.join(BUILT_IN)}) by their layers' shapes, which a "
-            "model of your own does not give: plan it without --search, with your stage and mesh",
+            "--search", "prices the candidates of jzero's own models (jzero.models.architectures) by their layers' shapes, "
+            "which a model of your own does not give: plan it without --search, with your stage and mesh",
         )  # fmt: skip
     devices = target_devices(target)
     base = build_job(config, devices)

@@ -1,5 +1,5 @@
 """Where a run's state starts: its newest committed checkpoint, ``train.init_from``'s weights (a
-jzero run, an export, plain Flax parameters or a Hugging Face Llama folder), or a fresh init."""
+jzero run, an export, plain Flax parameters or a Hugging Face folder of the decoder's families), or a fresh init."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from jzero.checkpoint.export import load_params, match_params
-from jzero.checkpoint.hf import TOKENIZER, is_hf_folder, placed_params
+from jzero.checkpoint.hf import TOKENIZER, is_hf_folder, model_section, placed_params
 from jzero.checkpoint.meta import RunMeta, changes
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.config.schema import Config
 from jzero.errors import ConfigError
 from jzero.models.lora import is_adapter
-from jzero.models.names import LLAMA
 from jzero.sharding.mesh import mesh_shape
 from jzero.sharding.placement import state_from_params
 from jzero.sharding.state import TrainState
@@ -71,10 +70,11 @@ def init_tokenizer(config: Config) -> Path | None:
 
 
 def _hf_params(job: Job, source: str) -> Any:
-    """A Hugging Face Llama folder's weights, streamed into the plan's shards (:func:`jzero.checkpoint.hf.placed_params`)."""
-    if job.config.model.name != LLAMA:
-        why = "jzero checkpoint import writes a run with its config, or set model.name: llama and its shape"
-        raise ConfigError("train.init_from", f"{source} is a Hugging Face Llama; model.name is {job.config.model.name}: {why}")
+    """A Hugging Face folder's weights, streamed into the plan's shards (:func:`jzero.checkpoint.hf.placed_params`)."""
+    row = model_section(source)["name"]
+    if job.config.model.name != row:
+        why = f"jzero checkpoint import writes a run with its config, or set model.name: {row} and its shape"
+        raise ConfigError("train.init_from", f"{source} is a Hugging Face {row}; model.name is {job.config.model.name}: {why}")
     return placed_params(source, job.plan, _fresh_adapters(job))
 
 

@@ -29,8 +29,8 @@ from jzero.errors import ConfigError, PlanError
 from jzero.lazy import moved_names
 from jzero.ledger import targets
 from jzero.memory.precision import Precision
+from jzero.models.decoder import Decoder
 from jzero.models.gpt import GPT, lm_loss
-from jzero.models.llama import Llama
 from jzero.models.lora import check_targets
 from jzero.models.names import OWN
 from jzero.sharding.axes import check_batch_divides, model_ways
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 InitFn = Callable[[jax.Array], Any]
-Model = GPT | Llama  # jzero's own models (model.name gpt or llama)
+Model = GPT | Decoder  # jzero's own models (a row of jzero.models.architectures)
 # Moved (CHANGELOG.md). own_model, check_options, compile_lowered and compiler_options moved too, and are imported here,
 # so they import from here without a warning.
 __getattr__ = moved_names(__name__, {

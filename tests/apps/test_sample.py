@@ -21,8 +21,8 @@ from jzero.cli.main import main
 from jzero.config.loading import dump_config, load_config
 from jzero.data.tokenizer import BYTES
 from jzero.models.decode import decode_loop, decode_step, prefill
+from jzero.models.decoder import Decoder
 from jzero.models.gpt import GPT
-from jzero.models.llama import Llama
 from jzero.training.job import build_job
 from jzero.training.loop import train
 from jzero.trees import tree_paths
@@ -36,12 +36,23 @@ STEPS = 100
 
 SCALING = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0), ("original_max_position_embeddings", 8),
            ("rope_type", "llama3"))  # fmt: skip
+WINDOW = {"sliding_window": 4, "layer_types": (True, False, True)}
+ROWS = {
+    "qwen2": WINDOW,
+    "qwen3": {"head_dim": 12},
+    "mistral": {"sliding_window": 4, "layer_types": (True, True, True)},
+    "gemma2": {**WINDOW, "head_dim": 12, "attn_scalar": 10.0, "attn_softcap": 1.0, "final_softcap": 2.0},
+    "gemma3": {**WINDOW, "head_dim": 12, "rope_local_theta": 100.0, "rope_scaling": (("factor", 4.0), ("rope_type", "linear"))},
+}
 MODELS = {
     "lm_head": GPT(vocab_size=256, d_model=32, n_layers=2, n_heads=2, seq_len=16, remat="none"),
     "tied": GPT(vocab_size=256, d_model=32, n_layers=2, n_heads=2, seq_len=16, remat="none", tie_embeddings=True),
     # grouped-query attention (4 query heads, 2 key/value heads) and Llama 3's rope scaling
-    "llama": Llama(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=48, seq_len=16,
+    "llama": Decoder(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=48, seq_len=16,
                    rope_scaling=SCALING, remat="none"),  # fmt: skip
+    # every other row with what sets it apart, a window of 4 under the 16 tokens (layers 0 and 2 slide)
+    **{arch: Decoder(arch=arch, vocab_size=256, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=48, seq_len=16,
+                   remat="none", **shape) for arch, shape in ROWS.items()},  # fmt: skip
 }
 
 

@@ -142,16 +142,17 @@ def _rename_tensor(folder):
     (folder / INDEX).write_text(json.dumps(index))
 
 
-MISTRAL = _config(lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral"))
+PHI = _config(lambda c: c.update(architectures=["PhiForCausalLM"], model_type="phi"))
+READ = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM"
 BAD = {
-    "not a llama": (MISTRAL, "architectures: jzero reads LlamaForCausalLM (model_type llama), got ['MistralForCausalLM']"),
+    "another architecture": (PHI, f"architectures: jzero reads {READ}; got ['PhiForCausalLM']"),
     "a missing shard": (lambda f: next(f.glob("model-00002-*.safetensors")).unlink(), f"is missing: {INDEX} lists it"),
-    "an unmapped tensor": (_rename_tensor, "model.layers.0.self_attn.query.weight: maps to no parameter of jzero's Llama"),
+    "an unmapped tensor": (_rename_tensor, "self_attn.query.weight: maps to no parameter of jzero's decoder"),
     "a shape config.json disagrees with": (
         _config(lambda c: c.update(intermediate_size=128)),
         "model.layers.0.mlp.down_proj.weight: has shape [64, 96], config.json gives [64, 128]",
     ),
-    "biases": (_config(lambda c: c.update(attention_bias=True)), "attention_bias: jzero's Llama has false, got true"),
+    "biases": (_config(lambda c: c.update(attention_bias=True)), "attention_bias: jzero's llama has false, got true"),
     "no config": (lambda f: (f / "config.json").unlink(), "is not a folder with a Hugging Face config.json"),
 }
 

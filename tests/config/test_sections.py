@@ -104,7 +104,7 @@ def test_the_job_builds_what_the_section_builds():
         ("model.mlp_hidden=3000000000", "model.mlp_hidden: must be positive and at most 2147483647, got 3000000000"),
         ("model.rope_theta=0", "model.rope_theta: must be positive, got 0"),
         ("model.rms_norm_eps=-1e-5", "model.rms_norm_eps: must be positive, got -1e-05"),
-        ("model.rope_scaling.rope_type=yarn", "model.rope_scaling.rope_type: must be llama3, got 'yarn'"),
+        ("model.rope_scaling.rope_type=yarn", "model.rope_scaling.rope_type: must be llama3 or linear, got 'yarn'"),
         ("model.rope_scaling.factor=0", "model.rope_scaling.factor: must be positive, got 0"),
         ("model.rope_scaling.original_max_position_embeddings=0", "model.rope_scaling.original_max_position_embeddings: must be"),
         ("model.rope_scaling.high_freq_factor=1", "model.rope_scaling.high_freq_factor: must be over low_freq_factor=1.0, got 1"),

@@ -12,8 +12,8 @@ from jzero.checkpoint.hf import HFCheckpoint, model_section, placed_params
 from jzero.cli.main import main
 from jzero.config.loading import load_config
 from jzero.data.tokenizer import load_tokenizer
+from jzero.models.decoder import Decoder
 from jzero.models.layers import rope_frequencies
-from jzero.models.llama import Llama
 from jzero.models.sizes import flops_per_token, param_count
 from jzero.step import activation_rules
 from jzero.training.job import build_job
@@ -45,6 +45,7 @@ def test_the_config_reads_as_jzeros_llama(hf_dir):
     section = model_section(hf_dir)
     assert section == {
         "name": "llama", "vocab_size": 320, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "mlp_hidden": 96,
+        "head_dim": 16,
         "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_embeddings": False, "seq_len": 64,
         "rope_scaling": {"rope_type": "llama3", **{k: v for k, v in SHAPE["rope_scaling"].items() if k != "rope_type"}},
     }  # fmt: skip
@@ -94,7 +95,7 @@ def test_llama3_rope_scaling_divides_only_the_long_wavelengths():
 def test_a_llama_config_builds_jzeros_llama_and_refuses_what_it_does_not_read():
     job = build_job(load_config(None, ["model.name=llama", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
                                        "model.n_kv_heads=2", "model.seq_len=16", "train.global_batch_size=8"]))  # fmt: skip
-    assert isinstance(job.model, Llama) and job.model.mlp_hidden == 256  # Meta's rule: 8/3 x 32 up to 256
+    assert isinstance(job.model, Decoder) and job.model.mlp_hidden == 256  # Meta's rule: 8/3 x 32 up to 256
     kv = next(t for t in job.plan.tensors if t.path == "layers/k_proj/kernel")
     assert kv.shape == (2, 32, 16)  # [layers, d_model, n_kv_heads x head_dim]
 

@@ -57,7 +57,8 @@ def test_the_config_names_the_model_and_its_units(devices, own_model, monkeypatc
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["model.name=mistral"], "model.name: unknown model 'mistral' (known: gpt, llama, own)"),
+        (["model.name=falcon"], "model.name: unknown model 'falcon' (known: gpt, llama, qwen2, qwen3, mistral, gemma2, gemma3, "
+                                "own)"),
         (["model.entry=examples/own_model.py:model_parts"], "model.entry: names a model of your own: only with model.name: own"),
         (["model.name=own", "model.d_model=64"], "model.d_model: is jzero's models'; a model of your own (model.name: own)"),
         (["model.name=own", "model.entry=own_model.model_parts"], "model.entry: must be FILE.py:FUNCTION or MODULE:FUNCTION"),
@@ -96,8 +97,9 @@ def test_search_and_sample_are_for_the_gpt(devices, tmp_path, capsys):
     assert main(["sample", str(run), "--prompt", "def "]) == 2
     assert main(["plan", str(CONFIG), "--search", "--target", "h100x8"]) == 2
     sample_err, search_err = capsys.readouterr().err.strip().splitlines()
-    assert "model.name: " in sample_err and "jzero sample decodes jzero's GPT" in sample_err
-    assert search_err.startswith("jzero: error: --search: prices the candidates of jzero's own models (gpt or llama)")
+    assert "model.name: " in sample_err and "jzero sample decodes jzero's own models" in sample_err
+    own = "jzero's own models (jzero.models.architectures)"
+    assert search_err.startswith(f"jzero: error: --search: prices the candidates of {own}")
     assert "plan it without --search" in search_err
 
 

@@ -1,0 +1,145 @@
+"""Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 through the one decoder, each from a tiny random model
+written by ``transformers`` (PyTorch, sharded safetensors, its own ``tokenizer.json``), as a user
+takes it: imported at stage 3 on ``data: 4, model: 2``, its logits against transformers', greedy
+``jzero sample`` against transformers' ``generate``, exported back bit for bit, and a LoRA
+fine-tune merged into a folder transformers loads with the same logits. (Llama's own tests:
+tests/models/test_llama.py, tests/checkpoint/test_hf.py, tests/models/test_lora.py.)"""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from support.cli import one_line_error, sets
+from support.hf_families import FAMILIES, hf_greedy, hf_logits, write_hf
+from support.hf_llama import write_tokenizer
+from support.reference import MARGIN, ULPS
+
+from jzero.checkpoint.hf import HFCheckpoint, model_section
+from jzero.checkpoint.runs import RunCheckpoints
+from jzero.cli.main import main
+from jzero.config.loading import load_config
+from jzero.config.run_folder import RunDir
+from jzero.data.tokenizer import load_tokenizer
+from jzero.models.architectures import ARCHITECTURES, hf_names
+from jzero.models.config import ModelConfig
+from jzero.models.decoder import Decoder
+from jzero.models.sizes import param_count
+from jzero.step import activation_rules
+from jzero.training.job import build_job
+from jzero.training.loop import train
+
+MESH = ["zero.stage=3", "mesh.axes={data: 4, model: 2}"]
+SMALL = ["train.global_batch_size=8", "data.max_bytes=200000", "model.seq_len=48"]
+TOKENS = np.random.default_rng(0).integers(0, 320, (4, 16))  # longer than every family's window of 6
+PROMPT = "def wrap(text, width):"
+
+
+def _logits(run, step, axes: str) -> np.ndarray:
+    """jzero's logits for TOKENS from a run's step, restored onto the mesh ``axes``."""
+    words = [f"mesh.axes={axes}", f"train.global_batch_size={len(TOKENS)}"]
+    job = build_job(load_config(RunDir(run).config, words), jax.devices()[: 1 if axes == "{data: 1}" else 8])
+    params = RunCheckpoints(run).restore(step, job.abstract_state()).state.params
+    with activation_rules(job.plan):
+        return np.asarray(jax.jit(lambda p, t: job.model.apply({"params": p}, t))(params, jnp.asarray(TOKENS)))
+
+
+def _assert_within_floor(run, step, want: np.ndarray) -> None:
+    """The floor: jzero's one-device logits against the training mesh's (another order of the sums
+    over model shards and batch rows); transformers' within MARGIN times it plus ULPS ulps."""
+    one, mesh = _logits(run, step, "{data: 1}"), _logits(run, step, "{data: 4, model: 2}")
+    floor, gap = float(np.max(np.abs(one - mesh))), float(np.max(np.abs(mesh - want)))
+    assert gap <= MARGIN * floor + ULPS * np.finfo(np.float32).eps * float(np.max(np.abs(want))), (gap, floor)
+
+
+def _tensors(folder) -> dict[str, np.ndarray]:
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_family_imports_samples_exports_and_fine_tunes_as_transformers_computes_it(devices, tmp_path, capsys, family):
+    hf, run, back = write_hf(tmp_path / "hf", family, seed=2, initializer_range=0.2), tmp_path / "run", tmp_path / "back"
+    write_tokenizer(hf, 320)
+    section = model_section(hf)
+    assert section["name"] == family
+    assert param_count(load_config(None, [f"model.{k}={json.dumps(v)}" for k, v in section.items()]).model) == sum(
+        a.size for a in HFCheckpoint(hf).tensors.values()
+    )  # the formula, exactly
+    assert main(["checkpoint", "import", str(hf), "--out", str(run), *sets(*SMALL, *MESH)]) == 0
+    assert "its tokenizer" in capsys.readouterr().out
+    _assert_within_floor(run, 0, hf_logits(hf, TOKENS))
+
+    tokenizer = load_tokenizer(hf / "tokenizer.json")
+    want = hf_greedy(hf, tokenizer.encode(PROMPT), 32, tokenizer.eos_id)
+    assert len(want) >= 8  # a continuation worth comparing, past the window
+    assert main(["sample", str(run), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", "32"]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(want) + "\n"
+
+    assert main(["checkpoint", "export", str(run), "--format", "hf", "--out", str(back)]) == 0
+    assert f"as Hugging Face {FAMILIES[family][0].removesuffix('ForCausalLM')}:" in capsys.readouterr().out
+    original, exported = _tensors(hf), _tensors(back)
+    assert sorted(exported) == sorted(original)
+    for name, value in original.items():
+        np.testing.assert_array_equal(exported[name], value, strict=True, err_msg=name)
+    before, after = (json.loads((folder / "config.json").read_text()) for folder in (hf, back))
+    assert {k: v for k, v in after.items() if k in before} == before  # every key of the original, as it was
+
+    tuned, merged = tmp_path / "tuned", tmp_path / "merged"
+    lora = ["lora.rank=4", "lora.alpha=8", "lora.targets=['q_proj', 'v_proj', 'down_proj']"]
+    steps = ["train.steps=2", "optimizer.learning_rate=0.01", *MESH]
+    config = load_config(RunDir(run).config, [f"run.dir={tuned}", f"train.init_from={hf}", *lora, *steps])
+    assert train(config, progress=False).final_step == 2
+    assert main(["checkpoint", "export", str(tuned), "--format", "hf", "--out", str(merged), "--merge-lora"]) == 0
+    _assert_within_floor(tuned, 2, hf_logits(merged, TOKENS))
+
+
+def test_each_row_reads_keys_of_the_model_section_and_names_its_tensors_once():
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for row in ARCHITECTURES:
+        assert set(row.keys) <= fields, row.name
+        if row.hf_class:
+            names = [name for name, _ in hf_names(row, tied=False).values()]
+            assert len(names) == len(set(names)), row.name  # one jzero path per Hugging Face tensor
+
+
+def test_the_old_llama_names_warn_and_answer_with_the_decoder():
+    import jzero.models.llama as old
+
+    with pytest.warns(DeprecationWarning, match="jzero.models.decoder.Decoder"):
+        assert old.Llama is Decoder
+
+
+def test_a_decoder_config_builds_the_row_it_names():
+    sets_ = ["model.name=gemma3", "model.d_model=32", "model.n_layers=3", "model.n_heads=4", "model.head_dim=12",
+             "model.sliding_window=4", "model.seq_len=16", "train.global_batch_size=8"]  # fmt: skip
+    job = build_job(load_config(None, sets_))
+    assert isinstance(job.model, Decoder) and job.model.arch == "gemma3"
+    assert job.model.layer_types == (True, True, True) and job.model.kinds()[0] == "sliding"  # every 6th is full: none of 3
+    paths = {t.path: t.shape for t in job.plan.tensors}
+    assert paths["layers/q_proj/kernel"] == (3, 32, 48) and paths["layers/q_norm/scale"] == (3, 12)
+    assert "layers/pre_feedforward_layernorm/scale" in paths and "lm_head/kernel" in paths  # untied unless asked
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "relu"}, "hidden_activation: jzero's gemma2 has"),
+        ({"architectures": ["Qwen3ForCausalLM"], "layer_types": ["chunked_attention"] * 2, "use_sliding_window": True},
+         "layer_types: jzero computes full_attention and sliding_attention"),
+        ({"architectures": ["MistralForCausalLM"], "rope_scaling": {"rope_type": "yarn", "factor": 4}},
+         "rope_scaling: jzero reads rope_type llama3 or linear, got 'yarn'"),
+    ],
+    ids=["gemma-relu", "chunked-layers", "yarn"],
+)
+def test_a_config_json_jzero_does_not_compute_is_one_line(devices, tmp_path, capsys, raw, fragment):
+    shape = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**shape, **raw}))
+    one_line_error(capsys, ["checkpoint", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "run")], fragment)
+    assert not (tmp_path / "run").exists()
