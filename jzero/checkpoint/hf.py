@@ -124,7 +124,8 @@ def model_section(folder: str | Path) -> dict[str, Any]:
     raw = {**dict(row.hf_defaults), **raw}
     _check_choices(raw, row, bad)
     section: dict[str, Any] = {"name": row.name}
-    section |= {ours: raw[theirs] for theirs, ours in _KEYS.items() if ours in row.keys and raw.get(theirs) is not None}
+    read = [(theirs, ours) for theirs, ours in _KEYS.items() if ours in row.keys and ours != "sliding_window"]  # _window's
+    section |= {ours: raw[theirs] for theirs, ours in read if raw.get(theirs) is not None}
     section["seq_len"] = min(int(raw.get("max_position_embeddings", MAX_SEQ_LEN)), MAX_SEQ_LEN)
     section |= _window(raw, row, bad)
     if raw.get("rope_scaling") and raw["rope_scaling"].get("rope_type", raw["rope_scaling"].get("type")) != "default":

@@ -23,10 +23,12 @@ _WINDOW = ("sliding_window", "layer_types")
 _GEMMA = (*_WINDOW, "attn_scalar", "attn_softcap", "final_softcap")
 # transformers' defaults (4.57's config classes) for the keys jzero reads
 _HF_LLAMA = (("rope_theta", 10_000.0), ("rms_norm_eps", 1e-6), ("tie_word_embeddings", False))
-_HF_QWEN = (*_HF_LLAMA, ("use_sliding_window", False), ("sliding_window", 4096), ("max_window_layers", 28))
+_HF_QWEN = (
+    *_HF_LLAMA, ("num_key_value_heads", 32), ("use_sliding_window", False), ("sliding_window", 4096), ("max_window_layers", 28),
+)  # fmt: skip
 _HF_GEMMA = (
-    ("head_dim", 256), ("rope_theta", 10_000.0), ("rms_norm_eps", 1e-6), ("tie_word_embeddings", True),
-    ("query_pre_attn_scalar", 256), ("sliding_window", 4096),
+    ("num_key_value_heads", 4), ("head_dim", 256), ("rope_theta", 10_000.0), ("rms_norm_eps", 1e-6),
+    ("tie_word_embeddings", True), ("query_pre_attn_scalar", 256), ("sliding_window", 4096),
 )  # fmt: skip
 
 
@@ -84,7 +86,7 @@ ARCHITECTURES = (
     ),  # fmt: skip
     Architecture(
         "mistral", "MistralForCausalLM", ("mistral",), (*_DECODER_KEYS, "sliding_window"),
-        hf_defaults=(*_HF_LLAMA, ("sliding_window", 4096)),
+        hf_defaults=(*_HF_LLAMA, ("num_key_value_heads", 8), ("sliding_window", 4096)),
     ),  # fmt: skip
     Architecture(
         "gemma2", "Gemma2ForCausalLM", ("gemma2",), (*_DECODER_KEYS, *_GEMMA),

@@ -27,7 +27,7 @@ from jzero.data.tokenizer import load_tokenizer
 from jzero.models.architectures import ARCHITECTURES, hf_names
 from jzero.models.config import ModelConfig
 from jzero.models.decoder import Decoder
-from jzero.models.sizes import param_count
+from jzero.models.sizes import head_size, kv_heads, param_count, sliding_layers
 from jzero.step import activation_rules
 from jzero.training.job import build_job
 from jzero.training.loop import train
@@ -143,3 +143,42 @@ def test_a_config_json_jzero_does_not_compute_is_one_line(devices, tmp_path, cap
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**shape, **raw}))
     one_line_error(capsys, ["checkpoint", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "run")], fragment)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "family, raw",
+    [
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2}),
+        ("qwen3", {}),
+        ("mistral", {}),
+        ("gemma2", {}),
+        ("gemma3", {"sliding_window_pattern": 3}),
+        ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    ],
+    ids=["qwen2-max-window-layers", "qwen3", "mistral", "gemma2", "gemma3-pattern", "gemma3"],
+)
+def test_keys_config_json_leaves_out_read_as_transformers_config_class_reads_them(tmp_path, family, raw):
+    """A config.json with only the sizes (and ``raw``): the section jzero reads holds what the
+    family's own transformers config class makes of it (its defaults, its layer pattern)."""
+    import transformers
+
+    name, _ = FAMILIES[family]
+    # 32 heads: Qwen's default of 32 key and value heads must divide them
+    shape = {"architectures": [name], "vocab_size": 320, "hidden_size": 256, "intermediate_size": 96, "num_hidden_layers": 7,
+             "num_attention_heads": 32, **raw}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    model = load_config(None, [f"model.{k}={json.dumps(v)}" for k, v in model_section(tmp_path).items()]).model
+    hf = getattr(transformers, name).config_class(**shape)
+    kinds = getattr(hf, "layer_types", None) or ["sliding_attention" if hf.sliding_window else "full_attention"] * 7
+    assert sliding_layers(model) == tuple(kind == "sliding_attention" for kind in kinds)
+    assert head_size(model) == (getattr(hf, "head_dim", None) or 256 // 32)
+    assert kv_heads(model) == hf.num_key_value_heads
+    assert (model.rope_theta, model.rms_norm_eps) == (hf.rope_theta, hf.rms_norm_eps)
+    assert model.tie_embeddings == hf.tie_word_embeddings
+    if family.startswith("gemma"):
+        assert (model.attn_scalar, model.attn_softcap, model.final_softcap) == (
+            hf.query_pre_attn_scalar, hf.attn_logit_softcapping, hf.final_logit_softcapping
+        )  # fmt: skip
+    if family == "gemma3":
+        assert model.rope_local_theta == hf.rope_local_base_freq
+        assert (model.rope_scaling.factor if model.rope_scaling else None) == (hf.rope_scaling or {}).get("factor")
