@@ -17,6 +17,7 @@ from jzero.ledger.memory import CompiledHost
 from jzero.ledger.saved import Activations
 from jzero.ledger.timing import Hardware, Prediction, StepCost, Transfer, predict
 from jzero.ledger.traffic import hbm_bytes
+from jzero.models.sizes import attention_flops_per_token
 
 __all__ = ["COUNTER_TOLERANCE", "StepParts", "counter_error", "predicted", "step_cost", "transfers"]
 
@@ -117,9 +118,9 @@ def counter_error(counted: MatmulFlops, model_flops: float, attention_share: flo
 
 
 def _attention_share(inputs: ReportInputs) -> float:
-    """Attention's 12 L T d of the model's FLOPs per token."""
-    m, per_token = inputs.model, inputs.flops_per_token
-    return min(1.0, 12 * m.n_layers * m.seq_len * m.d_model / per_token) if per_token else 0.0
+    """Attention's share of the model's FLOPs per token (:func:`jzero.models.sizes.attention_flops_per_token`)."""
+    per_token = inputs.flops_per_token
+    return min(1.0, attention_flops_per_token(inputs.model) / per_token) if per_token else 0.0
 
 
 def _hosts(inputs: ReportInputs) -> list[int]:

@@ -12,17 +12,16 @@ import math
 from typing import Any
 
 from jzero.models.architectures import architecture
-from jzero.models.names import GPT
+from jzero.models.names import DECODERS
 
 __all__ = [
     "SAVED_BY_POLICY",
     "LayerShape",
+    "attention_flops_per_token",
     "layer_shape",
     "matmul_params",
     "flops_per_token",
     "kv_heads",
-    "llama_matmul_params",
-    "llama_param_count",
     "mlp_units",
     "param_count",
     "gpt_flops_per_token",
@@ -108,8 +107,8 @@ class LayerShape:
 
 def layer_shape(m: Any) -> LayerShape:
     """The :class:`LayerShape` of a ``model:`` section (any row of the architecture table)."""
-    head_dim = None if m.name == GPT else getattr(m, "head_dim", None)
-    return LayerShape(m.d_model, m.n_heads, kv_heads(m), mlp_units(m), m.name != GPT, head_dim)
+    head_dim = getattr(m, "head_dim", None) if m.name in DECODERS else None
+    return LayerShape(m.d_model, m.n_heads, kv_heads(m), mlp_units(m), m.name in DECODERS, head_dim)
 
 
 def matmul_params(m: Any) -> int:
@@ -142,19 +141,19 @@ def gpt_flops_per_token(vocab_size: int, d_model: int, n_layers: int, mlp_ratio:
 def mlp_units(m: Any) -> int:
     """The MLP's hidden units: the GPT's ``mlp_ratio`` x ``d_model``; a decoder's ``mlp_hidden``, or
     Meta's rule without it (8/3 ``d_model`` rounded up to a multiple of 256)."""
-    if m.name == GPT:
+    if m.name not in DECODERS:
         return m.mlp_ratio * m.d_model
     return m.mlp_hidden if m.mlp_hidden is not None else 256 * math.ceil(8 * m.d_model / 3 / 256)
 
 
 def kv_heads(m: Any) -> int:
     """The key and value heads: a decoder's ``n_kv_heads`` (default ``n_heads``); the GPT's ``n_heads``."""
-    return m.n_kv_heads if m.name != GPT and m.n_kv_heads is not None else m.n_heads
+    return m.n_kv_heads if m.name in DECODERS and m.n_kv_heads is not None else m.n_heads
 
 
 def head_size(m: Any) -> int:
     """One attention head's size: ``head_dim`` where a decoder sets it, else ``d_model / n_heads``."""
-    given = None if m.name == GPT else getattr(m, "head_dim", None)
+    given = getattr(m, "head_dim", None) if m.name in DECODERS else None
     return given if given is not None else m.d_model // m.n_heads
 
 
@@ -162,7 +161,7 @@ def sliding_layers(m: Any) -> tuple[bool, ...]:
     """Which layers attend to a sliding window (``model.sliding_window``) rather than every earlier
     position: ``layer_types`` where given, else the row's pattern (``sliding_every``: Gemma's), else
     every layer once a window is set (Mistral's). All False without a window."""
-    window = None if m.name == GPT else getattr(m, "sliding_window", None)
+    window = getattr(m, "sliding_window", None) if m.name in DECODERS else None
     if window is None:
         return (False,) * m.n_layers
     if getattr(m, "layer_types", None) is not None:
@@ -171,27 +170,11 @@ def sliding_layers(m: Any) -> tuple[bool, ...]:
     return tuple(bool((i + 1) % every) if every else True for i in range(m.n_layers))
 
 
-def llama_matmul_params(vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, mlp_hidden: int) -> int:
-    """The Llama's weights every token multiplies by (:func:`matmul_params`): per layer q and o
-    (2 d^2), k and v (2 d^2 n_kv_heads / n_heads) and the SwiGLU MLP (3 d mlp_hidden), then the LM head (V d)."""
-    layer = LayerShape(d_model, n_heads, n_kv_heads, mlp_hidden, gated=True)
-    return n_layers * layer.matmul_params + vocab_size * d_model
-
-
-def llama_param_count(
-    vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, mlp_hidden: int, tied: bool
-) -> int:
-    """The Llama's parameter count, exactly: the matmul weights, the token embedding (unless the
-    head is tied to it) and the RMSNorm scales (two per layer and a final one)."""
-    matmuls = llama_matmul_params(vocab_size, d_model, n_layers, n_heads, n_kv_heads, mlp_hidden)
-    return matmuls + (0 if tied else vocab_size * d_model) + (2 * n_layers + 1) * d_model
-
-
 def param_count(m: Any) -> int:
     """A ``model:`` section's parameter count (the GPT's to its leading terms, a decoder's exactly:
     its matmul weights, the embedding unless tied, its norms' scales, biases and query/key norms as
     its row of the architecture table has them)."""
-    if m.name == GPT:
+    if m.name not in DECODERS:
         return gpt_param_count(m.vocab_size, m.d_model, m.n_layers, m.mlp_ratio)
     arch, layer = architecture(m.name), layer_shape(m)
     per_layer = (4 if arch.sandwich_norms else 2) * m.d_model
@@ -203,12 +186,18 @@ def param_count(m: Any) -> int:
 
 def flops_per_token(m: Any) -> int:
     """Training FLOPs per token of a ``model:`` section's model: 6 N over its matmul weights N plus
-    12 T q_width per layer for attention (:func:`gpt_flops_per_token`'s counting: 12 L T d for the
-    GPT), where a sliding layer's query sees ``min(T, sliding_window)`` positions instead of T."""
+    attention's (:func:`attention_flops_per_token`)."""
+    return 6 * matmul_params(m) + attention_flops_per_token(m)
+
+
+def attention_flops_per_token(m: Any) -> int:
+    """Attention's training FLOPs per token: 12 T q_width per layer (:func:`gpt_flops_per_token`'s
+    counting, 12 L T d for the GPT: scores and weighted values, forward and backward), where a
+    sliding layer's query sees ``min(T, sliding_window)`` positions instead of T."""
     width = layer_shape(m).q_width
-    window = getattr(m, "sliding_window", None) or m.seq_len
+    window = (getattr(m, "sliding_window", None) if m.name in DECODERS else None) or m.seq_len
     spans = sum(min(m.seq_len, window) if sliding else m.seq_len for sliding in sliding_layers(m))
-    return 6 * matmul_params(m) + 12 * spans * width
+    return 12 * spans * width
 
 
 def gpt_saved_per_layer(

@@ -22,7 +22,7 @@ from jzero.lazy import moved_names
 from jzero.ledger.targets import Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.memory.remat import REMAT_POLICIES, offloads
-from jzero.models.sizes import LayerShape, layer_shape
+from jzero.models.sizes import LayerShape, attention_flops_per_token, layer_shape
 from jzero.sharding.axes import DATA, MODEL, REPLICA
 from jzero.sharding.plan import Plan
 from jzero.sharding.stages import QUANTIZED_WEIGHTS, STAGES, StageCollective, ZeroOptions, per_device_parts, stage_rule
@@ -92,6 +92,7 @@ class EstimateInputs:
     layer: LayerShape  # what each layer multiplies by and saves (jzero.models.sizes, either model)
     seq_len: int
     flops_per_token: float
+    attention_flops: float  # per token (jzero.models.sizes.attention_flops_per_token)
 
     @property
     def d_model(self) -> int:
@@ -179,7 +180,7 @@ def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, St
 def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: dict[str, float]) -> StepCost:
     m = c.axis_sizes[0]
     matmul = f.n_layers * f.layer.matmul_params
-    attention = f.n_layers * f.seq_len * f.d_model
+    attention = f.attention_flops / 12  # the scores' and weighted values' multiply-adds, forward
     model_flops = f.flops_per_token * c.global_batch_size * f.seq_len / target.count
     recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
     transfers = [_transfer(c, f, each, target) for each in c.zero.rule.collectives]
@@ -229,5 +230,5 @@ def estimate_inputs(plan: Plan, config: Config, flops_per_token: float, compute_
     mc = config.model
     return EstimateInputs(
         plan.num_params, params, params, optimizer, compute_itemsize, mc.vocab_size, mc.n_layers, layer_shape(mc),
-        mc.seq_len, flops_per_token,
+        mc.seq_len, flops_per_token, attention_flops_per_token(mc),
     )  # fmt: skip

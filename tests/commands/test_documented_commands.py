@@ -26,12 +26,13 @@ import sysconfig
 from pathlib import Path
 
 from support.commands import ROOT, Session, expected_status, user_env
+from support.hf_families import write_hf
 from support.hf_llama import write_hf_llama, write_tokenizer
 from support.xla import compile_flags
 from test_doc_outputs import all_blocks
 
 PAGES = ("README.md", "docs/llama.md", "docs/lora.md", "docs/sampling.md", "docs/checkpoints.md", "docs/data.md",
-         "docs/own-loop.md")  # fmt: skip
+         "docs/own-loop.md", "docs/families.md")  # fmt: skip
 SHORT = " --set train.steps=2"  # a training run's only change: two steps, not hundreds
 ANY = r"(?s)."  # a sample of a model trained two steps: any text, but some
 
@@ -79,6 +80,21 @@ LORA = [
          prints=r"LoRA's adapters: 16 tensors in PEFT's layout in exported/with-adapters/lora"),
 ]  # fmt: skip
 
+# docs/families.md: a Qwen2 (tests/support/hf_families.py's) from import at stage 3 with tensor
+# parallelism to LoRA adapters in PEFT's layout.
+FAMILY = [
+    Step("jzero checkpoint import ~/models/Qwen2.5-0.5B --out runs/qwen --set zero.stage=3 --set mesh.axes.data=4 "
+         "--set mesh.axes.model=2", prints=r"at stage 3 on data=4 x model=2, its tokenizer"),
+    Step("jzero data prepare 'corpus/*.jsonl' --tokenizer ~/models/Qwen2.5-0.5B --out data/qwen-tokens",
+         prints=r"vocabulary 320, uint16"),
+    Step("jzero train runs/qwen/config.yaml --set run.dir=runs/qwen-lora --set data.tokens=data/qwen-tokens "
+         "--set lora.rank=16 --set \"lora.targets=['q_proj','k_proj','v_proj','o_proj']\"", SHORT,
+         prints=r"trained steps 0 -> 2: .*; run dir runs/qwen-lora"),
+    Step('jzero sample runs/qwen-lora --prompt "def wrap(text, width):" --max-tokens 32 --temperature 0', prints=ANY),
+    Step("jzero checkpoint export runs/qwen-lora --format hf --out exported/qwen-lora",
+         prints=r"as Hugging Face Qwen2: .*\nLoRA's adapters: 24 tensors in PEFT's layout in exported/qwen-lora/lora"),
+]  # fmt: skip
+
 # docs/own-loop.md: your own model from the command line (model.entry).
 OWN = [Step("jzero train configs/own-model.yaml", SHORT, prints=r"trained steps 0 -> 2: .*; run dir runs/own-model")]
 
@@ -112,7 +128,7 @@ ELSEWHERE = {
         "a stored block of docs/sampling.md, after the page's 1,000-step run; .ci/run samples that run",
 }  # fmt: skip
 
-SCENARIOS = {"LLAMA": LLAMA, "LORA": LORA, "OWN": OWN}
+SCENARIOS = {"LLAMA": LLAMA, "LORA": LORA, "FAMILY": FAMILY, "OWN": OWN}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,13 +237,17 @@ def test_the_llama_and_lora_pages_from_import_to_export(tmp_path, user_cache):
     _lora_page(_session(tmp_path / "lora", user_cache), hf_llama)
 
 
-def _llama_page(session: Session, hf_llama: Path) -> None:
-    _home_model(session, hf_llama)
+def _corpus(session: Session) -> None:
     corpus = session.folder / "corpus"
     corpus.mkdir()
     for name in ("textwrap.py", "shlex.py"):  # documents of JSON lines: a user's corpus/*.jsonl
         text = (Path(sysconfig.get_paths()["stdlib"]) / name).read_text()
         (corpus / f"{Path(name).stem}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in text.split("\n\n")))
+
+
+def _llama_page(session: Session, hf_llama: Path) -> None:
+    _home_model(session, hf_llama)
+    _corpus(session)
     _run(session, LLAMA[:3])
     # "a config of yours": the import's, writing its own run folder
     config = (session.folder / "runs/llama-8b/config.yaml").read_text()
@@ -243,6 +263,17 @@ def _lora_page(session: Session, hf_llama: Path) -> None:
     adapters = session.folder / "exported/with-adapters/lora"
     assert json.loads((adapters / "adapter_config.json").read_text())["r"] == 16
     assert not (session.folder / "exported/merged/lora").exists()
+
+
+def test_the_families_page_from_a_qwen_import_to_peft_adapters(tmp_path, user_cache):
+    session = _session(tmp_path, user_cache)
+    home = Path(session.env["HOME"]) / "models" / "Qwen2.5-0.5B"
+    write_hf(home, "qwen2")
+    write_tokenizer(home, 320)
+    _corpus(session)
+    _run(session, FAMILY)
+    config = json.loads((session.folder / "exported/qwen-lora/lora/adapter_config.json").read_text())
+    assert (config["r"], config["target_modules"]) == (16, ["k_proj", "o_proj", "q_proj", "v_proj"])
 
 
 def test_your_own_model_from_the_command_line(tmp_path, user_cache):

@@ -2,7 +2,8 @@
 written by ``transformers`` (PyTorch, sharded safetensors, its own ``tokenizer.json``), as a user
 takes it: imported at stage 3 on ``data: 4, model: 2``, its logits against transformers', greedy
 ``jzero sample`` against transformers' ``generate``, exported back bit for bit, and a LoRA
-fine-tune merged into a folder transformers loads with the same logits. (Llama's own tests:
+fine-tune merged into a folder transformers loads with the same logits, or left apart as adapters
+that PEFT loads onto the exported weights with the same logits again. (Llama's own tests:
 tests/models/test_llama.py, tests/checkpoint/test_hf.py, tests/models/test_lora.py.)"""
 
 import dataclasses
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from support.cli import one_line_error, sets
-from support.hf_families import FAMILIES, hf_greedy, hf_logits, write_hf
+from support.hf_families import FAMILIES, hf_greedy, hf_logits, peft_logits, write_hf
 from support.hf_llama import write_tokenizer
 from support.reference import MARGIN, ULPS
 
@@ -90,13 +91,15 @@ def test_a_family_imports_samples_exports_and_fine_tunes_as_transformers_compute
     before, after = (json.loads((folder / "config.json").read_text()) for folder in (hf, back))
     assert {k: v for k, v in after.items() if k in before} == before  # every key of the original, as it was
 
-    tuned, merged = tmp_path / "tuned", tmp_path / "merged"
+    tuned, merged, apart = tmp_path / "tuned", tmp_path / "merged", tmp_path / "apart"
     lora = ["lora.rank=4", "lora.alpha=8", "lora.targets=['q_proj', 'v_proj', 'down_proj']"]
     steps = ["train.steps=2", "optimizer.learning_rate=0.01", *MESH]
     config = load_config(RunDir(run).config, [f"run.dir={tuned}", f"train.init_from={hf}", *lora, *steps])
     assert train(config, progress=False).final_step == 2
     assert main(["checkpoint", "export", str(tuned), "--format", "hf", "--out", str(merged), "--merge-lora"]) == 0
     _assert_within_floor(tuned, 2, hf_logits(merged, TOKENS))
+    assert main(["checkpoint", "export", str(tuned), "--format", "hf", "--out", str(apart)]) == 0
+    _assert_within_floor(tuned, 2, peft_logits(apart, apart / "lora", TOKENS))  # PEFT's own loader
 
 
 def test_each_row_reads_keys_of_the_model_section_and_names_its_tensors_once():
@@ -150,12 +153,13 @@ def test_a_config_json_jzero_does_not_compute_is_one_line(devices, tmp_path, cap
     [
         ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2}),
         ("qwen3", {}),
+        ("qwen3", {"use_sliding_window": False, "sliding_window": 6, "max_window_layers": 2}),  # Qwen2.5's: no window
         ("mistral", {}),
         ("gemma2", {}),
         ("gemma3", {"sliding_window_pattern": 3}),
         ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
     ],
-    ids=["qwen2-max-window-layers", "qwen3", "mistral", "gemma2", "gemma3-pattern", "gemma3"],
+    ids=["qwen2-max-window-layers", "qwen3", "qwen3-window-off", "mistral", "gemma2", "gemma3-pattern", "gemma3"],
 )
 def test_keys_config_json_leaves_out_read_as_transformers_config_class_reads_them(tmp_path, family, raw):
     """A config.json with only the sizes (and ``raw``): the section jzero reads holds what the

@@ -63,6 +63,17 @@ def hf_logits(folder: Path, tokens: np.ndarray) -> np.ndarray:
         return _model(folder)(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
 
 
+def peft_logits(base: Path, adapters: Path, tokens: np.ndarray) -> np.ndarray:
+    """The logits of ``base`` with PEFT's ``PeftModel.from_pretrained(model, adapters)``: what a user
+    of PEFT gets from jzero's unmerged LoRA export."""
+    import torch
+    from peft import PeftModel
+
+    with torch.no_grad():
+        model = PeftModel.from_pretrained(_model(base), adapters).eval()
+        return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+
+
 def hf_greedy(folder: Path, prompt: list[int], tokens: int, eos_id: int) -> list[int]:
     """``transformers``' greedy ``generate``: up to ``tokens`` ids after ``prompt``, up to ``eos_id`` (left out)."""
     import torch
