@@ -27,6 +27,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SNIPPETS = {
     "README.md": ("test_readme_own_loop_and_its_checkpoints", 3),
     "docs/checkpoints.md": ("test_checkpoints_page_plain_orbax", 1),
+    "docs/families.md": ("test_families_page_peft_loads_the_unmerged_export", 1),
     "docs/own-loop.md": ("test_own_model_page_example_resume_and_own_loop", 5),
     "docs/sampling.md": ("test_sampling_page_sample_and_decode_loop", 2),
 }
@@ -141,6 +142,32 @@ def test_sampling_page_sample_and_decode_loop(devices, tmp_path, monkeypatch):
                  "key": jax.random.key(0)}  # fmt: skip
     exec(own_model, namespace)
     assert int(namespace["count"]) == 50 and namespace["tokens"][0, :3].tolist() == [63, 0, 1]
+
+
+def test_families_page_peft_loads_the_unmerged_export(devices, tmp_path, monkeypatch):
+    """The page's PEFT snippet on a Qwen2 export at the path it names (the tests' tiny Qwen2, two LoRA
+    steps): the adapters are PEFT's, and they change the base model's logits."""
+    import torch
+    from support.cli import sets
+    from support.hf_families import hf_logits, write_hf
+
+    from jzero.cli.main import main
+
+    (snippet,) = python_blocks("docs/families.md")
+    monkeypatch.chdir(tmp_path)
+    hf = write_hf(tmp_path / "qwen", "qwen2", seed=2, initializer_range=0.2)
+    lora = ["lora.rank=4", "lora.targets=['q_proj', 'v_proj']", "train.steps=2", "optimizer.learning_rate=0.05"]
+    small = ["train.global_batch_size=8", "data.max_bytes=200000", "model.seq_len=16", "run.dir=runs/qwen-lora", *lora]
+    assert main(["checkpoint", "import", str(hf), "--out", "runs/qwen", *sets(*small[:3])]) == 0
+    assert main(["train", "runs/qwen/config.yaml", *sets(*small)]) == 0
+    assert main(["checkpoint", "export", "runs/qwen-lora", "--format", "hf", "--out", "exported/qwen-lora"]) == 0
+    namespace = {}
+    exec(snippet, namespace)
+    tokens = np.random.default_rng(0).integers(0, 320, (2, 16))
+    with torch.no_grad():
+        tuned = namespace["model"](torch.as_tensor(tokens)).logits.float().numpy()
+    assert type(namespace["model"]).__name__ == "PeftModelForCausalLM"
+    assert np.abs(tuned - hf_logits(hf, tokens)).max() > 1e-3  # the adapters act on the base weights
 
 
 # The own-model page's example at the tests' size: 16-token windows, 20 steps then 10 more.
