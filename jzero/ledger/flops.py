@@ -10,8 +10,10 @@ config's ``dot_dimension_numbers``. A loop without XLA's ``known_trip_count`` ge
 from its condition's compare of the counter against a constant; where that fails it counts once
 and is named in ``unknown_loops``, never silently. cuDNN's
 fused attention counts its matmuls from its operands' shapes (``[B, T, N, H]``): two in the
-forward, five in the backward (the scores are recomputed), half of each when the mask is causal
-(the kernel skips the masked blocks). Elementwise work is not counted: its time is the HBM term's.
+forward, five in the backward (the scores are recomputed), over the keys each query sees: half of
+them when the mask is causal (the kernel skips the masked blocks), ``W`` at most with a sliding
+window of ``W`` (its backend config's ``sliding_window_length``). Elementwise work is not counted:
+its time is the HBM term's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from jzero.ledger.gathered import _operands
 from jzero.ledger.hlo_text import _BRANCHES, _callees, _ComputationSum, _Instruction, _leaves, trip_count
 from jzero.records import record
 
-__all__ = ["MatmulFlops", "flops_between", "matmul_flops", "program_flops"]
+__all__ = ["MatmulFlops", "flops_between", "fused_attention_windows", "matmul_flops", "program_flops"]
 
 
 @record
@@ -77,8 +79,37 @@ def _attention(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]])
     if matmuls is None or None in operands or len(operands[0][1]) != 4:
         return 0
     (b, t, n, h), s = operands[0][1], operands[1][1][1]
-    causal = 0.5 if "CAUSAL" in ins.line.upper() else 1.0
-    return int(matmuls * 2 * b * n * t * s * h * causal)
+    return int(matmuls * 2 * b * n * h * _keys_seen(t, s, "CAUSAL" in ins.line.upper(), _window(ins.line)))
+
+
+_WINDOW = re.compile(r'"sliding_window_length"\s*:\s*"?(?P<w>\d+)')
+
+
+def _window(line: str) -> int:
+    """A cuDNN attention call's sliding window (0: none)."""
+    match = _WINDOW.search(line)
+    return int(match["w"]) if match else 0
+
+
+def _keys_seen(queries: int, keys: int, causal: bool, window: int) -> float:
+    """The query-key pairs attention computes: all, half when causal, and under a window of ``w``
+    about ``w`` per query (``t w - w^2 / 2``: the first ``w`` queries see fewer)."""
+    if window and window < keys:
+        return queries * window - window * window / 2
+    return queries * keys * (0.5 if causal else 1.0)
+
+
+def fused_attention_windows(hlo_text: str) -> dict[str, int]:
+    """cuDNN's fused attention calls in a compiled program (forward and backward), counted by their
+    sliding window's length as text (``"0"``: none, every earlier position); empty where the
+    program has none (XLA's attention, a CPU program)."""
+    found: dict[str, int] = {}
+    for line in hlo_text.splitlines():
+        target = _TARGET.search(line)
+        if target and target["target"] in _ATTENTION_MATMULS:
+            key = str(_window(line))
+            found[key] = found.get(key, 0) + 1
+    return found
 
 
 def _gemm(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]]) -> int:

@@ -21,7 +21,7 @@ from jzero.dtypes import array_bytes
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.collectives import async_collectives, collective_kinds
-from jzero.ledger.flops import ModelFlops
+from jzero.ledger.flops import ModelFlops, fused_attention_windows
 from jzero.ledger.gathered import Gathered
 from jzero.ledger.gathered import gathered_at_once as at_once
 from jzero.ledger.inputs import ReportInputs
@@ -137,6 +137,7 @@ def plan_report(inputs: ReportInputs, compiled: Any, hardware: Hardware | None =
         quantization=quantization(plan, ops),
         gradient_quantization=gradient_quantization(plan, ops),
         attention=inputs.attention,
+        attention_windows=fused_attention_windows(hlo) or None,
         hierarchical=hierarchical(plan, inputs.precision, hlo),
         compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in inputs.xla_options.items()}),
     )

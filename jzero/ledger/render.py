@@ -285,6 +285,10 @@ def _host_lines(report: PlanReport) -> list[str]:
         lines += _saved_kind_lines(a)
     if report.attention:
         lines.append(f"attention: {report.attention} (jax.nn.dot_product_attention, model.attention)")
+    if report.attention_windows:
+        windows = sorted(report.attention_windows.items())
+        calls = ", ".join(f"{'no window' if w == '0' else f'a window of {w}'}: {n}" for w, n in windows)
+        lines.append(f"  cuDNN's fused calls (forward and backward) by sliding window: {calls}")
     return lines
 
 

@@ -143,6 +143,8 @@ class PlanReport:
       attention: the attention implementation; None for a model of yours.
       hierarchical: hpZ's part; None without it.
       compiler: the XLA options.
+      attention_windows: cuDNN's fused attention calls in the program (forward and backward), by
+        their sliding window's length (``"0"``: none); left out where the program has none.
     """
 
     devices: int
@@ -180,6 +182,7 @@ class PlanReport:
     attention: str | None
     hierarchical: Hierarchical | None
     compiler: Compiler
+    attention_windows: dict[str, int] | None = omit_if_none()
 
 
 @record

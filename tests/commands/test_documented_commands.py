@@ -124,6 +124,10 @@ ELSEWHERE = {
        "a stored block of docs/llama.md: a GPU target's compile of a 8B or 70B model; tests/ledger/ compiles GPU targets"
        for words in ("configs/llama3-8b.yaml --target h100x8",
                      "configs/llama3.1-70b.yaml --target h100x64 --set train.global_batch_size=64")},
+    "jzero plan configs/gpt-tiny.yaml --target h100x8 --set model.name=mistral --set model.d_model=512 --set model.n_layers=2 "
+    "--set model.n_heads=8 --set model.n_kv_heads=4 --set model.seq_len=1024 --set model.sliding_window=256 "
+    "--set precision.compute_dtype=bfloat16 --set train.global_batch_size=8 2>&1 | grep -E '^attention|cuDNN'":
+        "a stored block of docs/families.md: a GPU target's compile; tests/models/test_attention.py compiles one",
     "jzero sample runs/gpt-tiny --prompt \"def \" 2>&1 | grep '^jzero: note'":
         "a stored block of docs/sampling.md, after the page's 1,000-step run; .ci/run samples that run",
 }  # fmt: skip

@@ -85,3 +85,30 @@ def test_each_attention_setting_resolves_for_the_devices_and_the_compute_dtype(h
         attention_for("cudnn", h100x8, fp32)
     with pytest.raises(ConfigError, match=r"^model\.attention: cudnn: needs GPUs"):
         attention_for("cudnn", cpus, bf16)
+
+
+def test_sliding_windows_go_to_cudnns_kernel_on_a_gpu_target(h100x8):  # noqa: F811
+    """A Gemma 3 row in bf16 on h100x8, a window of 16 under 64 positions on layers 0 and 2 of 3: each
+    kind of layer compiles to cuDNN's fused attention with its own window (the layers' scan takes a
+    branch per kind), no f32 [.., T, T] buffer, and the plan report counts the calls by window. With
+    every layer sliding, the FLOP counter counts attention over the keys each query sees: fewer
+    than under a window as long as the sequence."""
+    from jzero.ledger.flops import matmul_flops
+    from jzero.ledger.render import format_plan
+    from jzero.training.report import plan_report
+
+    row = ["model.name=gemma3", "model.d_model=64", "model.n_layers=3", "model.n_heads=4", "model.n_kv_heads=2",
+           "model.head_dim=16", "model.mlp_hidden=128", f"model.seq_len={LENGTH}"]  # fmt: skip
+    base = ["zero.stage=3", *BF16, "mesh.axes.data=8", *row]
+    mixed = build_job(tiny_config(*base, "model.sliding_window=16", "model.layer_types=[sliding, full, sliding]"), h100x8)
+    report = plan_report(mixed)
+    assert report.attention == "cudnn" and set(report.attention_windows) == {"0", "16"}
+    calls = ", ".join(f"{w}: {report.attention_windows[k]}" for w, k in (("no window", "0"), ("a window of 16", "16")))
+    assert f"  cuDNN's fused calls (forward and backward) by sliding window: {calls}" in format_plan(report).splitlines()
+    assert not _logits_buffers(mixed.compile_step()[1].as_text(), LENGTH)
+    sliding = "model.layer_types=[sliding, sliding, sliding]"
+    windowed, whole = (
+        matmul_flops(build_job(tiny_config(*base, f"model.sliding_window={w}", sliding), h100x8).compile_step()[1].as_text())
+        for w in (16, LENGTH)
+    )
+    assert windowed.executed < whole.executed
