@@ -7,7 +7,9 @@ that PEFT loads onto the exported weights with the same logits again. (Llama's o
 tests/models/test_llama.py, tests/checkpoint/test_hf.py, tests/models/test_lora.py.)"""
 
 import dataclasses
+import functools
 import json
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from support.cli import one_line_error, sets
+from support.configs import LR, tiny_config
 from support.hf_families import FAMILIES, hf_greedy, hf_logits, peft_logits, write_hf
 from support.hf_llama import write_tokenizer
-from support.reference import MARGIN, ULPS
+from support.reference import MARGIN, ULPS, optax_tx, reference_with_floor, train_sharded
 
 from jzero.checkpoint.hf import HFCheckpoint, model_section
 from jzero.checkpoint.runs import RunCheckpoints
@@ -186,3 +189,35 @@ def test_keys_config_json_leaves_out_read_as_transformers_config_class_reads_the
     if family == "gemma3":
         assert model.rope_local_theta == hf.rope_local_base_freq
         assert (model.rope_scaling.factor if model.rope_scaling else None) == (hf.rope_scaling or {}).get("factor")
+
+
+# Rows at the tests' tiny size (d_model 32, 16-token windows of bytes): every choice that sets each
+# apart, a window of 6 on layers 0 and 2 of 3.
+ROWS = {
+    "gemma2": ["model.name=gemma2", "model.head_dim=12", "model.attn_scalar=10.0", "model.attn_softcap=5.0",
+               "model.final_softcap=10.0"],
+    "gemma3": ["model.name=gemma3", "model.head_dim=12", "model.rope_local_theta=100.0"],
+    "qwen2": ["model.name=qwen2"],
+}  # fmt: skip
+DECODER = ["model.n_layers=3", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=48", "model.sliding_window=6",
+           "model.layer_types=[sliding, full, sliding]", LR]  # fmt: skip
+STEPS_HERE = 6
+
+
+@functools.cache
+def _reference(row: str, data) -> Any:
+    job = build_job(tiny_config(*DECODER, *ROWS[row], "mesh.axes.data=1"), devices=jax.devices()[:1])
+    batches = lambda k: jnp.asarray(data.global_batch(k))  # noqa: E731
+    return reference_with_floor(job.init_fn, job.loss_fn, optax_tx(job.config), job.rng, batches, STEPS_HERE)
+
+
+@pytest.mark.parametrize(
+    "row, stage", [("gemma2", 0), ("gemma2", 1), ("gemma2", 2), ("gemma2", 3), ("gemma3", 3), ("qwen2", 3)],
+    ids=lambda x: str(x),
+)
+def test_a_row_trains_at_each_stage_as_one_device_does(devices, data, row, stage):
+    """Sharded at the stage on ``data: 4, model: 2`` (tensor parallelism over heads, key/value heads
+    and the MLP), a few AdamW steps give one device's optax parameters and moments within the floor."""
+    job = build_job(tiny_config(*DECODER, *ROWS[row], f"zero.stage={stage}", "mesh.axes={data: 4, model: 2}"))
+    state = train_sharded(job, data.device_batch, STEPS_HERE)
+    _reference(row, data).check(params=state.params, opt_state=state.opt_state)
