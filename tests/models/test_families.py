@@ -191,33 +191,28 @@ def test_keys_config_json_leaves_out_read_as_transformers_config_class_reads_the
         assert (model.rope_scaling.factor if model.rope_scaling else None) == (hf.rope_scaling or {}).get("factor")
 
 
-# Rows at the tests' tiny size (d_model 32, 16-token windows of bytes): every choice that sets each
-# apart, a window of 6 on layers 0 and 2 of 3.
-ROWS = {
-    "gemma2": ["model.name=gemma2", "model.head_dim=12", "model.attn_scalar=10.0", "model.attn_softcap=5.0",
-               "model.final_softcap=10.0"],
-    "gemma3": ["model.name=gemma3", "model.head_dim=12", "model.rope_local_theta=100.0"],
-    "qwen2": ["model.name=qwen2"],
-}  # fmt: skip
+# Gemma 2 at the tests' tiny size (d_model 32, 16-token windows of bytes): its head size, query scale
+# and soft-caps, a window of 6 on layers 0 and 2 of 3. The row with the most of the decoder's branches
+# in its backward (the soft-capped attention, the mask by each layer's flag, the sandwich norms); the
+# other rows' forwards are held to transformers' at stage 3 on data: 4, model: 2 above.
+GEMMA2 = ["model.name=gemma2", "model.head_dim=12", "model.attn_scalar=10.0", "model.attn_softcap=5.0",
+          "model.final_softcap=10.0"]  # fmt: skip
 DECODER = ["model.n_layers=3", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=48", "model.sliding_window=6",
            "model.layer_types=[sliding, full, sliding]", LR]  # fmt: skip
 STEPS_HERE = 6
 
 
 @functools.cache
-def _reference(row: str, data) -> Any:
-    job = build_job(tiny_config(*DECODER, *ROWS[row], "mesh.axes.data=1"), devices=jax.devices()[:1])
+def _reference(data) -> Any:
+    job = build_job(tiny_config(*DECODER, *GEMMA2, "mesh.axes.data=1"), devices=jax.devices()[:1])
     batches = lambda k: jnp.asarray(data.global_batch(k))  # noqa: E731
     return reference_with_floor(job.init_fn, job.loss_fn, optax_tx(job.config), job.rng, batches, STEPS_HERE)
 
 
-@pytest.mark.parametrize(
-    "row, stage", [("gemma2", 0), ("gemma2", 1), ("gemma2", 2), ("gemma2", 3), ("gemma3", 3), ("qwen2", 3)],
-    ids=lambda x: str(x),
-)
-def test_a_row_trains_at_each_stage_as_one_device_does(devices, data, row, stage):
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_gemma2_trains_at_each_stage_as_one_device_does(devices, data, stage):
     """Sharded at the stage on ``data: 4, model: 2`` (tensor parallelism over heads, key/value heads
     and the MLP), a few AdamW steps give one device's optax parameters and moments within the floor."""
-    job = build_job(tiny_config(*DECODER, *ROWS[row], f"zero.stage={stage}", "mesh.axes={data: 4, model: 2}"))
+    job = build_job(tiny_config(*DECODER, *GEMMA2, f"zero.stage={stage}", "mesh.axes={data: 4, model: 2}"))
     state = train_sharded(job, data.device_batch, STEPS_HERE)
-    _reference(row, data).check(params=state.params, opt_state=state.opt_state)
+    _reference(data).check(params=state.params, opt_state=state.opt_state)
