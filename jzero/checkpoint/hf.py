@@ -186,8 +186,11 @@ def hf_config(model: Any, dtype: str, imported: Mapping[str, Any] | None = None)
         "architectures": [row.hf_class],
         "model_type": row.model_types[0],
         activation: _ACTIVATIONS[row.activation],
-        # the positions the model knows: the original's, or more if the run trained longer
-        "max_position_embeddings": max(model.seq_len, int((imported or {}).get("max_position_embeddings", 0))),
+        # the positions the model knows: the original's, or more if the run trained longer (or its
+        # rope scaling's original context, which transformers wants under it)
+        "max_position_embeddings": max(
+            model.seq_len, int((imported or {}).get("max_position_embeddings", 0)), _scaled_context(model.rope_scaling)
+        ),
         "torch_dtype": dtype,
     }
     out |= {"attention_bias": False} if not row.qkv_bias else {}
@@ -202,6 +205,10 @@ def hf_config(model: Any, dtype: str, imported: Mapping[str, Any] | None = None)
     out["rope_scaling"] = None if s is None else {"rope_type": s.rope_type, "factor": s.factor} if s.rope_type == "linear" else {
         "rope_type": s.rope_type, **{k: getattr(s, k) for k in _SCALING}}  # fmt: skip
     return out
+
+
+def _scaled_context(scaling: Any) -> int:
+    return scaling.original_max_position_embeddings if scaling is not None and scaling.rope_type == "llama3" else 0
 
 
 def hf_names(path: str, layers: int) -> list[str]:

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from support.cli import one_line_error, sets
-from support.configs import LR, tiny_config
+from support.configs import LR, ROOT, tiny_config
 from support.hf_families import FAMILIES, hf_greedy, hf_logits, peft_logits, write_hf
 from support.hf_llama import write_tokenizer
 from support.reference import MARGIN, ULPS, optax_tx, reference_with_floor, train_sharded
 
-from jzero.checkpoint.hf import HFCheckpoint, model_section
+from jzero.checkpoint.hf import HFCheckpoint, hf_config, model_section
 from jzero.checkpoint.runs import RunCheckpoints
 from jzero.cli.main import main
 from jzero.config.loading import load_config
@@ -216,3 +216,20 @@ def test_gemma2_trains_at_each_stage_as_one_device_does(devices, data, stage):
     job = build_job(tiny_config(*DECODER, *GEMMA2, f"zero.stage={stage}", "mesh.axes={data: 4, model: 2}"))
     state = train_sharded(job, data.device_batch, STEPS_HERE)
     _reference(data).check(params=state.params, opt_state=state.opt_state)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "mistral-7b", "gemma2-9b", "llama3-8b", "llama3.2-1b"])
+def test_a_published_shape_counts_as_transformers_counts_the_config_jzero_writes(name):
+    """``configs/NAME.yaml``'s parameter count (jzero.models.sizes.param_count) equals the count of
+    transformers' model built, on PyTorch's meta device, from the ``config.json`` an export writes
+    for it (jzero.checkpoint.hf.hf_config): the shape, the biases, the norms and the tying agree."""
+    import torch
+    import transformers
+
+    model = load_config(str(ROOT / "configs" / f"{name}.yaml")).model
+    raw = hf_config(model, "bfloat16")
+    config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+    with torch.device("meta"):
+        built = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(built).__name__ == raw["architectures"][0]
+    assert param_count(model) == sum(p.numel() for p in built.parameters())
