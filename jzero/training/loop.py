@@ -34,7 +34,7 @@ from jzero.lazy import moved_names
 from jzero.ledger.render import format_ledger_summary
 from jzero.ledger.startup import GoodputReport, StartupLedger
 from jzero.optimizers import build_schedule
-from jzero.records import from_json, to_json
+from jzero.records import to_json
 from jzero.sharding.axes import mesh_text
 from jzero.sharding.mesh import mesh_shape
 from jzero.sharding.state import TrainState
@@ -93,6 +93,7 @@ class PreparedRun:
       notes: lines to announce before the run starts.
       meta: what each checkpoint records about the run.
       ledger: the start-up ledger's file, once written (:func:`startup_outputs`).
+      startup: the start-up ledger written there, which the goodput report joins at the end.
     """
 
     folder: RunDir
@@ -105,6 +106,7 @@ class PreparedRun:
     meta: dict[str, Any]
     ledger: Path | None = None
     config_changed: bool = False
+    startup: StartupLedger | None = None
 
 
 def prepare_run(config: Config, job: Job, data: TextBatches, resume: bool) -> PreparedRun:
@@ -210,7 +212,7 @@ def startup_outputs(
         goodput.charge("compile", time.perf_counter() - t0)
     cached = f", read from JAX's compilation cache in {jax.config.jax_compilation_cache_dir}" if cache_hits() > hits else ""
     bar.note(f"compiled in {time.perf_counter() - t0:.1f} s{cached}")
-    report = startup_ledger(job, compiled, run.state)
+    report = run.startup = startup_ledger(job, compiled, run.state)
     ledger = run.ledger = folder.ledger(start)
     if run.primary:
         with writing(ledger):
@@ -473,10 +475,9 @@ def _extras(config: Config, job: Job, run: PreparedRun, eval_data: EvalBatches |
 def _goodput_out(goodput: Goodput, run: PreparedRun) -> GoodputReport:
     """The goodput report, added to the start-up ledger by process 0."""
     report = goodput.report()
-    if run.primary and run.ledger is not None:
+    if run.primary and run.ledger is not None and run.startup is not None:
         with writing(run.ledger):
-            ledger = from_json(StartupLedger, json.loads(run.ledger.read_text()))
-            run.ledger.write_text(json.dumps(to_json(dataclasses.replace(ledger, goodput=report)), indent=1))
+            run.ledger.write_text(json.dumps(to_json(dataclasses.replace(run.startup, goodput=report)), indent=1))
     return report
 
 
