@@ -81,6 +81,9 @@ def test_each_attention_setting_resolves_for_the_devices_and_the_compute_dtype(h
     assert attention_for("auto", h100x8, bf16) == "cudnn" and attention_for("cudnn", h100x8, bf16) == "cudnn"
     assert attention_for("auto", h100x8, fp32) == "xla" and attention_for("auto", cpus, bf16) == "xla"
     assert attention_for("xla", h100x8, bf16) == "xla"
+    assert attention_for("auto", h100x8, bf16, softcap=50.0) == "xla"  # Gemma 2's soft-cap: cuDNN does not compute it
+    with pytest.raises(ConfigError, match=r"^model\.attention: cudnn: soft-capped logits"):
+        attention_for("cudnn", h100x8, bf16, softcap=50.0)
     with pytest.raises(ConfigError, match=r"^model\.attention: cudnn: needs 16-bit compute"):
         attention_for("cudnn", h100x8, fp32)
     with pytest.raises(ConfigError, match=r"^model\.attention: cudnn: needs GPUs"):
