@@ -180,8 +180,6 @@ class ModelConfig:
         if self.name == GPT_NAME:
             return GPT(**shape, **common)
         scaling = dataclasses.asdict(self.rope_scaling) if self.rope_scaling is not None else None
-        if scaling and scaling["rope_type"] == "linear":
-            scaling = {k: scaling[k] for k in ("rope_type", "factor")}
         shape.update(n_kv_heads=kv_heads(self), mlp_hidden=mlp_units(self), head_dim=head_size(self))
         shape.update(rope_scaling=rope_scaling_pairs(scaling), layer_types=sliding_layers(self))
         return Decoder(arch=self.name, **shape, **common)
