@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FP8_RECIPES",
     "PRECISION_DTYPES",
     "QUANTIZED_WIDTHS",
     "TABLE",
@@ -61,6 +62,9 @@ _BY_HLO = {d.hlo: d for d in TABLE}
 
 # What ``precision.*_dtype`` may name: the types jzero trains and reduces in.
 PRECISION_DTYPES = ("float32", "bfloat16", "float16")
+# ``precision.fp8``: no float8 matmuls, or float8 with one scale per tensor or per row
+# (:mod:`jzero.memory.float8`).
+FP8_RECIPES = ("none", "tensorwise", "rowwise")
 # The integer types ZeRO++'s quantized collectives send, widest first (qwZ: int8; qgZ: either).
 QUANTIZED_WIDTHS = ("int8", "int4")
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -40,6 +41,7 @@ from jzero.communication.collectives import gather_axes, quantized_gather, quant
 from jzero.communication.quantize import NONE, Layout, dequantize, from_blocks, quantize, to_blocks
 from jzero.compiler.platforms import on_gpus
 from jzero.lazy import moved_names
+from jzero.memory import float8
 from jzero.trees import path_str
 
 __all__ = [
@@ -78,6 +80,8 @@ class UnitSpec:
         gradient is reduced over them by all-to-alls. Empty: GSPMD places the collectives.
       grad_width: under ``manual``, qgZ's width (``int8``, ``int4``); none: reduced in ``reduce_dtype``.
       grad_block: the gradient's elements per scale (:meth:`jzero.sharding.plan.Plan.gradient_blocks`).
+      fp8: gathered in float8 (e4m3) with one scale from the whole leaf's largest magnitude
+        (``zero.fp8_gather``), and cast back to the compute dtype once whole.
     """
 
     mesh: Any
@@ -90,6 +94,7 @@ class UnitSpec:
     manual: tuple[str, ...] = ()
     grad_width: str = NONE
     grad_block: int = 0
+    fp8: bool = False
 
 
 # hpZ's secondary copy, by the name checkpoint policies save it under (:data:`SAVE_SECONDARY`).
@@ -100,7 +105,21 @@ def _to(x: jax.Array, spec: UnitSpec, target: P, compute: Any) -> jax.Array:
     """``x`` (at rest) gathered to ``target`` in ``compute``: quantized where ``spec`` has a layout."""
     if spec.layout is not None:
         return _quantized_gather(x, spec, target, compute)
+    if spec.fp8:
+        return _float8_gather(x, spec, target, compute)
     return jax.lax.with_sharding_constraint(x.astype(compute), NamedSharding(spec.mesh, target))
+
+
+def _float8_gather(x: jax.Array, spec: UnitSpec, target: P, compute: Any) -> jax.Array:
+    """``x`` (at rest) cast to float8 on its own shards with the whole tensor's scale (XLA reduces
+    the shards' largest magnitudes: one all-reduce of a scalar), gathered to ``target`` as float8,
+    and cast to ``compute``."""
+    resting = NamedSharding(spec.mesh, spec.resting)
+    values, scale = float8.scaled_cast(jax.lax.with_sharding_constraint(x, resting), float8.E4M3)
+    # As qwZ's: without the barrier XLA may cast after the gather, which then sends the wide type.
+    values = jax.lax.optimization_barrier(jax.lax.with_sharding_constraint(values, resting))
+    whole = jax.lax.with_sharding_constraint(values, NamedSharding(spec.mesh, target))
+    return (whole.astype(jnp.float32) * scale).astype(compute)
 
 
 def _secondary(x: jax.Array, spec: UnitSpec, compute: Any) -> jax.Array:
@@ -193,6 +212,10 @@ def _manual_gather(shard: jax.Array, spec: UnitSpec, compute: Any) -> jax.Array:
 def _gathered(x: jax.Array, spec: UnitSpec, axes: tuple[str, ...], compute: Any) -> jax.Array:
     if spec.layout is not None:
         return quantized_gather(x, spec.layout, axes, compute)
+    if spec.fp8:  # the whole tensor's scale: the largest magnitude over the devices' shards
+        scale = float8.scale_for(jax.lax.pmax(jnp.max(jnp.abs(x.astype(jnp.float32))), axes), float8.E4M3)
+        values = float8.cast(x, float8.E4M3, scale)
+        return (gather_axes(values, spec.resting, axes).astype(jnp.float32) * scale).astype(compute)
     return gather_axes(x.astype(compute), spec.resting, axes)
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from jzero.checks import MAX_INT32, MAX_PARAMS, in_range
 from jzero.config.schema import MAX_SEED, Config, ZeroConfig
+from jzero.dtypes import FP8_RECIPES
 from jzero.errors import ConfigError
 from jzero.lazy import moved_names
+from jzero.models.names import OWN
 
 __getattr__ = moved_names(__name__, {
     "check_coordinator": "jzero.config.schema.check_coordinator", "validate_cluster": "jzero.config.schema.ClusterConfig.check",
@@ -44,7 +46,15 @@ def validate(config: Config) -> None:
     config.data.check()
     config.partitioning.check(config.mesh.axes)
     config.lora.check(config.model.name)
+    _check_fp8(config)
     config.compiler.check()
+
+
+def _check_fp8(config: Config) -> None:
+    """Float8 matmuls go on jzero's models' layers: a model of yours has no such layers to convert."""
+    if config.precision.fp8 != FP8_RECIPES[0] and config.model.name == OWN:
+        where = f"jzero's models' layer projections, not a model of your own (model.name: {OWN})"
+        raise ConfigError("precision.fp8", f"float8 matmuls go on {where}")
 
 
 def _check_zero(zero: ZeroConfig, master_copy: bool, axes: dict[str, int]) -> None:

@@ -26,7 +26,7 @@ from jzero.ledger.gathered import _operands
 from jzero.ledger.hlo_text import _BRANCHES, _callees, _ComputationSum, _Instruction, _leaves, trip_count
 from jzero.records import record
 
-__all__ = ["MatmulFlops", "flops_between", "fused_attention_windows", "matmul_flops", "program_flops"]
+__all__ = ["MatmulFlops", "float8_operands", "flops_between", "fused_attention_windows", "matmul_flops", "program_flops"]
 
 
 @record
@@ -123,18 +123,28 @@ def _gemm(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]]) -> i
     return 2 * math.prod(dims) * contracted
 
 
-class _Counter(_ComputationSum):
-    """FLOPs of one run of each computation, memoised, with what it could not count."""
+def float8_operands(ins: _Instruction, types: dict[str, tuple[str, tuple[int, ...]]]) -> bool:
+    """Whether a GEMM (a ``dot`` or a cuBLAS call) reads float8 operands: a float8 GEMM."""
+    target = _TARGET.search(ins.line)
+    if target and target["target"].endswith("$f8"):
+        return True
+    return any(types.get(o, ("",))[0].startswith("f8") for o in _operands(ins)[:2])
 
-    def __init__(self, hlo_text: str):
+
+class _Counter(_ComputationSum):
+    """FLOPs of one run of each computation, memoised, with what it could not count; with
+    ``float8``, only the float8 GEMMs' (:func:`float8_operands`)."""
+
+    def __init__(self, hlo_text: str, float8: bool = False):
         super().__init__(hlo_text)
+        self.float8 = float8
         self.types = {name: _types(body) for name, body in self.computations.items()}
         self.unknown_loops: list[str] = []
         self.uncounted: set[str] = set()
 
     def instruction(self, ins: _Instruction, where: str) -> int:
         if ins.op == "dot":
-            return _dot(ins, self.types[where])
+            return _dot(ins, self.types[where]) if not self.float8 or float8_operands(ins, self.types[where]) else 0
         if ins.op == "custom-call":
             return self.custom_call(ins, where)
         callees = _callees(ins.line)
@@ -151,7 +161,9 @@ class _Counter(_ComputationSum):
         target = _TARGET.search(ins.line)
         name = target["target"] if target else ""
         if name == "__cublas$gemm" or name.startswith("__cublas$lt$matmul"):  # $f8 too
-            return _gemm(ins, self.types[where])
+            return _gemm(ins, self.types[where]) if not self.float8 or float8_operands(ins, self.types[where]) else 0
+        if self.float8:
+            return 0
         if name in _ATTENTION_MATMULS:
             return _attention(ins, self.types[where])
         if _MATMUL_LIKE.search(name):
@@ -171,6 +183,7 @@ class MatmulFlops(NamedTuple):
 
     Attributes:
       executed: :func:`program_flops`.
+      float8: the part of ``executed`` that float8 GEMMs run (:func:`float8_operands`).
       between: :func:`flops_between`.
       windows: for each async collective, ``(window, FLOPs)``: collectives whose start-done spans
         overlap share one window, the compute from the first start to the last done, once.
@@ -180,6 +193,7 @@ class MatmulFlops(NamedTuple):
     """
 
     executed: int
+    float8: int
     between: dict[str, int]
     windows: dict[str, tuple[str, int]]
     unknown_loops: tuple[str, ...]
@@ -208,7 +222,8 @@ def matmul_flops(hlo_text: str) -> MatmulFlops:
     counter = _Counter(hlo_text)
     executed = counter.program()
     between, windows = _between(counter)
-    return MatmulFlops(executed, between, windows, tuple(counter.unknown_loops), tuple(sorted(counter.uncounted)))
+    float8 = _Counter(hlo_text, float8=True).program()
+    return MatmulFlops(executed, float8, between, windows, tuple(counter.unknown_loops), tuple(sorted(counter.uncounted)))
 
 
 def _spans(body: list[_Instruction]) -> dict[str, tuple[int, int]]:

@@ -21,6 +21,7 @@ from jzero.dtypes import array_bytes
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.collectives import async_collectives, collective_kinds
+from jzero.ledger.float8 import float8_report
 from jzero.ledger.flops import ModelFlops, fused_attention_windows
 from jzero.ledger.gathered import Gathered
 from jzero.ledger.gathered import gathered_at_once as at_once
@@ -37,7 +38,7 @@ from jzero.memory.remat import offloads, policy_name
 from jzero.models.names import GPT
 from jzero.models.sizes import gpt_saved_per_layer, gpt_saved_role
 from jzero.records import extend
-from jzero.sharding.axes import batch_ways, model_ways
+from jzero.sharding.axes import LAYERS, batch_ways, model_ways
 from jzero.sharding.mesh import mesh_shape
 from jzero.sharding.plan import Plan
 from jzero.sharding.stages import STAGES, HostBytes, paper_bytes_per_device, paper_communication_bytes, stage_rule
@@ -138,9 +139,20 @@ def plan_report(inputs: ReportInputs, compiled: Any, hardware: Hardware | None =
         gradient_quantization=gradient_quantization(plan, ops),
         attention=inputs.attention,
         attention_windows=fused_attention_windows(hlo) or None,
+        fp8=float8_report(hlo, inputs.precision.fp8, projections(plan)),
         hierarchical=hierarchical(plan, inputs.precision, hlo),
         compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in inputs.xla_options.items()}),
     )
+
+
+def projections(plan: Plan) -> dict[str, tuple[int, ...]]:
+    """The layers' projections, by module path: each 2-D kernel of a scanned stack, with its shape
+    in one layer (what ``precision.fp8`` converts)."""
+    return {
+        t.path.removesuffix("/kernel"): tuple(t.shape[1:])
+        for t in plan.tensors
+        if t.path.endswith("/kernel") and len(t.shape) == 3 and (t.logical or (None,))[0] == LAYERS
+    }
 
 
 def model_flops(inputs: ReportInputs) -> ModelFlops:

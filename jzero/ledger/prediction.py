@@ -81,6 +81,7 @@ def _step_cost(
     host = parts.compiled_host
     return StepCost(
         flops=counted.executed,
+        float8_flops=counted.float8,
         model_flops=parts.model_flops.per_device_per_step,
         tokens=inputs.tokens,
         hbm_bytes=memory_bytes,

@@ -289,7 +289,19 @@ def _host_lines(report: PlanReport) -> list[str]:
         windows = sorted(report.attention_windows.items())
         calls = ", ".join(f"{'no window' if w == '0' else f'a window of {w}'}: {n}" for w, n in windows)
         lines.append(f"  cuDNN's fused calls (forward and backward) by sliding window: {calls}")
-    return lines
+    return lines + _float8_lines(report)
+
+
+def _float8_lines(report: PlanReport) -> list[str]:
+    """The float8 GEMMs in the program against the projections that asked, and what stayed in 16 bits."""
+    f = report.fp8
+    if f is None:
+        return []
+    lines = [
+        f"float8 ({f.recipe}): {f.covered} of {f.requested} layer projections have every GEMM in float8 (forward and"
+        f" backward); {f.gemms} float8 GEMMs in the program, {f.other_gemms} others"
+    ]
+    return lines + [f"  not float8: {k.name}: {k.why}" for k in f.kept_bf16]
 
 
 def _saved_kind_lines(a: Activations) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jzero.ledger.collectives import AsyncCollective, CollectiveKind
+from jzero.ledger.float8 import Float8
 from jzero.ledger.flops import ModelFlops
 from jzero.ledger.gathered import Gathered
 from jzero.ledger.levels import Communication
@@ -145,6 +146,8 @@ class PlanReport:
       compiler: the XLA options.
       attention_windows: cuDNN's fused attention calls in the program (forward and backward), by
         their sliding window's length (``"0"``: none); left out where the program has none.
+      fp8: the program's float8 GEMMs against the projections that asked (``precision.fp8``); left
+        out without float8 matmuls.
     """
 
     devices: int
@@ -183,6 +186,7 @@ class PlanReport:
     hierarchical: Hierarchical | None
     compiler: Compiler
     attention_windows: dict[str, int] | None = omit_if_none()
+    fp8: Float8 | None = omit_if_none()
 
 
 @record

@@ -45,6 +45,7 @@ __all__ = [
     "cuda_plugins",
     "device_hardware",
     "device_peak_flops",
+    "float8_missing",
     "gpu_compiler_available",
     "gpu_of",
     "jax_plugin_modules",
@@ -80,6 +81,7 @@ class Gpu:
     nvlink_bytes_per_s: float
     nic_gbps: float
     pcie_bytes_per_s: float
+    float8_dense_flops: float | None = None  # None: no float8 tensor cores (before Ada and Hopper)
 
     def hardware(
         self, gpus_per_host: int = GPUS_PER_HOST, nics_per_host: int | None = None, nic_gbps: float | None = None
@@ -90,7 +92,7 @@ class Gpu:
         nic = (nic_gbps or self.nic_gbps) * 1e9 / 8 * NIC_SHARE
         return Hardware(
             self.bf16_dense_flops, self.hbm_bytes_per_s, self.nvlink_bytes_per_s, nic, self.pcie_bytes_per_s,
-            gpus_per_host, nics_per_host or gpus_per_host,
+            gpus_per_host, nics_per_host or gpus_per_host, self.float8_dense_flops,
         )  # fmt: skip
 
 
@@ -104,10 +106,10 @@ GPUS: dict[str, Gpu] = {
     # per direction): "NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as
     # BusBw when running non-allreduce operations" (NCCL's developer, NVIDIA/nccl-tests#212; 365-370 GB/s
     # with NCCL_ALGO=RING on 2 to 8 GPUs, nccl#1455); DGX H100: one 400 Gb/s NDR NIC per GPU; PCIe Gen5
-    # x16 (64 GB/s).
-    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12, 3.35e12, 370e9, 400, 64e9),
+    # x16 (64 GB/s). FP8: 3,958 TFLOPS with sparsity, 1,979 dense.
+    "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12, 3.35e12, 370e9, 400, 64e9, 1979e12),
     # H200 SXM datasheet: the H100's tensor cores and NVLink, 4.8 TB/s HBM3e; DGX H200 as DGX H100.
-    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12, 4.8e12, 370e9, 400, 64e9),
+    "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12, 4.8e12, 370e9, 400, 64e9, 1979e12),
 }
 
 
@@ -132,6 +134,23 @@ def gpu_of(device_kind: str) -> Gpu | None:
         return None
     names = [name for name in GPUS if name in kind]
     return GPUS[names[0]] if len(names) == 1 else None
+
+
+def float8_missing(devices: Any) -> str:
+    """Why ``devices`` cannot run float8 GEMMs, or '' when they can: GPUs with float8 tensor cores
+    (compute capability 8.9 or later: a known GPU's :attr:`Gpu.float8_dense_flops`, else the
+    device's own ``compute_capability``). CPUs compute float8 dots exactly, which tests need."""
+    first = next(iter(devices), None)
+    if first is None or first.platform != "gpu":
+        return ""
+    gpu = gpu_of(first.device_kind)
+    if gpu is not None:
+        ok = gpu.float8_dense_flops is not None
+    else:
+        major, _, minor = str(getattr(first, "compute_capability", "0.0")).partition(".")
+        ok = (int(major or 0), int(minor or 0)) >= (8, 9)
+    float8 = ", ".join(name for name, g in GPUS.items() if g.float8_dense_flops)
+    return "" if ok else f"{first.device_kind} has no float8 tensor cores (compute capability 8.9 or later: {float8})"
 
 
 def peak_flops(device_kind: str) -> float | None:

@@ -121,6 +121,7 @@ class Hardware:
       host_bytes_per_s: PCIe, per direction.
       gpus_per_host: GPUs in a host.
       nics_per_host: NICs in a host (a DGX H100: one per GPU).
+      float8_flops: the dense float8 peak; None where the GPU has no float8 tensor cores.
     """
 
     peak_flops: float
@@ -130,6 +131,7 @@ class Hardware:
     host_bytes_per_s: float
     gpus_per_host: int = 8
     nics_per_host: int = 8
+    float8_flops: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +167,7 @@ class StepCost:
 
     Attributes:
       flops: matmul FLOPs executed per device (recomputation included).
+      float8_flops: the part of ``flops`` float8 GEMMs run.
       model_flops: the model's FLOPs per device (what MFU counts; no recomputation).
       tokens: tokens per step, all devices together.
       hbm_bytes: bytes per device the non-matmul work reads and writes in HBM.
@@ -178,6 +181,7 @@ class StepCost:
     hbm_bytes: float = 0.0
     transfers: Sequence[Transfer] = ()
     host_bytes: float = 0.0
+    float8_flops: float = 0.0
 
 
 def bus_bandwidth(transfer: Transfer, hardware: Hardware) -> tuple[str, float]:
@@ -248,6 +252,14 @@ def _levels(cost: StepCost, hardware: Hardware, flops_per_s: float) -> dict[str,
     return levels
 
 
+def _compute_seconds(cost: StepCost, hardware: Hardware, efficiency: float) -> float:
+    """The matmuls' seconds: float8 GEMMs at the float8 peak, the rest at the bf16 peak, both at
+    ``efficiency`` (the same shape model for both)."""
+    float8 = min(cost.float8_flops, cost.flops)
+    rate = hardware.float8_flops or hardware.peak_flops
+    return ((cost.flops - float8) / hardware.peak_flops + float8 / rate) / efficiency
+
+
 def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) -> Prediction:
     """The predicted step time of ``cost`` on ``hardware``, with its terms.
 
@@ -267,8 +279,9 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
       level's (``within_host``, ``across_hosts``) in bytes per second (:func:`bus_bandwidth`; its
       collectives' together, or a whole host's group where the level has none).
     """
-    flops_per_s = hardware.peak_flops * efficiency
-    compute = cost.flops / flops_per_s
+    compute = _compute_seconds(cost, hardware, efficiency)
+    # The rate at which a window's matmuls hide collectives: the step's, float8's share included.
+    flops_per_s = cost.flops / compute if compute else hardware.peak_flops * efficiency
     memory = cost.hbm_bytes / hardware.hbm_bytes_per_s
     levels = _levels(cost, hardware, flops_per_s)
     total = sum(t for t, _ in levels.values())

@@ -41,6 +41,7 @@ class Precision:
     grad_reduce_dtype: Any = None  # dtype gradients are reduced in; None: the params' dtype
     loss_scale: float = 2.0**15  # initial dynamic loss scale, used when anything is float16
     loss_scale_window: int = 1000  # finite steps before the scale doubles
+    fp8: str = "none"  # the layers' projections' GEMMs: none, tensorwise or rowwise (jzero.memory.float8)
 
     @property
     def uses_master(self) -> bool:

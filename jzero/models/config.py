@@ -176,7 +176,7 @@ class ModelConfig:
         shape["remat"] = policy_name(self.remat)
         shape["partition_activations"] = self.partitions_activations(model_parallel)
         shape["attention"] = attention_for(self.attention, devices, precision, self.attn_softcap)
-        common = dict(fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora)
+        common = dict(fetch_params=fetch_params, dtype=precision.compute_dtype, lora=lora, fp8=precision.fp8)
         if self.name == GPT_NAME:
             return GPT(**shape, **common)
         scaling = dataclasses.asdict(self.rope_scaling) if self.rope_scaling is not None else None

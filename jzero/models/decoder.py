@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jzero.communication.gather import gathering
+from jzero.dtypes import FP8_RECIPES
 from jzero.models.architectures import Architecture, architecture
 from jzero.models.layers import (
     BATCH_ACT,
@@ -108,6 +109,7 @@ class DecoderBlock(nn.Module):
     partition_activations: bool = False
     attention: str = ATTENTION[0]  # one of ATTENTION
     lora: LoraSpec | None = None  # low-rank adapters on the kernels it targets
+    fp8: str = FP8_RECIPES[0]  # its projections' GEMMs in float8 (jzero.memory.float8)
 
     @property
     def row(self) -> Architecture:
@@ -117,7 +119,7 @@ class DecoderBlock(nn.Module):
         return RMSNorm(self.rms_norm_eps, self.dtype, self.row.norm_plus_one, axis, name=name)
 
     def linear(self, features: int, in_name: str, out_name: str, name: str, bias: bool = False) -> nn.Dense:
-        return dense(features, in_name, out_name, _INIT, name, self.dtype, bias, self.lora, self.path)
+        return dense(features, in_name, out_name, _INIT, name, self.dtype, bias, self.lora, self.path, self.fp8)
 
     @nn.compact
     def __call__(self, x: jax.Array, layer: Any = None) -> tuple[jax.Array, Cache | None]:
@@ -202,6 +204,7 @@ class Decoder(nn.Module):
     attention: str = ATTENTION[0]
     gather: Any = None  # (prefix, params) -> params gathered (jzero.sharding.gathers.model_gather)
     lora: LoraSpec | None = None  # low-rank adapters (jzero.models.lora) on the layers' kernels it targets
+    fp8: str = FP8_RECIPES[0]  # the layers' projections' GEMMs in float8 (jzero.memory.float8); the head's stay
 
     @property
     def head_size(self) -> int:
@@ -228,7 +231,8 @@ class Decoder(nn.Module):
         layers = stack(
             self.arch, self.d_model, self.n_heads, self.n_kv_heads, self.head_size, self.mlp_hidden, self.rope_theta,
             self.rope_scaling, self.rope_local_theta, self.rms_norm_eps, kinds, self.sliding_window, scale,
-            self.attn_softcap, self.dtype, self.partition_activations, self.attention, self.lora, name="layers",
+            self.attn_softcap, self.dtype, self.partition_activations, self.attention, self.lora,
+            fp8=self.fp8, name="layers",
         )  # fmt: skip
         x, written = layers(x, layer_inputs(flags, cache, start, self.n_layers))
         x = nn.with_logical_constraint(x, BATCH_ACT)

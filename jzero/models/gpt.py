@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from jzero.communication.gather import gathering
+from jzero.dtypes import FP8_RECIPES
 from jzero.models.layers import (
     BATCH_ACT,
     SAVED_ACT,
@@ -60,6 +61,7 @@ __all__ = [
     "rotary",
 ]
 
+
 def _layer_norm(dtype: jnp.dtype, name: str, gather: Any = None) -> nn.LayerNorm:
     """A LayerNorm with its scale and bias annotated ``embed`` (gathered by ``gather`` where given)."""
     return gathering(nn.LayerNorm, gather, name)(
@@ -81,6 +83,10 @@ class Block(nn.Module):
     partition_activations: bool = False
     attention: str = ATTENTION[0]  # one of ATTENTION
     lora: LoraSpec | None = None  # low-rank adapters on the kernels it targets
+    fp8: str = FP8_RECIPES[0]  # its projections' GEMMs in float8 (jzero.memory.float8)
+
+    def linear(self, features: int, in_name: str, out_name: str, init: Any, name: str, bias: bool = True) -> nn.Dense:
+        return dense(features, in_name, out_name, init, name, self.dtype, bias, self.lora, self.path, self.fp8)
 
     @nn.compact
     def __call__(self, x: jax.Array, layer: Any = None) -> tuple[jax.Array, Cache | None]:
@@ -107,7 +113,7 @@ class Block(nn.Module):
         q, k, v = (
             nn.with_logical_constraint(
                 nn.with_logical_constraint(
-                    dense(self.d_model, "embed", "heads", dense_init, n, self.dtype, n != "key", self.lora, self.path)(h),
+                    self.linear(self.d_model, "embed", "heads", dense_init, n, n != "key")(h),
                     ("batch", "length", "heads"),
                 ).reshape(batch, length, self.n_heads, head_dim),
                 heads,
@@ -121,12 +127,12 @@ class Block(nn.Module):
             k, v, cache, positions = cached(k, v, cache)
         attn = nn.with_logical_constraint(attention(q, k, v, implementation=self.attention, positions=positions), heads)
         attn = attn.reshape(batch, length, self.d_model)
-        x = x + dense(self.d_model, "heads", "embed", proj_init, "attn_out", self.dtype, True, self.lora, self.path)(attn)
+        x = x + self.linear(self.d_model, "heads", "embed", proj_init, "attn_out")(attn)
 
         h = _layer_norm(self.dtype, "ln_mlp")(x)
-        h = dense(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in", self.dtype, True, self.lora, self.path)(h)
+        h = self.linear(self.mlp_ratio * self.d_model, "embed", "mlp", dense_init, "mlp_in")(h)
         h = nn.gelu(nn.with_logical_constraint(h, ("batch", "length", "mlp")))
-        x = x + dense(self.d_model, "mlp", "embed", proj_init, "mlp_out", self.dtype, True, self.lora, self.path)(h)
+        x = x + self.linear(self.d_model, "mlp", "embed", proj_init, "mlp_out")(h)
         return nn.with_logical_constraint(x, SAVED_ACT if self.partition_activations else BATCH_ACT), cache
 
 
@@ -147,6 +153,7 @@ class GPT(nn.Module):
     attention: str = ATTENTION[0]  # one of ATTENTION: xla, or cudnn's flash kernel on GPUs
     gather: Any = None  # (prefix, params) -> params gathered (jzero.sharding.gathers.model_gather); None: XLA gathers
     lora: LoraSpec | None = None  # low-rank adapters (jzero.models.lora) on the layers' kernels it targets
+    fp8: str = FP8_RECIPES[0]  # the layers' projections' GEMMs in float8 (jzero.memory.float8); the head's stay
 
     @nn.compact
     def __call__(self, tokens: jax.Array, cache: Any = None, start: jax.Array | int = 0) -> Any:
@@ -161,7 +168,7 @@ class GPT(nn.Module):
         # is split at the first block's output anyway).
         x = nn.with_logical_constraint(x, BATCH_ACT)
         shape = (self.d_model, self.n_heads, self.mlp_ratio, self.n_layers)
-        blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, self.lora, name="blocks")
+        blocks = stack(*shape, self.dtype, self.partition_activations, self.attention, self.lora, fp8=self.fp8, name="blocks")
         x, written = blocks(x, layer_inputs(None, cache, start, self.n_layers))
         x = nn.with_logical_constraint(x, BATCH_ACT)
         head = nn.remat(GPT._head, policy=head_policy(self.remat, self.gather))

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from jzero.communication.gather import SECONDARY, gathering
+from jzero.dtypes import FP8_RECIPES
+from jzero.memory import float8
 from jzero.memory.offload import fetching
 from jzero.memory.remat import checkpoint_policy, policy_name, remat
 from jzero.models.lora import LoraDense, LoraSpec
@@ -62,10 +64,12 @@ def dense(
     use_bias: bool = True,
     lora: LoraSpec | None = None,
     where: tuple[str, ...] = (),
+    fp8: str = FP8_RECIPES[0],
 ) -> nn.Dense:
     """A Dense with its kernel annotated ``(in_name, out_name)`` and its bias ``out_name``; with a
     low-rank adapter (:class:`jzero.models.lora.LoraDense`) where ``lora`` targets its kernel's path
-    (``where``: the calling module's path)."""
+    (``where``: the calling module's path); its GEMM in float8 by the recipe ``fp8``
+    (:mod:`jzero.memory.float8`) unless that is ``none``."""
     # Plain Dense, not DenseGeneral: Flax reshapes DenseGeneral kernels through a boxed
     # value, which trips the logical constraints when a mesh is active.
     shape = dict(
@@ -76,6 +80,8 @@ def dense(
         bias_init=annotated(nn.initializers.zeros, out_name),
         name=name,
     )
+    if fp8 != FP8_RECIPES[0]:
+        shape["dot_general"] = float8.dot_general(fp8)
     if lora is not None and lora.adapts("/".join((*where, name, "kernel"))):
         return LoraDense(**shape, rank=lora.rank, scale=lora.scale, in_name=in_name, out_name=out_name)
     return nn.Dense(**shape)

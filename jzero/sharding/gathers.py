@@ -33,7 +33,7 @@ def unit_loss(loss_fn: LossFn, plan: Plan, precision: Precision = FP32) -> LossF
         return None
     layouts = plan.weight_layouts()
     specs = {
-        t.path: _unit_spec(plan, precision, t.param_spec, t.replicated_spec, _layout(layouts, t.path))
+        t.path: _unit_spec(plan, precision, t.param_spec, t.replicated_spec, _layout(layouts, t.path), fp8=_float8(plan, t))
         for t in plan.tensors
         if t.path in plan.units
     }
@@ -57,8 +57,8 @@ def _layout(layouts: dict[str, Any], path: str) -> Layout | None:
 
 def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any], Any] | None:
     """The gather a model that gathers its own parameters calls (:func:`jzero.communication.gather.tree_gather`):
-    at stage 3 with qwZ, each quantizable parameter (one layer of a scanned stack at a time), and
-    with hpZ or qgZ every gathered one (under qgZ with explicit collectives, for
+    at stage 3 with qwZ or ``zero.fp8_gather``, each quantizable parameter (one layer of a scanned
+    stack at a time), and with hpZ or qgZ every gathered one (under qgZ with explicit collectives, for
     :func:`manual_loss`); the others left to XLA. None when there is nothing for the model to
     gather itself.
 
@@ -72,17 +72,26 @@ def model_gather(plan: Plan, precision: Precision = FP32) -> Callable[[str, Any]
     for t in plan.tensors:
         lay = _layout(layouts, t.path)
         gathered = plan.parameter_gather(t)
-        if gathered is not None and (lay is not None or plan.hpz or plan.qgz):
+        if gathered is not None and (lay is not None or plan.hpz or plan.qgz or _float8(plan, t)):
             _, source, target = gathered
-            specs[t.path] = _unit_spec(plan, precision, source, target, lay, blocks.get(t.path, 0))
+            specs[t.path] = _unit_spec(plan, precision, source, target, lay, blocks.get(t.path, 0), _float8(plan, t))
     return tree_gather(specs) if specs else None
 
 
-def _unit_spec(plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None, grad_block: int = 0) -> UnitSpec:
+def _float8(plan: Plan, t: Any) -> bool:
+    """``zero.fp8_gather`` casts this parameter to float8 for its gather: it has two or more
+    dimensions in one layer (norms and biases go at full precision, as qwZ's)."""
+    shape = plan.parameter_gather(t)
+    return plan.zero.fp8_gather and shape is not None and len(shape[0]) >= 2
+
+
+def _unit_spec(
+    plan: Plan, precision: Precision, source: P, target: P, lay: Layout | None, grad_block: int = 0, fp8: bool = False
+) -> UnitSpec:
     """How one leaf resting as ``source`` is gathered to ``target`` under the plan's ZeRO++ knobs
-    (``grad_block``: qgZ's, from :meth:`jzero.sharding.plan.Plan.gradient_blocks`)."""
+    (``grad_block``: qgZ's, from :meth:`jzero.sharding.plan.Plan.gradient_blocks`) and in float8 with ``fp8``."""
     secondary = plan.secondary_spec(source) if plan.hpz else None
-    spec = UnitSpec(plan.mesh, source, target, reduce_dtype=precision.grad_reduce_dtype, layout=lay, secondary=secondary)
+    spec = UnitSpec(plan.mesh, source, target, precision.grad_reduce_dtype, layout=lay, secondary=secondary, fp8=fp8)
     if not plan.qgz:
         return spec
     return dataclasses.replace(spec, manual=plan.batch_axes, grad_width=plan.zero.quantized_gradients, grad_block=grad_block)

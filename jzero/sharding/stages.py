@@ -31,6 +31,7 @@ __all__ = [
     "StageCollective",
     "StageRule",
     "ZeroOptions",
+    "check_fp8_gather",
     "check_hierarchical",
     "check_offload",
     "check_quantization",
@@ -223,6 +224,21 @@ def check_quantization(
         raise error(key, f"at stage {stage} the gathered parameters are the ones updated: it {needs}")
 
 
+def check_fp8_gather(stage: int, fp8_gather: bool, qwz: bool, *, error: type[JzeroError] = PlanError) -> None:
+    """Refuse float8 parameter gathers where no parameter is gathered before use, or beside qwZ.
+
+    Raises:
+      PlanError (or ``error``): naming ``zero.fp8_gather``.
+    """
+    key = "zero.fp8_gather"
+    if not isinstance(fp8_gather, bool):
+        raise error(key, f"must be true or false, got {fp8_gather!r}")
+    if fp8_gather and stage != 3:
+        raise error(key, f"needs zero.stage 3 (stage {stage} does not gather parameters before their use)")
+    if fp8_gather and qwz:
+        raise error(key, "zero.quantized_weights already quantizes the parameter gathers (qwZ): use one of the two")
+
+
 # hpZ (ZeRO++): none, or a secondary copy of the parameter shards within each host.
 HIERARCHICAL = ("none", "hpz")
 
@@ -370,6 +386,9 @@ class ZeroOptions:
       quantized_gradients: ZeRO++'s qgZ (:data:`QUANTIZED_GRADIENTS`): the gradient reduce-scatter
         becomes an all-to-all of int8 or int4 blocks (two hops under hpZ), summed in float32
         between the hops.
+      fp8_gather: stage 3: each parameter of two or more dimensions is cast to float8 (e4m3, one
+        scale from the whole tensor's largest magnitude) before its all-gather, and back to the
+        compute dtype after (:mod:`jzero.memory.float8`).
     """
 
     stage: int = 0
@@ -382,6 +401,7 @@ class ZeroOptions:
     quantization_block: int = DEFAULT_BLOCK
     hierarchical: str = HIERARCHICAL[0]
     quantized_gradients: str = QUANTIZED_GRADIENTS[0]
+    fp8_gather: bool = False
 
     @property
     def rule(self) -> StageRule:
@@ -420,6 +440,7 @@ class ZeroOptions:
         qgz = (self.stage, self.quantized_gradients, self.hierarchical, axes)
         check_quantized_gradients(*qgz, offload_params=self.offload_params, error=error)
         check_offload(self.stage, optimizer=self.offload_optimizer, params=self.offload_params, error=error)
+        check_fp8_gather(self.stage, self.fp8_gather, self.qwz, error=error)
         units.check(self.gather_units, error)
         for key in ("prefetch", "persist_below_bytes"):
             value = getattr(self, key)
@@ -441,6 +462,7 @@ class ZeroOptions:
             quantized_weights=self.quantized_weights if quantizes else QUANTIZED_WEIGHTS[0],
             hierarchical=self.hierarchical if rule.params and REPLICA in axes else HIERARCHICAL[0],
             quantized_gradients=self.quantized_gradients if rule.params else QUANTIZED_GRADIENTS[0],
+            fp8_gather=self.fp8_gather and rule.params,
         )
 
     def words(self) -> list[str]:
@@ -455,6 +477,7 @@ class ZeroOptions:
             f"qwZ {self.quantized_weights}" * self.qwz,
             "hpZ" * self.hpz,
             f"qgZ {self.quantized_gradients}" * self.qgz,
+            "fp8 gather" * self.fp8_gather,
         ]
         return [w for w in words if w]
 

@@ -25,6 +25,7 @@ from jzero.compiler.compiling import check_options, compile_lowered
 from jzero.compiler.options import compiler_options
 from jzero.compiler.platforms import on_gpus
 from jzero.config.schema import Config
+from jzero.dtypes import FP8_RECIPES
 from jzero.errors import ConfigError, PlanError
 from jzero.lazy import moved_names
 from jzero.ledger import targets
@@ -208,6 +209,15 @@ def _option_inputs(plan: Plan, precision: Precision) -> dict[str, Any]:
     }
 
 
+def _check_float8(config: Config, devices: Sequence[jax.Device]) -> None:
+    """Float8 asked of GPUs without float8 tensor cores: refused, naming the key that asks."""
+    missing = targets.float8_missing(devices)
+    asked = {"precision.fp8": config.precision.fp8 != FP8_RECIPES[0], "zero.fp8_gather": config.zero.fp8_gather}
+    key = next((k for k, on in asked.items() if on), None)
+    if missing and key:
+        raise ConfigError(key, missing)
+
+
 def build_job(
     config: Config,
     devices: Sequence[jax.Device] | None = None,
@@ -251,6 +261,7 @@ def build_job(
         simulate_cpu_devices(config.runtime.cpu_devices)
         cache.enable_compilation_cache(config.runtime.compilation_cache)
     mesh = make_mesh(config.mesh.axes, devices, config.mesh.dcn)
+    _check_float8(config, list(mesh.devices.flat))
     check_batch_divides(config.train.global_batch_size, mesh_shape(mesh), config.train.microbatches)
     precision = config.precision.build()
     tx = config.optimizer.build(config.train.steps)

@@ -94,7 +94,7 @@ def test_the_prediction_is_never_below_its_floor():
 
 
 def _counted(executed, unknown_loops=(), uncounted=()):
-    return MatmulFlops(executed, {}, {}, unknown_loops, uncounted)
+    return MatmulFlops(executed, 0, {}, {}, unknown_loops, uncounted)
 
 
 def test_a_flop_count_that_cannot_be_right_is_an_error_not_a_prediction():

@@ -1,0 +1,113 @@
+"""Float8 in the compiled program: which GEMMs read float8 operands, against the layers'
+projections that asked for them (``precision.fp8``), and the matmuls left in 16 bits, with why.
+
+A switch that the compiler silently ignores looks like one that worked (torchtitan #3123), so the
+proof is read from the program: every ``dot`` (in a GEMM fusion or not) and cuBLAS call, its
+operands' types (:func:`jzero.ledger.flops.float8_operands`), and the projection it computes from
+its ``op_name`` (Flax's module path). A projection is covered when each of its GEMMs, the forward,
+its recomputation and the backward's two, reads float8.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from jzero.dtypes import FP8_RECIPES
+from jzero.ledger.flops import _types, float8_operands
+from jzero.ledger.hlo_text import _OP_NAME, _computations, _Instruction
+from jzero.memory.float8 import kept_reason
+from jzero.records import record
+
+__all__ = ["Float8", "KeptMatmul", "float8_report"]
+
+HEAD = "the output layer: float8 covers the layers' projections (torchtitan's default too)"
+NOT_PROJECTION = "not a layer projection (attention's own matmuls): in the compute dtype"
+# Segments of an op_name that say how JAX reached an op, not which module computes it.
+_TRACE = re.compile(
+    r"^(jit\(.*\)|jvp\(.*\)|transpose\(.*\)|while|body|closed_call|checkpoint|rematted_computation|cond|branch_\d+_fun)$"
+)
+
+
+@record
+class KeptMatmul:
+    """A matmul the program computes in another type than float8.
+
+    Attributes:
+      name: the module it belongs to (its path in the program's ``op_name``).
+      why: why it is not float8.
+    """
+
+    name: str
+    why: str
+
+
+@record
+class Float8:
+    """``fp8`` in ``jzero plan --json``: float8 GEMMs in the compiled program against the projections
+    that asked for them.
+
+    Attributes:
+      recipe: ``precision.fp8``.
+      gemms: float8 GEMMs in the compiled program (its instructions, not their runs).
+      other_gemms: GEMMs in it that read no float8 operand.
+      requested: the layers' projections that asked for float8.
+      covered: those whose every GEMM in the program reads float8 (forward and backward).
+      kept_bf16: the matmuls in another type, one entry a module, with why.
+    """
+
+    recipe: str
+    gemms: int
+    other_gemms: int
+    requested: int
+    covered: int
+    kept_bf16: list[KeptMatmul]
+
+
+def float8_report(hlo_text: str, recipe: str, projections: Mapping[str, Sequence[int]]) -> Float8 | None:
+    """The program's float8 GEMMs against the projections that asked (None when ``recipe`` is ``none``).
+
+    Args:
+      hlo_text: the compiled step's HLO.
+      recipe: ``precision.fp8``.
+      projections: each layer projection's module path (its kernel's path without ``/kernel``)
+        and its kernel's shape in one layer ``[in, out]``.
+    """
+    if recipe == FP8_RECIPES[0]:
+        return None
+    by_name = {path.rsplit("/", 1)[-1]: path for path in projections}
+    float8, other = {}, {}
+    for ins, types in _gemms(hlo_text):
+        module = _module(ins)
+        name = next((by_name[n] for n in module.split("/") if n in by_name), module)
+        counts = float8 if float8_operands(ins, types) else other
+        counts[name] = counts.get(name, 0) + 1
+    kept = [KeptMatmul(name=name, why=_why(name, projections)) for name in sorted(other)]
+    covered = sum(1 for p in projections if p in float8 and p not in other)
+    return Float8(
+        recipe=recipe, gemms=sum(float8.values()), other_gemms=sum(other.values()), requested=len(projections),
+        covered=covered, kept_bf16=kept,
+    )  # fmt: skip
+
+
+def _gemms(hlo_text: str) -> list[tuple[_Instruction, dict]]:
+    """Every GEMM of the program (a ``dot``, a cuBLAS call) with its computation's types."""
+    computations, _ = _computations(hlo_text)
+    out = []
+    for body in computations.values():
+        types = _types(list(body))
+        out += [(ins, types) for ins in body if ins.op == "dot" or (ins.op == "custom-call" and "__cublas$" in ins.line)]
+    return out
+
+
+def _module(ins: _Instruction) -> str:
+    """The module path in an instruction's ``op_name``: how JAX reached it and the op itself left out."""
+    match = _OP_NAME.search(ins.line)
+    parts = (match.group(1) if match else ins.name).split("/")[:-1]
+    return "/".join(p for p in parts if not _TRACE.match(p)) or ins.name
+
+
+def _why(name: str, projections: Mapping[str, Sequence[int]]) -> str:
+    if name in projections:
+        return kept_reason(projections[name]) or "XLA compiled its GEMM without float8 operands"
+    return HEAD if "head" in name else NOT_PROJECTION
