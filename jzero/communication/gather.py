@@ -158,10 +158,19 @@ def gather(shard: jax.Array, spec: UnitSpec) -> jax.Array:
     if spec.secondary is None:
         return _reduced_back(lambda x: _to(x, spec, spec.whole, compute), shard, spec)
     secondary = checkpoint_name(_reduced_back(lambda x: _secondary(x, spec, compute), shard, spec), SECONDARY)
-    split, whole = NamedSharding(spec.mesh, spec.secondary), NamedSharding(spec.mesh, spec.whole)
     # Split again after the name, so that the copy is saved split, not as the whole it becomes;
     # inside the custom_vjp, so that the gradient is not reduced to it on the way back.
-    return _passed_back(lambda x: jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, split), whole), secondary)
+    return _passed_back(lambda x: _from_secondary(x, spec), secondary)
+
+
+def _from_secondary(x: jax.Array, spec: UnitSpec) -> jax.Array:
+    """hpZ: the leaf whole from its secondary copy ``x`` (a gather within the host); in float8 with
+    ``spec.fp8``, its scale the copy's own largest magnitude (the forward's, to float8's rounding)."""
+    split = NamedSharding(spec.mesh, spec.secondary)
+    x = jax.lax.with_sharding_constraint(x, split)
+    if not spec.fp8:
+        return jax.lax.with_sharding_constraint(x, NamedSharding(spec.mesh, spec.whole))
+    return _float8_gather(x, dataclasses.replace(spec, resting=spec.secondary), spec.whole, x.dtype)
 
 
 def _reduced_back(fn: Callable[[jax.Array], jax.Array], shard: jax.Array, spec: UnitSpec) -> jax.Array:

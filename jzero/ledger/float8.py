@@ -22,6 +22,7 @@ from jzero.records import record
 __all__ = ["Float8", "KeptMatmul", "float8_report"]
 
 HEAD = "the output layer: float8 covers the layers' projections (torchtitan's default too)"
+CPU = "the CPU backend widens float8 operands for its dots (their values, and so the numerics, are float8's)"
 NOT_PROJECTION = "not a layer projection (attention's own matmuls): in the compute dtype"
 # Segments of an op_name that say how JAX reached an op, not which module computes it.
 _TRACE = re.compile(
@@ -64,7 +65,7 @@ class Float8:
     kept_bf16: list[KeptMatmul]
 
 
-def float8_report(hlo_text: str, recipe: str, projections: Mapping[str, Sequence[int]]) -> Float8 | None:
+def float8_report(hlo_text: str, recipe: str, projections: Mapping[str, Sequence[int]], backend: str) -> Float8 | None:
     """The program's float8 GEMMs against the projections that asked (None when ``recipe`` is ``none``).
 
     Args:
@@ -72,6 +73,7 @@ def float8_report(hlo_text: str, recipe: str, projections: Mapping[str, Sequence
       recipe: ``precision.fp8``.
       projections: each layer projection's module path (its kernel's path without ``/kernel``)
         and its kernel's shape in one layer ``[in, out]``.
+      backend: the devices' platform (``cpu``, ``gpu``).
     """
     if recipe == FP8_RECIPES[0]:
         return None
@@ -82,7 +84,7 @@ def float8_report(hlo_text: str, recipe: str, projections: Mapping[str, Sequence
         name = next((by_name[n] for n in module.split("/") if n in by_name), module)
         counts = float8 if float8_operands(ins, types) else other
         counts[name] = counts.get(name, 0) + 1
-    kept = [KeptMatmul(name=name, why=_why(name, projections)) for name in sorted(other)]
+    kept = [KeptMatmul(name=name, why=_why(name, projections, backend)) for name in sorted(other)]
     covered = sum(1 for p in projections if p in float8 and p not in other)
     return Float8(
         recipe=recipe, gemms=sum(float8.values()), other_gemms=sum(other.values()), requested=len(projections),
@@ -107,7 +109,7 @@ def _module(ins: _Instruction) -> str:
     return "/".join(p for p in parts if not _TRACE.match(p)) or ins.name
 
 
-def _why(name: str, projections: Mapping[str, Sequence[int]]) -> str:
+def _why(name: str, projections: Mapping[str, Sequence[int]], backend: str) -> str:
     if name in projections:
-        return kept_reason(projections[name]) or "XLA compiled its GEMM without float8 operands"
+        return kept_reason(projections[name]) or (CPU if backend == "cpu" else "XLA compiled its GEMM without float8 operands")
     return HEAD if "head" in name else NOT_PROJECTION

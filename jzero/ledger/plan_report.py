@@ -139,7 +139,7 @@ def plan_report(inputs: ReportInputs, compiled: Any, hardware: Hardware | None =
         gradient_quantization=gradient_quantization(plan, ops),
         attention=inputs.attention,
         attention_windows=fused_attention_windows(hlo) or None,
-        fp8=float8_report(hlo, inputs.precision.fp8, projections(plan)),
+        fp8=float8_report(hlo, inputs.precision.fp8, projections(plan), device["backend"]),
         hierarchical=hierarchical(plan, inputs.precision, hlo),
         compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in inputs.xla_options.items()}),
     )

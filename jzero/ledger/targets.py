@@ -108,6 +108,10 @@ GPUS: dict[str, Gpu] = {
     # with NCCL_ALGO=RING on 2 to 8 GPUs, nccl#1455); DGX H100: one 400 Gb/s NDR NIC per GPU; PCIe Gen5
     # x16 (64 GB/s). FP8: 3,958 TFLOPS with sparsity, 1,979 dense.
     "h100": Gpu("h100.txtpb", 80 * 10**9, 989e12, 3.35e12, 370e9, 400, 64e9, 1979e12),
+    # The H100 SXM5 96GB HBM2e at 500 W of torchtitan's benchmarks (h100hbm2e.txtpb): 2.4 TB/s; its
+    # peak is "between SXM and NVL" (their footnote), taken here at the H100 NVL datasheet's: 1,671
+    # TFLOPS bf16 and 3,341 FP8 with sparsity (835.5 and 1,670.5 dense). Its NVLink and NICs as DGX H100's.
+    "h100hbm2e": Gpu("h100hbm2e.txtpb", 96 * 10**9, 835.5e12, 2.4e12, 370e9, 400, 64e9, 1670.5e12),
     # H200 SXM datasheet: the H100's tensor cores and NVLink, 4.8 TB/s HBM3e; DGX H200 as DGX H100.
     "h200": Gpu("h200.txtpb", 141 * 10**9, 989e12, 4.8e12, 370e9, 400, 64e9, 1979e12),
 }
@@ -130,6 +134,9 @@ def gpu_of(device_kind: str) -> Gpu | None:
     """The :data:`GPUS` entry of a device of this ``device_kind`` (JAX's, e.g. ``NVIDIA H100 80GB HBM3``),
     or None where it is not known: a CPU, or a part whose figures differ from the SXM one's (PCIe, NVL)."""
     kind = device_kind.lower()
+    exact = [gpu for gpu in GPUS.values() if _DESCRIPTION.search(_target_config(gpu)).group(1).lower() == kind]
+    if exact:
+        return exact[0]
     if "pcie" in kind or "nvl" in kind:
         return None
     names = [name for name in GPUS if name in kind]
@@ -168,6 +175,7 @@ def peak_flops(device_kind: str) -> float | None:
 # 0.15 s at 120, its peak 64.2, 64.6 and 65.9 GB (benchmarks/calibration.py's run, this host).
 XLA_SCHEDULER_SHARE = 0.8
 _DEVICE_MEMORY = re.compile(r"device_memory_size:\s*(\d+)")
+_DESCRIPTION = re.compile(r'device_description_str:\s*"([^"]*)"')
 XLA_DEFAULT_SLOP_FACTOR = 95
 
 
