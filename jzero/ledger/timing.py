@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from jzero.records import record
+from jzero.records import omit_if_none, record
 
 __all__ = ["EFFICIENCY", "Hardware", "StepCost", "Transfer", "bus_bandwidth", "predict"]
 
@@ -73,6 +73,8 @@ class Prediction:
       error: why the FLOP counter's figure cannot be a prediction; None when it can.
       executed_flops_per_device: the FLOPs the program executes per device, recomputation included.
       executed_over_model_flops: those over the model's.
+      float8_flops_per_device: the part of them float8 GEMMs run (priced at the float8 peak); left
+        out where the program has none.
       host_transfer_bytes: the bytes moved to and from host memory per step.
       hbm_bytes: the bytes the non-matmul work reads and writes in HBM per step (the memory term's).
       bus_bandwidth: each level's predicted bus bandwidth.
@@ -100,6 +102,7 @@ class Prediction:
     host_transfer_bytes: float
     hbm_bytes: float
     bus_bandwidth: BusBandwidth
+    float8_flops_per_device: float | None = omit_if_none()
 
 
 # The share of the dense bf16 peak jzero's matmuls reach: one value for every target, chosen from
@@ -308,6 +311,7 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
         bound=max(terms, key=terms.get),
         error=None,
         executed_flops_per_device=cost.flops,
+        float8_flops_per_device=cost.float8_flops or None,
         executed_over_model_flops=cost.flops / cost.model_flops if cost.model_flops else None,
         host_transfer_bytes=cost.host_bytes,
         hbm_bytes=cost.hbm_bytes,

@@ -1,0 +1,87 @@
+"""``precision.fp8`` in the compiled program (``jzero plan``'s ``fp8``), in the time model, and the
+settings it refuses."""
+
+import json
+
+import pytest
+from support.cli import keyed_error, sets
+from support.configs import BF16, TINY, tiny_config
+from support.runs import compiled_step
+
+from jzero.cli.main import main
+from jzero.ledger.float8 import HEAD
+from jzero.ledger.targets import GPUS
+from jzero.ledger.timing import Hardware, StepCost, predict
+from jzero.training.report import plan_report
+
+LLAMA = ["model.name=llama", "model.n_kv_heads=1", "model.mlp_hidden=96"]
+
+
+def _report(devices, *overrides):
+    job, compiled = compiled_step(tiny_config(*BF16, *overrides), devices)
+    return plan_report(job, compiled)
+
+
+def test_rowwise_projections_are_float8_on_h100_and_a_plan_without_fp8_has_no_record(h100x8, devices):
+    """The tiny GPT's six projections under rowwise scales: each of their GEMMs (forward, recomputed
+    forward, the two of the backward) reads float8 in the GPU program, and only the head's stay bf16."""
+    f = _report(h100x8, "precision.fp8=rowwise").fp8
+    assert (f.recipe, f.requested, f.covered) == ("rowwise", 6, 6), f
+    assert f.gemms >= 3 * 6 and [k.name for k in f.kept_bf16] == ["GPT._head/lm_head"], f
+    assert _report(devices).fp8 is None
+
+
+def test_a_projection_float8_cannot_take_keeps_bf16_and_says_why(h100x8):
+    """A Llama whose MLP is 40 wide: its three MLP projections (not multiples of 16) stay bf16, named
+    with their shapes; the attention's four are float8."""
+    f = _report(h100x8, *LLAMA[:2], "model.mlp_hidden=40", "precision.fp8=tensorwise").fp8
+    kept = {k.name: k.why for k in f.kept_bf16}
+    assert (f.requested, f.covered) == (7, 4), f
+    for name in ("layers/gate_proj", "layers/up_proj", "layers/down_proj"):
+        assert "is not a multiple of 16" in kept[name] and "40" in kept[name], kept
+
+
+def test_plan_json_carries_the_fp8_contract_and_prices_float8_at_its_peak(capsys, h100x8):
+    """``fp8``'s keys; the prediction's compute term prices the float8 GEMMs' FLOPs at 1,979 TFLOP/s
+    and the rest at 989, both at the table's efficiency."""
+    argv = ["plan", "configs/gpt-tiny.yaml", "--target", "h100x8", "--json", *sets(*TINY, *BF16, "precision.fp8=tensorwise")]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    fp8, p = report["fp8"], report["predicted"]
+    assert fp8["gemms"] >= 18 and fp8["requested"] == 6 and fp8["covered"] == 6 and fp8["other_gemms"] > 0
+    assert fp8["kept_bf16"] == [{"name": "GPT._head/lm_head", "why": HEAD}]
+    executed, float8 = p["executed_flops_per_device"], p["float8_flops_per_device"]
+    assert 0.5 * executed < float8 < executed
+    assert p["compute_s"] == pytest.approx(((executed - float8) / 989e12 + float8 / 1979e12) / p["efficiency"], rel=1e-9)
+
+
+def test_float8_flops_run_at_the_float8_peak():
+    """Half of 1 PFLOP in float8 on a GPU with twice the peak there: 0.75 of the time all-bf16 takes;
+    without float8 tensor cores, the same time."""
+    hw, no_fp8 = Hardware(1e15, 1e12, 1e11, 1e10, 1e10, float8_flops=2e15), Hardware(1e15, 1e12, 1e11, 1e10, 1e10)
+    plain = StepCost(flops=1e15, model_flops=1e15, tokens=1)
+    half = StepCost(flops=1e15, model_flops=1e15, tokens=1, float8_flops=5e14)
+    assert predict(half, hw, 0.5).compute_s == pytest.approx(0.75 * predict(plain, hw, 0.5).compute_s, rel=1e-12)
+    assert predict(half, no_fp8, 0.5).compute_s == pytest.approx(predict(plain, no_fp8, 0.5).compute_s, rel=1e-12)
+    assert GPUS["h100"].float8_dense_flops == 1979e12 and GPUS["a100"].float8_dense_flops is None
+
+
+@pytest.mark.parametrize(
+    "overrides, key, fragment",
+    [
+        (["precision.fp8=blockwise"], "precision.fp8", "unknown float8 recipe 'blockwise' (known: none, tensorwise, rowwise)"),
+        (["precision.param_dtype=float16", "precision.fp8=tensorwise"], "precision.fp8", "not float16"),
+        (["zero.stage=2", "zero.fp8_gather=true"], "zero.fp8_gather", "needs zero.stage 3"),
+        (["zero.fp8_gather=true", "zero.quantized_weights=int8"], "zero.fp8_gather", "use one of the two"),
+        (["zero.fp8_gather=3"], "zero.fp8_gather", "must be true or false"),
+    ],
+)
+def test_bad_float8_settings_are_one_line(capsys, overrides, key, fragment):
+    assert fragment in keyed_error(capsys, ["plan", "configs/gpt-tiny.yaml", *sets(*overrides)], key)
+
+
+@pytest.mark.parametrize("setting", ["precision.fp8=tensorwise", "zero.fp8_gather=true"])
+def test_float8_on_an_a100_target_is_refused(capsys, h100x8, setting):
+    argv = ["plan", "configs/gpt-tiny.yaml", "--target", "a100x8", *sets(*BF16, setting)]
+    err = keyed_error(capsys, argv, setting.split("=")[0])
+    assert "NVIDIA A100-SXM4-80GB has no float8 tensor cores" in err
