@@ -2,7 +2,8 @@
 
 A candidate is a set of ``--set`` overrides on the user's config: the stage, the remat policy, the
 microbatches, optimizer and parameter offload, the ``replica`` and ``model`` axis sizes, ZeRO++'s
-knobs (qwZ, hpZ, qgZ) and, when it is free, the global batch. Before any compile each one gets the
+knobs (qwZ, hpZ, qgZ), float8 matmuls and gathers on GPUs that have float8 tensor cores and, when
+it is free, the global batch. Before any compile each one gets the
 paper's model-state bytes (:func:`jzero.sharding.stages.per_device_parts`) plus an activation estimate, and
 a step time from the same model the compiled plan uses (:func:`jzero.ledger.timing.predict`) fed
 with the paper's communication volumes: a prediction used only to prune and to order the compiles.
@@ -17,9 +18,9 @@ from collections.abc import Iterator
 
 from jzero.compiler.options import PIPELINED_GATHERS
 from jzero.config.schema import Config
-from jzero.dtypes import array_bytes
+from jzero.dtypes import FP8_RECIPES, array_bytes
 from jzero.lazy import moved_names
-from jzero.ledger.targets import Target
+from jzero.ledger.targets import GPUS, Target
 from jzero.ledger.timing import StepCost, Transfer
 from jzero.memory.remat import REMAT_POLICIES, offloads
 from jzero.models.sizes import LayerShape, attention_flops_per_token, layer_shape
@@ -45,6 +46,7 @@ class Candidate:
     axes: tuple[tuple[str, int], ...]
     dcn: tuple[tuple[str, int], ...] = ()
     pipelined_gathers: bool = True  # XLA's all-gather pipeliner (GPU_COMPILER_OPTIONS) left on
+    fp8: str = FP8_RECIPES[0]  # precision.fp8
 
     def sets(self) -> list[str]:
         """The overrides that make the user's config this candidate."""
@@ -54,7 +56,7 @@ class Candidate:
         return [
             *self.zero.words(), f"model.remat={self.remat}", f"train.microbatches={self.microbatches}",
             f"train.global_batch_size={self.global_batch_size}", f"mesh.axes={{{axes}}}", f"mesh.dcn={{{dcn}}}",
-            *unpipelined,
+            f"precision.fp8={self.fp8}", *unpipelined,
         ]  # fmt: skip
 
     @property
@@ -63,7 +65,8 @@ class Candidate:
         axes = " x ".join(f"{n}={s}" for n, s in self.axes if s > 1) or "data=1"
         mb = f" in {self.microbatches}" if self.microbatches > 1 else ""
         head = [f"stage {self.zero.stage}", axes, f"remat {self.remat}", f"batch {self.global_batch_size}{mb}"]
-        return ", ".join([*head, *self.zero.knobs(), *["gathers not pipelined"] * (not self.pipelined_gathers)])
+        fp8 = [f"fp8 {self.fp8}"] * (self.fp8 != FP8_RECIPES[0])
+        return ", ".join([*head, *fp8, *self.zero.knobs(), *["gathers not pipelined"] * (not self.pipelined_gathers)])
 
     @property
     def axis_sizes(self) -> tuple[int, int, int]:
@@ -100,14 +103,18 @@ class EstimateInputs:
 
 
 def candidates(
-    figures: EstimateInputs, target: Target, batches: list[int], zero: ZeroOptions | None = None
+    figures: EstimateInputs, target: Target, batches: list[int], zero: ZeroOptions | None = None, fp8: str | None = None
 ) -> Iterator[Candidate]:
     """Every candidate for ``target``: stages 0-3 x remat policies x microbatches x offload x meshes
     (``model`` within a host, ``replica`` over the hosts for hpZ) x ZeRO++ knobs x ``batches``, each
-    with the rest of ``zero`` (the user's; default: :class:`~jzero.sharding.stages.ZeroOptions`'s).
+    with the rest of ``zero`` (the user's; default: :class:`~jzero.sharding.stages.ZeroOptions`'s);
+    on a GPU with float8 tensor cores and ``fp8`` (a recipe: the user's, or ``tensorwise``) given,
+    without and with float8 matmuls, and at stage 3 float8 gathers where qwZ is off.
     Combinations a config cannot have (offload below its stage, qgZ with a model axis, a batch that
     does not split) are left out here or refused by config validation afterwards."""
     base = zero or ZeroOptions()
+    float8 = fp8 is not None and GPUS[target.gpu].float8_dense_flops is not None
+    recipes = (FP8_RECIPES[0], fp8) if float8 and fp8 != FP8_RECIPES[0] else (FP8_RECIPES[0],)
     heads = (figures.layer.n_heads, figures.layer.kv_heads)
     models = [m for m in (1, 2, 4, 8) if target.gpus_per_host % m == 0 and all(h % m == 0 for h in heads)]
     for stage, remat, mb, batch, m in itertools.product(STAGES, REMAT_POLICIES, MICROBATCHES, batches, models):
@@ -118,8 +125,9 @@ def candidates(
             axes, dcn = _mesh(replica, data, m, target.hosts)
             for optimizer, params in _offloads(stage):
                 z = dataclasses.replace(base, stage=stage, offload_optimizer=optimizer, offload_params=params)
-                for knobs, pipelined in itertools.product(_zeropp(z, replica, m), _pipelining(stage, mb)):
-                    yield Candidate(knobs, remat, mb, batch, axes, dcn=dcn, pipelined_gathers=pipelined)
+                knobs = itertools.product(_zeropp(z, replica, m, float8), _pipelining(stage, mb), recipes)
+                for zeropp, pipelined, recipe in knobs:
+                    yield Candidate(zeropp, remat, mb, batch, axes, dcn=dcn, pipelined_gathers=pipelined, fp8=recipe)
 
 
 def _mesh(replica: int, data: int, model: int, hosts: int) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
@@ -141,17 +149,20 @@ def _offloads(stage: int) -> list[tuple[bool, bool]]:
     return [(False, False)] + [(True, False)] * rule.can_offload("optimizer") + [(True, True)] * rule.can_offload("params")
 
 
-def _zeropp(zero: ZeroOptions, replica: int, model: int) -> Iterator[ZeroOptions]:
+def _zeropp(zero: ZeroOptions, replica: int, model: int, float8: bool = False) -> Iterator[ZeroOptions]:
     """ZeRO++'s settings the search tries: qwZ and qgZ on or off, hpZ exactly when there is a ``replica``
-    axis; none below stage 3, whose knobs act on partitioned parameters."""
-    off = dataclasses.replace(zero, quantized_weights="none", hierarchical="none", quantized_gradients="none")
+    axis, and with ``float8`` float8 gathers where qwZ is off; none below stage 3, whose knobs act on
+    partitioned parameters."""
+    off = dataclasses.replace(zero, quantized_weights="none", hierarchical="none", quantized_gradients="none", fp8_gather=False)
     if not zero.rule.params:
         yield off
         return
     hpz = "hpz" if replica > 1 else "none"
     for qwz in QUANTIZED_WEIGHTS:
         for qgz in QUANTIZED_WEIGHTS if model == 1 and not zero.offload_params else ("none",):  # qgZ at qwZ's int8
-            yield dataclasses.replace(off, quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz)
+            for fp8_gather in (False, True) if float8 and qwz == "none" else (False,):
+                knobs = dict(quantized_weights=qwz, hierarchical=hpz, quantized_gradients=qgz, fp8_gather=fp8_gather)
+                yield dataclasses.replace(off, **knobs)
 
 
 def estimate(c: Candidate, f: EstimateInputs, target: Target) -> tuple[float, StepCost]:
@@ -183,6 +194,8 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
     attention = f.attention_flops / 12  # the scores' and weighted values' multiply-adds, forward
     model_flops = f.flops_per_token * c.global_batch_size * f.seq_len / target.count
     recompute = (2 * matmul + 4 * attention) / f.flops_per_token if c.remat == "full" else 0.0
+    # Float8 runs the layers' projections: 6 FLOPs a weight a token, 8 with full remat's recomputation.
+    projections = (8 if c.remat == "full" else 6) * matmul / f.flops_per_token if c.fp8 != FP8_RECIPES[0] else 0.0
     transfers = [_transfer(c, f, each, target) for each in c.zero.rule.collectives]
     if m > 1:  # tensor parallelism: two all-reduces of the activations per layer forward, two backward
         transfers.append(Transfer(8 * tokens * f.d_model * f.compute_itemsize * f.n_layers * c.microbatches, m))
@@ -196,14 +209,15 @@ def _cost(c: Candidate, f: EstimateInputs, target: Target, tokens: int, parts: d
         hbm_bytes=2 * parts["total"],  # the update's reads and writes; the rest is read from the compiled program
         transfers=tuple(transfers),
         host_bytes=host,
+        float8_flops=model_flops * projections,
     )
 
 
 def _transfer(c: Candidate, f: EstimateInputs, each: StageCollective, target: Target) -> Transfer:
     """One of the stage's collectives (:attr:`jzero.sharding.stages.StageRule.collectives`) as bytes
     per device over its group: the gradients in their reduce dtype (qgZ's int4 a quarter of them),
-    the updated parameters in theirs, stage 3's gathers in the compute dtype (qwZ's int8 half of
-    them) once per microbatch, hpZ's backward gather within the data axis only."""
+    the updated parameters in theirs, stage 3's gathers in the compute dtype (qwZ's int8 and float8
+    gathers half of them) once per microbatch, hpZ's backward gather within the data axis only."""
     m, replica, data = c.axis_sizes
     group = data * (1 if each.when == "backward" and c.zero.hpz else replica)  # laid over the hosts by _shape
     if each.state == "grads":
@@ -211,7 +225,7 @@ def _transfer(c: Candidate, f: EstimateInputs, each: StageCollective, target: Ta
     elif each.when == "step":
         size = f.param_bytes / m
     else:
-        size = f.num_params * f.compute_itemsize / m * (0.5 if c.zero.qwz else 1.0)
+        size = f.num_params * f.compute_itemsize / m * (0.5 if c.zero.qwz or c.zero.fp8_gather else 1.0)
     times = c.microbatches if c.zero.rule.params else 1
     return Transfer(size * times, group, *_shape(group, m, target))
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from jzero.config.loading import load_config
+from jzero.config.schema import Config
+from jzero.dtypes import FP8_RECIPES
 from jzero.errors import ConfigError, JzeroError, error_line
 from jzero.ledger.plan_report import with_verdict
 from jzero.ledger.render import human_bytes
@@ -132,7 +134,7 @@ def search(
     hardware = target.hardware()
     batches = batches or [base.config.train.global_batch_size]
     queue, considered, over = [], 0, 0
-    for candidate in candidates(figures, target, batches, base.config.zero):
+    for candidate in candidates(figures, target, batches, base.config.zero, float8_recipe(base.config)):
         considered += 1
         nbytes, cost = estimate(candidate, figures, target)
         if nbytes > memory_per_device:
@@ -158,6 +160,15 @@ def search(
     left = len(queue) - done
     elapsed = time.perf_counter() - start
     return Search(target.name, memory_per_device, time_budget_s, considered, over, refused, left, elapsed, rows)
+
+
+def float8_recipe(config: Config) -> str | None:
+    """The float8 recipe the search tries beside none: the config's, or ``tensorwise`` (torchtitan's
+    default); None where the compute is not bfloat16."""
+    compute = config.precision.compute_dtype or config.precision.param_dtype
+    if compute != "bfloat16":
+        return None
+    return config.precision.fp8 if config.precision.fp8 != FP8_RECIPES[0] else FP8_RECIPES[1]
 
 
 def _job(config_path: str | Path, sets: list[str], devices: list, base: Job) -> Job | None:

@@ -102,9 +102,30 @@ def test_the_estimate_prices_each_stages_collectives_over_their_groups():
     assert priced(3, replica=2, hpz=True) == [(bf16, 16, 2), (bf16, 8, 1), (grads, 16, 2)]
 
 
+def test_float8_candidates_on_hopper_only_and_the_estimate_prices_them():
+    """On H100s the search tries float8 matmuls (the config's recipe) and, at stage 3 without qwZ,
+    float8 gathers; on A100s neither. The estimate runs the layers' projections (6 FLOPs a weight a
+    token) at the float8 peak and halves stage 3's gathers."""
+    figures, target = _figures(), parse_target("h100x8")
+    found = list(candidates(figures, target, [32], None, "rowwise"))
+    assert {c.fp8 for c in found} == {"none", "rowwise"}
+    assert {c.zero.fp8_gather for c in found if c.zero.stage == 3 and not c.zero.qwz} == {False, True}
+    assert not any(c.zero.fp8_gather for c in found if c.zero.stage < 3 or c.zero.qwz)
+    assert all("precision.fp8=rowwise" in c.sets() and "fp8 rowwise" in c.label for c in found if c.fp8 != "none")
+    a100 = candidates(figures, parse_target("a100x8"), [32], None, "rowwise")
+    assert not any(c.fp8 != "none" or c.zero.fp8_gather for c in a100)
+    plain = next(c for c in found if c.zero.stage == 3 and c.remat == "none" and c.fp8 == "none" and not c.zero.knobs())
+    both = dataclasses.replace(plain, fp8="rowwise", zero=dataclasses.replace(plain.zero, fp8_gather=True))
+    (_, cost), (_, fp8) = estimate(plain, figures, target), estimate(both, figures, target)
+    tokens = plain.global_batch_size * figures.seq_len / target.count
+    projections = 6 * figures.n_layers * figures.layer.matmul_params * tokens
+    assert cost.float8_flops == 0 and fp8.float8_flops == pytest.approx(projections)
+    assert [t.bytes for t in fp8.transfers][:2] == [t.bytes / 2 for t in cost.transfers][:2]  # the two gathers
+
+
 def test_every_candidate_is_a_config_or_refused_by_validation():
     refused = 0
-    for c in candidates(_figures(), parse_target("h100x8"), [32]):
+    for c in candidates(_figures(), parse_target("h100x8"), [32], None, "tensorwise"):
         try:
             load_config("configs/gpt-tiny.yaml", [*TINY, *BF16, *c.sets()])
         except ConfigError:
