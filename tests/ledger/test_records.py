@@ -165,11 +165,15 @@ def every_record() -> list[type]:
     return sorted(found.values(), key=lambda cls: cls.__name__)
 
 
+# Records made after the move, which the old module never held.
+NEWER = {"Float8", "KeptMatmul"}
+
+
 def test_every_record_is_found_and_the_old_names_warn():
-    """37 records (each now beside its instrument); each name of the old module still answers, with a warning."""
+    """39 records (each beside its instrument); each name of the old module still answers, with a warning."""
     found = every_record()
-    assert len(found) == 37, [cls.__name__ for cls in found]
-    for cls in found:
+    assert len(found) == 39, [cls.__name__ for cls in found]
+    for cls in (c for c in found if c.__name__ not in NEWER):
         with pytest.warns(DeprecationWarning, match=f"jzero.ledger.records.{cls.__name__} is now {cls.__module__}"):
             assert getattr(records, cls.__name__) is cls
 
