@@ -221,8 +221,8 @@ def _manual_gather(shard: jax.Array, spec: UnitSpec, compute: Any) -> jax.Array:
 def _gathered(x: jax.Array, spec: UnitSpec, axes: tuple[str, ...], compute: Any) -> jax.Array:
     if spec.layout is not None:
         return quantized_gather(x, spec.layout, axes, compute)
-    if spec.fp8:  # the whole tensor's scale: the largest magnitude over the devices' shards
-        scale = float8.scale_for(jax.lax.pmax(jnp.max(jnp.abs(x.astype(jnp.float32))), axes), float8.E4M3)
+    if spec.fp8:  # the whole tensor's scale, over every manual axis: hpZ's two hops round alike
+        scale = float8.scale_for(jax.lax.pmax(jnp.max(jnp.abs(x.astype(jnp.float32))), spec.manual), float8.E4M3)
         values = float8.cast(x, float8.E4M3, scale)
         return (gather_axes(values, spec.resting, axes).astype(jnp.float32) * scale).astype(compute)
     return gather_axes(x.astype(compute), spec.resting, axes)

@@ -4,12 +4,16 @@ scale from the whole tensor's largest magnitude) before its all-gather, and back
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from support.configs import BF16, HPZ, LR, tiny_config
 from support.reference import optax_tx, reference_with_floor, train_sharded
 from support.runs import compiled_step
 
+from jzero.communication.gather import UnitSpec, gather
 from jzero.dtypes import hlo_bytes
 from jzero.ledger import hlo as ledger
 from jzero.training.data import text_batches
@@ -17,6 +21,41 @@ from jzero.training.job import build_job
 
 FP8 = "zero.fp8_gather=true"
 QGZ = ["zero.quantized_gradients=int8", "zero.quantization_block=64"]
+
+
+def _rounded(x: np.ndarray) -> np.ndarray:
+    """``x`` as a float8 gather delivers it, computed apart from jzero: e4m3 (ml_dtypes) with the
+    scale that maps the whole array's largest magnitude onto 448, in float32 as jzero computes it."""
+    scale = np.float32(np.max(np.abs(x)) / np.float32(448.0))
+    return (np.asarray(x / scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("how", ["gspmd", "hpz", "manual", "manual hpz"])
+def test_a_float8_gather_is_the_whole_tensor_rounded_once(devices, how):
+    """Every path (GSPMD's constraint, hpZ's secondary copy, qgZ's explicit collectives, both)
+    delivers the whole tensor rounded to e4m3 with one scale, its largest magnitude over all shards;
+    rows of very different sizes, so a shard's own scale would differ; the gradient goes straight
+    through to the shards."""
+    mesh = Mesh(np.array(devices).reshape(2, 4), ("replica", "data"))
+    resting = P(("data", "replica") if how == "manual hpz" else ("replica", "data"), None)  # qgZ's hpZ: data major
+    sizes = np.geomspace(1e-3, 10, 32, dtype=np.float32)[:, None]
+    x = np.asarray(jax.random.normal(jax.random.key(0), (32, 24)), np.float32) * sizes
+    kw = {"secondary": P("data", None)} if "hpz" in how else {}
+    manual = ("replica", "data") if "manual" in how else ()
+    spec = UnitSpec(mesh, resting, P(None, None), manual=manual, fp8=True, **kw)
+    cotangent = jnp.asarray(np.arange(x.size, dtype=np.float32).reshape(x.shape))
+
+    def f(w):
+        return gather(w, spec)
+
+    if manual:
+        f = jax.shard_map(f, mesh=mesh, in_specs=resting, out_specs=P(None, None), check_vma=False)
+    got, back = jax.jit(lambda w: jax.vjp(f, w))(jax.device_put(x, NamedSharding(mesh, resting)))
+    # The same float8 values; the scale within float32's rounding of its division (XLA may multiply by
+    # the reciprocal): a few ulps, where a shard's own scale or no rounding is off by up to 1/16.
+    np.testing.assert_allclose(np.asarray(got), _rounded(x), rtol=4 * 2.0**-24, atol=0)
+    if not manual:  # under shard_map the backward sums each device's copy of the cotangent: qgz's tests
+        assert np.array_equal(np.asarray(back(cotangent)[0]), np.asarray(cotangent))
 
 
 def _gather_bytes(compiled) -> dict[str, int]:
