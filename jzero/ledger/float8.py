@@ -10,16 +10,22 @@ its recomputation and the backward's two, reads float8.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from jzero.dtypes import FP8_RECIPES
+import numpy as np
+from jax.sharding import NamedSharding
+
+from jzero.dtypes import FP8_RECIPES, hlo_bytes
+from jzero.ledger.collectives import Collective
 from jzero.ledger.flops import _types, float8_operands
 from jzero.ledger.hlo_text import _OP_NAME, _computations, _Instruction
 from jzero.memory.float8 import kept_reason
 from jzero.records import record
 
-__all__ = ["Float8", "KeptMatmul", "float8_report"]
+__all__ = ["Float8", "Float8Gathers", "KeptMatmul", "float8_gathers", "float8_report", "parameter_gather_bytes"]
 
 HEAD = "the output layer: float8 covers the layers' projections (torchtitan's default too)"
 CPU = "the CPU backend widens float8 operands for its dots (their values, and so the numerics, are float8's)"
@@ -113,3 +119,50 @@ def _why(name: str, projections: Mapping[str, Sequence[int]], backend: str) -> s
     if name in projections:
         return kept_reason(projections[name]) or (CPU if backend == "cpu" else "XLA compiled its GEMM without float8 operands")
     return HEAD if "head" in name else NOT_PROJECTION
+
+
+@record
+class Float8Gathers:
+    """``fp8_gather`` in ``jzero plan --json``: stage 3's parameter all-gathers in the compiled program
+    (arrays the size of a gathered parameter), by element type, per device per step.
+
+    Attributes:
+      float8_bytes: those sent as float8 (``f8e4m3fn``).
+      other_bytes: those sent in other types, by HLO type (norms and biases, the output layer).
+      compute_dtype_bytes: what the same gathers send in the compute dtype.
+      ratio: all of them over ``compute_dtype_bytes``.
+    """
+
+    float8_bytes: int
+    other_bytes: dict[str, int]
+    compute_dtype_bytes: int
+    ratio: float | None
+
+
+def parameter_gather_bytes(ops: Iterable[Collective], plan: Any) -> dict[str, tuple[int, int]]:
+    """The all-gathers of stage 3's parameters (arrays of a gathered parameter's size per device), by
+    HLO element type: ``(bytes, elements)`` per step, loops times their trip counts."""
+    sizes = set()
+    for t in plan.tensors:
+        if (gathered := plan.parameter_gather(t)) is not None:
+            shape, _, target = gathered
+            sizes.add(math.prod(NamedSharding(plan.mesh, target).shard_shape(shape)))
+    out: dict[str, tuple[int, int]] = {}
+    for op in ops:
+        for dtype, dims in op.arrays if op.kind == "all-gather" else ():
+            if (elements := math.prod(dims)) in sizes:
+                nbytes, count = out.get(dtype, (0, 0))
+                out[dtype] = (nbytes + int(elements * hlo_bytes(dtype)) * op.executions, count + elements * op.executions)
+    return out
+
+
+def float8_gathers(ops: Iterable[Collective], plan: Any, compute_dtype: Any) -> Float8Gathers | None:
+    """``zero.fp8_gather``'s part of the report (:class:`Float8Gathers`); None when it is off."""
+    if not plan.zero.fp8_gather:
+        return None
+    found = parameter_gather_bytes(ops, plan)
+    wide = sum(count for _, count in found.values()) * np.dtype(compute_dtype).itemsize
+    float8 = found.pop("f8e4m3fn", (0, 0))[0]
+    others = {dtype: nbytes for dtype, (nbytes, _) in found.items()}
+    sent = float8 + sum(others.values())
+    return Float8Gathers(float8_bytes=float8, other_bytes=others, compute_dtype_bytes=wide, ratio=sent / wide if wide else None)

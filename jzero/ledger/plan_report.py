@@ -21,7 +21,7 @@ from jzero.dtypes import array_bytes
 from jzero.ledger import hlo as ledger
 from jzero.ledger import targets
 from jzero.ledger.collectives import async_collectives, collective_kinds
-from jzero.ledger.float8 import float8_report
+from jzero.ledger.float8 import float8_gathers, float8_report
 from jzero.ledger.flops import ModelFlops, fused_attention_windows
 from jzero.ledger.gathered import Gathered
 from jzero.ledger.gathered import gathered_at_once as at_once
@@ -140,6 +140,7 @@ def plan_report(inputs: ReportInputs, compiled: Any, hardware: Hardware | None =
         attention=inputs.attention,
         attention_windows=fused_attention_windows(hlo) or None,
         fp8=float8_report(hlo, inputs.precision.fp8, projections(plan), device["backend"]),
+        fp8_gather=float8_gathers(ops, plan, inputs.precision.compute_dtype or jnp.float32),
         hierarchical=hierarchical(plan, inputs.precision, hlo),
         compiler=Compiler(xla_options={k: XlaOption(value=o["value"], from_=o["from"]) for k, o in inputs.xla_options.items()}),
     )

@@ -289,7 +289,7 @@ def _host_lines(report: PlanReport) -> list[str]:
         windows = sorted(report.attention_windows.items())
         calls = ", ".join(f"{'no window' if w == '0' else f'a window of {w}'}: {n}" for w, n in windows)
         lines.append(f"  cuDNN's fused calls (forward and backward) by sliding window: {calls}")
-    return lines + _float8_lines(report)
+    return lines + _float8_lines(report) + _float8_gather_lines(report)
 
 
 def _float8_lines(report: PlanReport) -> list[str]:
@@ -302,6 +302,16 @@ def _float8_lines(report: PlanReport) -> list[str]:
         f" backward); {f.gemms} float8 GEMMs in the program, {f.other_gemms} others"
     ]
     return lines + [f"  not float8: {k.name}: {k.why}" for k in f.kept_bf16]
+
+
+def _float8_gather_lines(report: PlanReport) -> list[str]:
+    g = report.fp8_gather
+    if g is None:
+        return []
+    others = ", ".join(f"{human_bytes(b)} in {t}" for t, b in sorted(g.other_bytes.items()))
+    ratio = f": {g.ratio:.3f} of the {human_bytes(g.compute_dtype_bytes)} they send in the compute dtype" if g.ratio else ""
+    sent = f"{human_bytes(g.float8_bytes)} as f8e4m3fn, {others or 'nothing else'}"
+    return [f"float8 parameter gathers per device per step: {sent}{ratio}"]
 
 
 def _saved_kind_lines(a: Activations) -> list[str]:

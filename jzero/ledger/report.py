@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jzero.ledger.collectives import AsyncCollective, CollectiveKind
-from jzero.ledger.float8 import Float8
+from jzero.ledger.float8 import Float8, Float8Gathers
 from jzero.ledger.flops import ModelFlops
 from jzero.ledger.gathered import Gathered
 from jzero.ledger.levels import Communication
@@ -148,6 +148,7 @@ class PlanReport:
         their sliding window's length (``"0"``: none); left out where the program has none.
       fp8: the program's float8 GEMMs against the projections that asked (``precision.fp8``); left
         out without float8 matmuls.
+      fp8_gather: stage 3's parameter gathers by element type (``zero.fp8_gather``); left out without it.
     """
 
     devices: int
@@ -187,6 +188,7 @@ class PlanReport:
     compiler: Compiler
     attention_windows: dict[str, int] | None = omit_if_none()
     fp8: Float8 | None = omit_if_none()
+    fp8_gather: Float8Gathers | None = omit_if_none()
 
 
 @record

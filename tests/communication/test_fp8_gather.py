@@ -14,10 +14,11 @@ from support.reference import optax_tx, reference_with_floor, train_sharded
 from support.runs import compiled_step
 
 from jzero.communication.gather import UnitSpec, gather
-from jzero.dtypes import hlo_bytes
 from jzero.ledger import hlo as ledger
+from jzero.ledger.float8 import parameter_gather_bytes
 from jzero.training.data import text_batches
 from jzero.training.job import build_job
+from jzero.training.report import plan_report
 
 FP8 = "zero.fp8_gather=true"
 QGZ = ["zero.quantized_gradients=int8", "zero.quantization_block=64"]
@@ -58,26 +59,22 @@ def test_a_float8_gather_is_the_whole_tensor_rounded_once(devices, how):
         assert np.array_equal(np.asarray(back(cotangent)[0]), np.asarray(cotangent))
 
 
-def _gather_bytes(compiled) -> dict[str, int]:
-    """All-gather bytes per step, by element type (each op's arrays times its runs)."""
-    out: dict[str, int] = {}
-    for op in ledger.parse_collectives(compiled.as_text()):
-        if op.kind == "all-gather":
-            for dtype, dims in op.arrays:
-                out[dtype] = out.get(dtype, 0) + int(np.prod(dims) * hlo_bytes(dtype)) * op.executions
-    return out
-
-
 @pytest.mark.parametrize("knobs", [[], HPZ, QGZ], ids=["zero3", "hpz", "qgz"])
-def test_float8_gathers_send_at_most_0_51_of_the_bf16_bytes(h100x8, knobs):
+def test_float8_parameter_gathers_send_at_most_0_51_of_the_bf16_bytes(h100x8, knobs):
     """bf16 compute at stage 3 on the GPU target (the CPU backend widens bf16 and float8 collectives):
-    the all-gathers send at most 0.51x the plain program's bytes, its matrices as f8e4m3fn, and only
-    the norms and biases in bf16 (d_model 64: they are 1.4% of the parameters)."""
+    the parameter all-gathers (the ledger's, :func:`parameter_gather_bytes`) send at most 0.51x the
+    plain program's, the matrices as f8e4m3fn; only norms and biases go in bf16. The report
+    says so (``fp8_gather``)."""
     wide = ["model.d_model=64", "zero.stage=3", *BF16, *knobs]
-    plain = _gather_bytes(compiled_step(tiny_config(*wide), h100x8)[1])
-    fp8 = _gather_bytes(compiled_step(tiny_config(*wide, FP8), h100x8)[1])
-    assert "f8e4m3fn" not in plain and fp8.get("f8e4m3fn", 0) > 0.95 * sum(fp8.values()), fp8
-    assert sum(fp8.values()) <= 0.51 * sum(plain.values()), (fp8, plain)
+    plain_job, plain = compiled_step(tiny_config(*wide), h100x8)
+    job, compiled = compiled_step(tiny_config(*wide, FP8), h100x8)
+    before = parameter_gather_bytes(ledger.parse_collectives(plain.as_text()), plain_job.plan)
+    after = parameter_gather_bytes(ledger.parse_collectives(compiled.as_text()), job.plan)
+    sent, bf16 = sum(b for b, _ in after.values()), sum(b for b, _ in before.values())
+    assert "f8e4m3fn" not in before and after["f8e4m3fn"][0] > 0.95 * sent, after
+    assert sent <= 0.51 * bf16, (after, before)
+    report = plan_report(job, compiled).fp8_gather
+    assert report.float8_bytes == after["f8e4m3fn"][0] and report.ratio <= 0.51, report
 
 
 def _float8_weights_loss(job, loss_fn):
