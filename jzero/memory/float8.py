@@ -21,8 +21,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jzero.dtypes import FP8_RECIPES
+from jzero.memory.remat import FLOAT8_OUTPUT
 
 __all__ = ["E4M3", "E5M2", "MULTIPLE", "cast", "dot_general", "kept_reason", "scale_for", "scaled_cast"]
 
@@ -102,7 +104,8 @@ def dot_general(recipe: str) -> Callable[..., jax.Array]:
         (lhs, rhs), batch = dimension_numbers
         if tuple(lhs) != (x.ndim - 1,) or tuple(rhs) != (0,) or any(batch) or w.ndim != 2:
             raise ValueError(f"float8 matmuls contract inputs' last dimension with a 2-D kernel's first, got {dimension_numbers}")
-        return _matmul(x, w, recipe)
+        # Named outside the custom_vjp, where a checkpoint policy sees it (jzero.memory.remat).
+        return checkpoint_name(_matmul(x, w, recipe), FLOAT8_OUTPUT)
 
     return float8_dot_general
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["REMAT_POLICIES", "checkpoint_policy", "offloads", "policy_name", "remat"]
+__all__ = ["FLOAT8_OUTPUT", "REMAT_POLICIES", "checkpoint_policy", "offloads", "policy_name", "remat"]
 
 Wrapped = TypeVar("Wrapped")
 
@@ -40,6 +40,9 @@ _POLICIES: dict[str, Callable[[Any], Any]] = {
     "offload_dots": lambda policies: policies.offload_dot_with_no_batch_dims(*_memory_kinds()),
 }
 REMAT_POLICIES = tuple(_POLICIES)
+# A float8 matmul's output (jzero.memory.float8) is a custom_vjp's, which the policies' matmul tests
+# do not see: named, every policy but full keeps it as it keeps a matmul's (offload_dots sends it).
+FLOAT8_OUTPUT = "jzero_float8_matmul"
 _OFFLOADING = frozenset({"offload_dots"})  # the policies that send saved values to host memory
 # The primitives whose outputs ``none`` keeps: matmuls, and cuDNN's attention forward (its result and
 # softmax statistics; a checkpoint policy sees the kernel, not the matmuls inside it).
@@ -82,11 +85,33 @@ def checkpoint_policy(name: str | bool, also_save: tuple[str, ...] = ()) -> Call
     """
     import jax
 
-    policy = _POLICIES[policy_name(name)](jax.checkpoint_policies)
+    policies = jax.checkpoint_policies
+    policy = _POLICIES[policy_name(name)](policies)
+    if policy is not None:
+        policy = _keeping_float8(policy, offloads(name))
     if not also_save:
         return policy
-    named = jax.checkpoint_policies.save_only_these_names(*also_save)
-    return named if policy is None else jax.checkpoint_policies.save_from_both_policies(policy, named)
+    named = policies.save_only_these_names(*also_save)
+    return named if policy is None else policies.save_from_both_policies(policy, named)
+
+
+def _keeping_float8(policy: Callable[..., Any], offload: bool) -> Callable[..., Any]:
+    """``policy``, which also keeps (or with ``offload`` sends to host memory) the values named
+    :data:`FLOAT8_OUTPUT`: it answers for them as for a projection's matmul."""
+    import jax
+
+    policies = jax.checkpoint_policies
+    kept = policies.save_only_these_names(FLOAT8_OUTPUT)
+    if offload:
+        src, dst = _memory_kinds()
+        kept = policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=[FLOAT8_OUTPUT], offload_src=src, offload_dst=dst
+        )
+
+    def with_float8(prim: Any, *args: Any, **params: Any) -> Any:
+        return (kept if params.get("name") == FLOAT8_OUTPUT else policy)(prim, *args, **params)
+
+    return with_float8
 
 
 def remat(target: Wrapped, policy: str | bool = "full", *, prevent_cse: bool = True, also_save: tuple[str, ...] = ()) -> Wrapped:

@@ -10,6 +10,7 @@ from support.runs import compiled_step
 
 from jzero.cli.main import main
 from jzero.ledger.float8 import HEAD
+from jzero.ledger.flops import program_flops
 from jzero.ledger.targets import GPUS
 from jzero.ledger.timing import Hardware, StepCost, predict
 from jzero.training.report import plan_report
@@ -29,6 +30,18 @@ def test_rowwise_projections_are_float8_on_h100_and_a_plan_without_fp8_has_no_re
     assert (f.recipe, f.requested, f.covered) == ("rowwise", 6, 6), f
     assert f.gemms >= 3 * 6 and [k.name for k in f.kept_bf16] == ["GPT._head/lm_head"], f
     assert _report(devices).fp8 is None
+
+
+@pytest.mark.parametrize("remat", ["none", "dots_with_no_batch_dims_saveable", "offload_dots"])
+def test_the_remat_policies_keep_a_float8_matmul_as_a_matmul(devices, remat):
+    """A float8 projection's output comes from a custom_vjp, which the policies' matmul test does not
+    see: named, it is kept (or sent to host memory) as a bf16 matmul's is, so the float8 program
+    saves the same bytes and recomputes the same FLOPs."""
+    job, compiled = compiled_step(tiny_config(*BF16, f"model.remat={remat}"), devices)
+    job8, compiled8 = compiled_step(tiny_config(*BF16, f"model.remat={remat}", "precision.fp8=tensorwise"), devices)
+    assert program_flops(compiled8.as_text()) == program_flops(compiled.as_text())
+    saved, saved8 = plan_report(job, compiled).activations, plan_report(job8, compiled8).activations
+    assert (saved8.device, saved8.host) == (saved.device, saved.host) and saved.device + saved.host > 0
 
 
 def test_a_projection_float8_cannot_take_keeps_bf16_and_says_why(h100x8):
