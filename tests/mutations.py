@@ -175,6 +175,27 @@ _CLI = (
 
 _COMMUNICATION = (
     _m(
+        "a float8 gather under qgZ scales each hop by its own axes",
+        "jzero/communication/gather.py",
+        "jax.lax.pmax(jnp.max(jnp.abs(x.astype(jnp.float32))), spec.manual)",
+        "jax.lax.pmax(jnp.max(jnp.abs(x.astype(jnp.float32))), axes)",
+        "tests/communication/test_fp8_gather.py", "-k", "whole_tensor",
+    ),
+    _m(
+        "hpZ's within-host regather of a float8 gather goes in bf16",
+        "jzero/communication/gather.py",
+        "    if not spec.fp8:\n        return jax.lax.with_sharding_constraint(x, NamedSharding(spec.mesh, spec.whole))",
+        "    if True:\n        return jax.lax.with_sharding_constraint(x, NamedSharding(spec.mesh, spec.whole))",
+        "tests/communication/test_fp8_gather.py", "-k", "hpz",
+    ),
+    _m(
+        "float8 gathers take the norms and biases too",
+        "jzero/sharding/gathers.py",
+        "shape is not None and len(shape[0]) >= 2",
+        "shape is not None and len(shape[0]) >= 1",
+        "tests/communication/test_fp8_gather.py", "-k", "training_equals",
+    ),
+    _m(
         "qwZ's block scale is the largest magnitude over the wrong axis",
         "jzero/communication/quantize.py",
         "scale = jnp.max(jnp.abs(b), axis=-1) / top",
@@ -323,6 +344,41 @@ _DISTRIBUTED = (
 
 _LEDGER = (
     _m(
+        "no GEMM reads float8 to the ledger",
+        "jzero/ledger/flops.py",
+        "return any(types.get(o, (\"\",))[0].startswith(\"f8\") for o in _operands(ins)[:2])",
+        "return any(types.get(o, (\"\",))[0].startswith(\"f9\") for o in _operands(ins)[:2])",
+        "tests/ledger/test_float8.py", "-k", "rowwise or contract",
+    ),
+    _m(
+        "the float8 FLOP counter counts every matmul",
+        "jzero/ledger/flops.py",
+        "        self.float8 = float8\n",
+        "        self.float8 = False\n",
+        "tests/ledger/test_float8.py", "-k", "contract",
+    ),
+    _m(
+        "float8 FLOPs run at the bf16 peak",
+        "jzero/ledger/timing.py",
+        "return ((cost.flops - float8) / hardware.peak_flops + float8 / rate) / efficiency",
+        "return cost.flops / hardware.peak_flops / efficiency",
+        "tests/ledger/test_float8.py", "-k", "peak",
+    ),
+    _m(
+        "a projection kept for its shape is blamed on XLA",
+        "jzero/ledger/float8.py",
+        "return kept_reason(projections[name]) or (CPU",
+        "return (CPU",
+        "tests/ledger/test_float8.py::test_a_projection_float8_cannot_take_keeps_bf16_and_says_why",
+    ),
+    _m(
+        "the plan finds no layer projection",
+        "jzero/ledger/plan_report.py",
+        "if t.path.endswith(\"/kernel\") and len(t.shape) == 3",
+        "if t.path.endswith(\"/kernel\") and len(t.shape) == 2",
+        "tests/ledger/test_float8.py", "-k", "rowwise",
+    ),
+    _m(
         "the all-stages table's temporaries are compared with the stage's own, not stage 0's",
         "jzero/ledger/stages_table.py",
         "{temp / base.compiled.temp:>5.2f}",
@@ -453,6 +509,49 @@ _LEDGER = (
 )
 
 _MEMORY = (
+    _m(
+        "every float8 scale is e4m3's, e5m2's gradients included",
+        "jzero/memory/float8.py",
+        "amax / float(jnp.finfo(dtype).max)",
+        "amax / 448.0",
+        "tests/memory/test_float8.py",
+    ),
+    _m(
+        "tensorwise's backward sends the gradient in e4m3",
+        "jzero/memory/float8.py",
+        "grad = E4M3 if rowwise else E5M2",
+        "grad = E4M3",
+        "tests/memory/test_float8.py",
+    ),
+    _m(
+        "rowwise's forward scales the whole tensor",
+        "jzero/memory/float8.py",
+        "_gemm(rows, w, E4M3, E4M3, recipe == \"rowwise\", x.dtype)",
+        "_gemm(rows, w, E4M3, E4M3, False, x.dtype)",
+        "tests/memory/test_float8.py",
+    ),
+    _m(
+        "a float8 GEMM's output misses the second operand's scale",
+        "jzero/memory/float8.py",
+        "(y.astype(jnp.float32) * sa * sb)",
+        "(y.astype(jnp.float32) * sa)",
+        "tests/memory/test_float8.py",
+    ),
+    _m(
+        "a kernel float8 cannot take goes to float8 anyway",
+        "jzero/memory/float8.py",
+        "if int(d) % MULTIPLE]",
+        "if int(d) % 1]",
+        "tests/memory/test_float8.py",
+        "tests/ledger/test_float8.py::test_a_projection_float8_cannot_take_keeps_bf16_and_says_why",
+    ),
+    _m(
+        "the remat policies recompute a float8 matmul's output",
+        "jzero/memory/remat.py",
+        "return (kept if params.get(\"name\") == FLOAT8_OUTPUT else policy)(prim, *args, **params)",
+        "return policy(prim, *args, **params)",
+        "tests/ledger/test_float8.py", "-k", "remat_policies",
+    ),
     _m(
         "the loss scale doubles one finite step late",
         "jzero/memory/precision.py",
@@ -597,6 +696,20 @@ _MODELS = (
 
 _PLANNER = (
     _m(
+        "the search tries float8 on A100s too",
+        "jzero/planner/candidates.py",
+        "float8 = fp8 is not None and GPUS[target.gpu].float8_dense_flops is not None",
+        "float8 = fp8 is not None",
+        "tests/planner/test_planner.py", "-k", "float8",
+    ),
+    _m(
+        "the search's estimate runs no FLOP in float8",
+        "jzero/planner/candidates.py",
+        "        float8_flops=model_flops * projections,\n",
+        "        float8_flops=0.0,\n",
+        "tests/planner/test_planner.py", "-k", "float8",
+    ),
+    _m(
         "the planner prices hpZ's backward gather over every replica, as if hpZ were off",
         "jzero/planner/candidates.py",
         'group = data * (1 if each.when == "backward" and c.zero.hpz else replica)',
@@ -676,6 +789,34 @@ _SHARDING = (
 )
 
 _TRAINING = (
+    _m(
+        "float8 on an A100 is not refused",
+        "jzero/training/job.py",
+        "    if missing and key:\n        raise ConfigError(key, missing)",
+        "    if missing and key:\n        pass",
+        "tests/ledger/test_float8.py", "-k", "a100",
+    ),
+    _m(
+        "the model never hears of precision.fp8",
+        "jzero/models/config.py",
+        "lora=lora, fp8=precision.fp8)",
+        "lora=lora, fp8=\"none\")",
+        "tests/ledger/test_float8.py", "-k", "rowwise",
+    ),
+    _m(
+        "float8 with float16 compute is let through",
+        "jzero/memory/config.py",
+        "and compute == \"float16\":",
+        "and compute == \"float64\":",
+        "tests/ledger/test_float8.py", "-k", "bad_float8",
+    ),
+    _m(
+        "float8 gathers below stage 3 are let through",
+        "jzero/sharding/stages.py",
+        "if fp8_gather and stage != 3:",
+        "if fp8_gather and stage < 2:",
+        "tests/ledger/test_float8.py", "-k", "bad_float8",
+    ),
     _m(
         "the report's inputs call jzero's GPT a model of yours (no formula beside its saved bytes)",
         "jzero/training/report.py",
