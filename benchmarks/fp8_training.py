@@ -130,6 +130,14 @@ def table(results: dict, summary: dict, steps: int, seeds: list[int]) -> str:
         f" {spread['last20']['min']:.4f} to {spread['last20']['max']:.4f} (range {spread['last20']['range']:.4f},"
         f" std {spread['last20']['std']:.4f})",
         "",
+        "mean gap over the seeds in bf16 seed standard deviations (validation, train): "
+        + "; ".join(
+            f"{r} {summary[r]['eval']['mean_gap'] / spread['eval']['std']:+.2f}, "
+            f"{summary[r]['last20']['mean_gap'] / spread['last20']['std']:+.2f}"
+            for r in results
+            if r != "none"
+        ),
+        "",
         f"Loss curve: the training loss averaged over each {CURVE_EVERY}-step window ending at the step, and over the seeds",
         "",
     ]

@@ -110,10 +110,11 @@ def test_scaled_cast_puts_the_largest_magnitude_on_the_formats_largest(dtype, ax
         assert largest[3, 0] == 0 and f64(scale)[3, 0] == 1.0
         largest = np.delete(largest, 3, axis=0)
     np.testing.assert_array_equal(largest, TOP[dtype])
-    # the scale is amax / top in float32 (to an ulp: XLA may divide by multiplying by 1 / top)
+    # the scale is amax / top in float32: XLA may compute it as amax * (1 / top), two float32
+    # roundings, within 2 U32 of the quotient (measured 1.97 U32 on the rows); 4 U32 for a margin
     amax = np.max(np.abs(f64(x)), axis=axis, keepdims=True)
     want = np.where(amax > 0, amax / TOP[dtype], 1.0)
-    np.testing.assert_allclose(f64(scale), want, rtol=2 * U32, atol=0)
+    np.testing.assert_allclose(f64(scale), want, rtol=4 * U32, atol=0)
     # and every value is the reference's rounding (either neighbour at a midpoint)
     ref, ambiguity, _ = quantize(f64(x), dtype, axis)
     gap = np.abs(v * f64(scale) - ref)
@@ -128,6 +129,9 @@ def test_scaled_cast_of_zeros_has_scale_one(dtype, axis):
     np.testing.assert_array_equal(f64(scale), 1.0)
     np.testing.assert_array_equal(f64(values), 0.0)
     assert values.dtype == jnp.dtype(dtype)
+    top = TOP[dtype]
+    got = f64(float8.scale_for(jnp.asarray([0.0, top, 2 * top, top / 4]), jnp.dtype(dtype)))
+    np.testing.assert_array_equal(got, [1.0, 1.0, 2.0, 0.25])
 
 
 def test_cast_clips_to_the_formats_range():
@@ -189,10 +193,12 @@ def test_forward_is_within_float8_rounding_of_the_exact_product(recipe, dtype):
     quant = ((1 + u) ** 2 - 1) * (ax @ aw) + (1 + u) * a * (ax @ (sw * np.ones_like(w64)) + (sx * np.ones_like(x64)) @ aw)
     quant += K * a * a * sx * sw
     u_out = OUT_ROUNDING[dtype]
-    bound = quant + K * U32 * 1.2 * (ax @ aw) + (2 * u_out + 2 * U32) * (np.abs(exact) + quant)
+    acc = K * U32 * 1.2 * (ax @ aw)
+    bound = quant + acc + (2 * u_out + u_out**2 + 16 * U32) * (np.abs(exact) + quant + acc)
     err = np.abs(y - exact)
     assert np.all(err <= bound), f"largest error {np.max(err / bound):.3g} x the bound"
-    # and float8 did happen: a float32 product is off by ~1e-7 of sum |x||w|, a bf16 one by ~2**-9 of |y|
+    # and float8 did happen: measured, float8 is off by 0.019 to 0.022 of sum |x||w| somewhere, a
+    # plain float32 product by 1e-7, a plain bf16 one by 0.0015
     assert np.max(err / (ax @ aw)) > 0.005
 
 
