@@ -61,8 +61,9 @@ def _gemm(a: jax.Array, b: jax.Array, a_type: Any, b_type: Any, rowwise: bool, o
     ``b`` when ``rowwise``), the result in ``out``."""
     qa, sa = scaled_cast(a, a_type, 1 if rowwise else None)
     qb, sb = scaled_cast(b, b_type, 0 if rowwise else None)
-    y = jax.lax.dot_general(qa, qb, (((1,), (0,)), ((), ())), preferred_element_type=out)
-    return (y.astype(jnp.float32) * sa * sb).astype(out)
+    # Accumulated and scaled in float32, rounded once to ``out`` (a GPU fuses the scaling into the GEMM).
+    y = jax.lax.dot_general(qa, qb, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return (y * sa * sb).astype(out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

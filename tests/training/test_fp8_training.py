@@ -1,6 +1,7 @@
 """Training with float8 matmuls (``precision.fp8``), as a user runs it: ``jzero train`` in a fresh
-process, a short gpt-tiny with bf16 compute, once with bf16 matmuls and once per float8 recipe, the
-same seed and data. The float8 run's final loss is within a measured tolerance of bf16's, its loss
+process, a short gpt-tiny with bf16 compute, once with bf16 matmuls and once with tensorwise float8
+(rowwise's numerics: tests/memory/test_float8.py; its tolerance below was measured too), the same
+seed and data. The float8 run's final loss is within a measured tolerance of bf16's, its loss
 went down, and its checkpoint holds the float32 master parameters, never float8.
 
 benchmarks/fp8_training.py is the long version (300 steps, three seeds).
@@ -38,7 +39,7 @@ SHORT = [
     "checkpoint.every=0",  # one checkpoint, at the end
 ]
 SEED = 0
-RECIPES = ("tensorwise", "rowwise")
+RECIPES = ("tensorwise",)  # ("tensorwise", "rowwise") for the measurement below
 
 # The tolerance on |float8's final loss - bf16's|, the same seed, at STEPS steps
 #
@@ -55,7 +56,7 @@ TOLERANCE = 0.03
 
 def train(folder: Path, seed: int = SEED) -> dict[str, Path]:
     """``jzero train`` of the short run with bf16 matmuls and with each float8 recipe, each in a fresh
-    process, the three at once (each keeps about one core busy): their run folders."""
+    process, all at once (each keeps about one core busy): their run folders."""
     runs = {recipe: Path(folder) / f"{recipe}-{seed}" for recipe in ("none", *RECIPES)}
     processes = {}
     for recipe, run in runs.items():
