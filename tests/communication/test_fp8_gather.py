@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from support.configs import BF16, HPZ, LR, tiny_config
-from support.reference import optax_tx, reference_with_floor, train_sharded
+from support.reference import optax_tx, reference_with_floor, straight_through_loss, train_sharded
 from support.runs import compiled_step
 
 from jzero.communication.gather import UnitSpec, gather
@@ -87,22 +87,11 @@ def _float8_weights_loss(job, loss_fn):
         scale = jnp.where(amax > 0, amax / 448.0, 1.0)  # e4m3's largest finite value
         return (x / scale).astype(jnp.float8_e4m3fn).astype(x.dtype) * scale
 
-    def through(x, scanned):
-        @jax.custom_vjp
-        def straight(v):
-            return jax.vmap(rounded)(v) if scanned else rounded(v)
+    def one_layer(t):
+        gathered = job.plan.parameter_gather(t)
+        return rounded if gathered and len(gathered[0]) >= 2 else None
 
-        straight.defvjp(lambda v: (straight(v), None), lambda _, ct: (ct,))
-        return straight(x)
-
-    def loss(params, batch):
-        leaves = []
-        for t, x in zip(job.plan.tensors, jax.tree.leaves(params), strict=True):
-            gathered = job.plan.parameter_gather(t)
-            leaves.append(through(x, x.ndim > len(gathered[0])) if gathered and len(gathered[0]) >= 2 else x)
-        return loss_fn(jax.tree.unflatten(jax.tree.structure(params), leaves), batch)
-
-    return loss
+    return straight_through_loss(job, loss_fn, one_layer)
 
 
 def test_float8_gather_training_equals_one_device_training_on_float8_weights(devices):

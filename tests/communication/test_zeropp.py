@@ -9,7 +9,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from support.cli import one_line_error, sets
 from support.configs import BF16, HPZ, LR, QWZ, tiny_config
-from support.reference import optax_tx, reference_with_floor, train_sharded
+from support.reference import optax_tx, reference_with_floor, straight_through_loss, train_sharded
 from support.runs import compiled_step
 
 from jzero.checkpoint.runs import RunCheckpoints
@@ -145,23 +145,13 @@ def _qdq_reference_loss(job, loss_fn):
     layer at a time), with the gradient passed straight through: what qwZ computes, on one device."""
     layouts = job.plan.weight_layouts()
 
-    def qdq(x, lay, scanned):
-        @jax.custom_vjp
-        def straight(x):
-            one = lambda v: from_blocks(dequantize(*quantize(to_blocks(v, lay)), v.dtype), lay)  # noqa: E731
-            return jax.vmap(one)(x) if scanned else one(x)
+    def one_layer(t):
+        lay = layouts.get(t.path)
+        if not isinstance(lay, Layout):
+            return None
+        return lambda v: from_blocks(dequantize(*quantize(to_blocks(v, lay)), v.dtype), lay)
 
-        straight.defvjp(lambda x: (straight(x), None), lambda _, ct: (ct,))
-        return straight(x)
-
-    def loss(params, batch):
-        leaves = []
-        for t, x in zip(job.plan.tensors, jax.tree.leaves(params), strict=True):
-            lay = layouts.get(t.path)
-            leaves.append(qdq(x, lay, x.ndim > len(lay.shape)) if isinstance(lay, Layout) else x)
-        return loss_fn(jax.tree.unflatten(jax.tree.structure(params), leaves), batch)
-
-    return loss
+    return straight_through_loss(job, loss_fn, one_layer)
 
 
 def test_qwz_training_equals_one_device_training_on_quantized_weights(devices):

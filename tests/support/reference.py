@@ -266,3 +266,26 @@ def train_sharded(s, batches, steps=STEPS):
     for k in range(steps):
         state, _ = step(state, batches(k, s.plan.batch))
     return state
+
+
+def straight_through_loss(job, loss_fn, one_layer):
+    """The loss on the parameters as a quantizing gather delivers them, on one device: each leaf for
+    which ``one_layer(tensor_plan)`` gives a function has it applied (a scanned leaf one layer at a
+    time), with the gradient passed straight through; the other leaves as they are."""
+
+    def through(x, fn, scanned):
+        @jax.custom_vjp
+        def straight(v):
+            return jax.vmap(fn)(v) if scanned else fn(v)
+
+        straight.defvjp(lambda v: (straight(v), None), lambda _, ct: (ct,))
+        return straight(x)
+
+    def loss(params, batch):
+        leaves = []
+        for t, x in zip(job.plan.tensors, jax.tree.leaves(params), strict=True):
+            fn = one_layer(t)
+            leaves.append(x if fn is None else through(x, fn, x.ndim > len(job.plan.parameter_gather(t)[0])))
+        return loss_fn(jax.tree.unflatten(jax.tree.structure(params), leaves), batch)
+
+    return loss
