@@ -63,6 +63,10 @@ def _model_flops_lines(report: PlanReport) -> list[str]:
     return [line, *_predicted_lines(report.predicted)]
 
 
+def _float8_share(p: Prediction) -> str:
+    return f", float8 GEMMs at {p.float8_efficiency:.0%} of theirs" if p.float8_efficiency else ""
+
+
 def _predicted_lines(p: Prediction | None) -> list[str]:
     """The step-time model's prediction (:func:`jzero.ledger.timing.predict`), where there is one."""
     if not p:
@@ -72,7 +76,7 @@ def _predicted_lines(p: Prediction | None) -> list[str]:
     return [
         f"predicted step {1e3 * p.step_time_s:.4g} ms, {p.tokens_per_sec:,.0f} tokens/s, MFU {100 * p.mfu:.1f}% "
         f"(model FLOPs per second over the peak; {p.bound}-bound; a prediction with matmuls at {p.efficiency:.0%} "
-        "of the peak, docs/planner.md)",
+        f"of the peak{_float8_share(p)}, docs/planner.md)",
         f"  compute {1e3 * p.compute_s:.4g} ms ({p.executed_over_model_flops:.2f}x the model's FLOPs executed), "
         f"memory {1e3 * p.memory_s:.3g} ms, communication {1e3 * p.communication_s:.4g} ms of which exposed "
         f"{1e3 * p.exposed_communication_s:.4g} ms, host transfers {1e3 * p.host_transfer_s:.4g} ms",

@@ -4,7 +4,8 @@ A roofline in the JAX scaling book's manner (jax-ml/scaling-book, "rooflines"), 
 
 - **compute**: the matmul FLOPs the program executes per device (:func:`jzero.ledger.flops.program_flops`,
   remat's recomputation included) over the GPU's dense bf16 peak times one efficiency factor,
-  :data:`EFFICIENCY`, calibrated once against published runs (docs/planner.md);
+  :data:`EFFICIENCY`, calibrated once against published runs (docs/planner.md); float8 GEMMs' FLOPs
+  over the float8 peak times their own, :data:`FLOAT8_EFFICIENCY` (docs/float8.md);
 - **memory**: the bytes the non-matmul work reads and writes in HBM (every fusion, copy and
   reduce of the compiled program, the optimizer's update among them:
   :func:`jzero.ledger.traffic.hbm_bytes`) over HBM bandwidth;
@@ -31,7 +32,7 @@ from typing import Any
 
 from jzero.records import omit_if_none, record
 
-__all__ = ["EFFICIENCY", "Hardware", "StepCost", "Transfer", "bus_bandwidth", "predict"]
+__all__ = ["EFFICIENCY", "FLOAT8_EFFICIENCY", "Hardware", "StepCost", "Transfer", "bus_bandwidth", "predict"]
 
 
 @record
@@ -69,6 +70,8 @@ class Prediction:
       floor_s: the largest of compute and each level's communication.
       host_transfer_s: offloaded states and activations moving to and from host memory.
       efficiency: the share of the peak the matmuls are assumed to reach.
+      float8_efficiency: the share of the float8 peak float8 GEMMs are assumed to reach; left out
+        where the program has none.
       bound: the largest term: compute, memory, communication or host_transfer.
       error: why the FLOP counter's figure cannot be a prediction; None when it can.
       executed_flops_per_device: the FLOPs the program executes per device, recomputation included.
@@ -103,12 +106,19 @@ class Prediction:
     hbm_bytes: float
     bus_bandwidth: BusBandwidth
     float8_flops_per_device: float | None = omit_if_none()
+    float8_efficiency: float | None = omit_if_none()
 
 
 # The share of the dense bf16 peak jzero's matmuls reach: one value for every target, chosen from
 # the calibration table of published runs (docs/planner.md, benchmarks/calibration.py) to balance its
 # worst errors: the geometric mean of the lowest and highest matching efficiencies (0.457 and 0.590).
 EFFICIENCY = 0.52
+
+# The share of the dense float8 peak float8 GEMMs reach, fitted apart from EFFICIENCY on published
+# pairs of one job in float8 and in bf16 (benchmarks/calibration.py --float8-fit, docs/float8.md):
+# the float8 speedup each pair measured, with its bf16 run at EFFICIENCY, balanced over the worst two
+# (0.409 and 0.471) of the pairs whose bf16 run the model predicts within the table's worst error.
+FLOAT8_EFFICIENCY = 0.44
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,21 +265,26 @@ def _levels(cost: StepCost, hardware: Hardware, flops_per_s: float) -> dict[str,
     return levels
 
 
-def _compute_seconds(cost: StepCost, hardware: Hardware, efficiency: float) -> float:
-    """The matmuls' seconds: float8 GEMMs at the float8 peak, the rest at the bf16 peak, both at
-    ``efficiency`` (the same shape model for both)."""
+def _compute_seconds(cost: StepCost, hardware: Hardware, efficiency: float, float8_efficiency: float) -> float:
+    """The matmuls' seconds: float8 GEMMs at ``float8_efficiency`` of the float8 peak, the rest at
+    ``efficiency`` of the bf16 peak (a GPU without float8 tensor cores runs them all so)."""
     float8 = min(cost.float8_flops, cost.flops)
-    rate = hardware.float8_flops or hardware.peak_flops
-    return ((cost.flops - float8) / hardware.peak_flops + float8 / rate) / efficiency
+    if not hardware.float8_flops:
+        return cost.flops / (hardware.peak_flops * efficiency)
+    bf16 = (cost.flops - float8) / (hardware.peak_flops * efficiency)
+    return bf16 + float8 / (hardware.float8_flops * float8_efficiency)
 
 
-def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) -> Prediction:
+def predict(
+    cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY, float8_efficiency: float = FLOAT8_EFFICIENCY
+) -> Prediction:
     """The predicted step time of ``cost`` on ``hardware``, with its terms.
 
     Args:
       cost: the step's FLOPs, bytes and collectives.
       hardware: the GPU's figures.
       efficiency: the share of the peak the matmuls reach.
+      float8_efficiency: the share of the float8 peak float8 GEMMs reach.
 
     Returns:
       A :class:`Prediction` (its ``error`` None): ``step_time_s``, ``tokens_per_sec``, ``mfu`` (model
@@ -282,7 +297,7 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
       level's (``within_host``, ``across_hosts``) in bytes per second (:func:`bus_bandwidth`; its
       collectives' together, or a whole host's group where the level has none).
     """
-    compute = _compute_seconds(cost, hardware, efficiency)
+    compute = _compute_seconds(cost, hardware, efficiency, float8_efficiency)
     # The rate at which a window's matmuls hide collectives: the step's, float8's share included.
     flops_per_s = cost.flops / compute if compute else hardware.peak_flops * efficiency
     memory = cost.hbm_bytes / hardware.hbm_bytes_per_s
@@ -312,6 +327,7 @@ def predict(cost: StepCost, hardware: Hardware, efficiency: float = EFFICIENCY) 
         error=None,
         executed_flops_per_device=cost.flops,
         float8_flops_per_device=cost.float8_flops or None,
+        float8_efficiency=float8_efficiency if cost.float8_flops and hardware.float8_flops else None,
         executed_over_model_flops=cost.flops / cost.model_flops if cost.model_flops else None,
         host_transfer_bytes=cost.host_bytes,
         hbm_bytes=cost.hbm_bytes,
