@@ -360,9 +360,30 @@ _LEDGER = (
     _m(
         "float8 FLOPs run at the bf16 peak",
         "jzero/ledger/timing.py",
-        "return ((cost.flops - float8) / hardware.peak_flops + float8 / rate) / efficiency",
-        "return cost.flops / hardware.peak_flops / efficiency",
+        "return bf16 + float8 / (hardware.float8_flops * float8_efficiency)",
+        "return bf16 + float8 / (hardware.peak_flops * float8_efficiency)",
         "tests/ledger/test_float8_plan.py", "-k", "peak",
+    ),
+    _m(
+        "float8 GEMMs at the bf16 GEMMs' efficiency",
+        "jzero/ledger/timing.py",
+        "return bf16 + float8 / (hardware.float8_flops * float8_efficiency)",
+        "return bf16 + float8 / (hardware.float8_flops * efficiency)",
+        "tests/ledger/test_float8_plan.py", "-k", "peak",
+    ),
+    _m(
+        "a GPU without float8 tensor cores prices its FLOPs at float8's efficiency",
+        "jzero/ledger/timing.py",
+        "    if not hardware.float8_flops:\n        return cost.flops / (hardware.peak_flops * efficiency)\n",
+        "    if not hardware.float8_flops:\n        return cost.flops / (hardware.peak_flops * float8_efficiency)\n",
+        "tests/ledger/test_float8_plan.py", "-k", "peak",
+    ),
+    _m(
+        "the float8 efficiency constant drifts from its fit",
+        "jzero/ledger/timing.py",
+        "FLOAT8_EFFICIENCY = 0.44\n",
+        "FLOAT8_EFFICIENCY = 0.45\n",
+        "tests/ledger/test_calibration_results.py",
     ),
     _m(
         "a projection kept for its shape is blamed on XLA",
