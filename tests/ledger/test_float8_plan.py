@@ -11,8 +11,9 @@ from support.runs import compiled_step
 from jzero.cli.main import main
 from jzero.ledger.float8 import HEAD
 from jzero.ledger.flops import program_flops
+from jzero.ledger.render import format_plan
 from jzero.ledger.targets import GPUS
-from jzero.ledger.timing import Hardware, StepCost, predict
+from jzero.ledger.timing import EFFICIENCY, FLOAT8_EFFICIENCY, Hardware, StepCost, predict
 from jzero.training.report import plan_report
 
 LLAMA = ["model.name=llama", "model.n_kv_heads=1", "model.mlp_hidden=96"]
@@ -26,9 +27,15 @@ def _report(devices, *overrides):
 def test_rowwise_projections_are_float8_on_h100_and_a_plan_without_fp8_has_no_record(h100x8, devices):
     """The tiny GPT's six projections under rowwise scales: each of their GEMMs (forward, recomputed
     forward, the two of the backward) reads float8 in the GPU program, and only the head's stay bf16."""
-    f = _report(h100x8, "precision.fp8=rowwise").fp8
+    report = _report(h100x8, "precision.fp8=rowwise")
+    f = report.fp8
     assert (f.recipe, f.requested, f.covered) == ("rowwise", 6, 6), f
     assert f.gemms >= 3 * 6 and [k.name for k in f.kept_bf16] == ["GPT._head/lm_head"], f
+    # The text says so, and at which efficiency each kind of GEMM is priced.
+    text = format_plan(report)
+    assert f"float8 (rowwise): 6 of 6 layer projections have every GEMM in float8 (forward and backward); {f.gemms}" in text
+    assert "  not float8: GPT._head/lm_head: the output layer" in text
+    assert f"matmuls at {EFFICIENCY:.0%} of the peak, float8 GEMMs at {FLOAT8_EFFICIENCY:.0%} of theirs" in text
     assert _report(devices).fp8 is None
 
 
