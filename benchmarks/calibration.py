@@ -161,8 +161,12 @@ FLOAT8_PAIRS = (
               "1b | 8192 | 8 | 37.73 | ... | 3 | 4 | 96 | ... | 29157 | ... | amp_bf16"), ((64, 4), (96, 4)), (32010, 29157)),
     _MAXTEXT_PAIR,
 )  # fmt: skip
-_LLAMA_8B = ("model.seq_len=8192", "train.global_batch_size=16", "model.remat=dots_with_no_batch_dims_saveable",
-             "precision.param_dtype=float32", "precision.compute_dtype=bfloat16")  # fmt: skip
+_LLAMA_8B_ROWS = ("model.seq_len=8192", "model.remat=dots_with_no_batch_dims_saveable", "precision.param_dtype=float32",
+                  "precision.compute_dtype=bfloat16")  # fmt: skip
+_LLAMA_8B = (*_LLAMA_8B_ROWS, "train.global_batch_size=16")
+# torchtitan's llama3_8b.toml on 4 and 8 hosts of 8 H200s, 400 Gb/s per GPU between hosts, with
+# --float8.enable_fsdp_float8_all_gather and --float8.precompute_float8_dynamic_scale_for_fsdp.
+TORCHTITAN_H200 = "pytorch/torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md, NUM_NODES | TPS/GPU | Memory(GiB)"
 FLOAT8_RUNS = (
     Run("MPT-3B FP8, 8 x H100", MPT_FP8, "3b | 2048 | 8 | 27.7 | ... | 10 | 6 | 480 | ... | 30586 | ... | amp_fp8",
         "h100x8", (*mpt(2560, 20, 32, 2048, 480, 6, "none"), "precision.fp8=tensorwise", _UNPIPELINED), 30586),
@@ -170,6 +174,11 @@ FLOAT8_RUNS = (
         "h100hbm2ex8", (*_LLAMA_8B, "precision.fp8=tensorwise"), 8532, base="configs/llama3-8b.yaml"),
     Run("torchtitan Llama 3.1 8B bf16, 8 x H100 96GB", TORCHTITAN, "FSDP + torch.compile | 6,667 | 77.0",
         "h100hbm2ex8", _LLAMA_8B, 6667, base="configs/llama3-8b.yaml"),
+    # Trainy's multi-host runs: Float8 with the float8 all-gather, 2 rows per GPU.
+    *(Run(f"torchtitan Llama 3.1 8B Float8 + float8 gathers, {n} x H200", TORCHTITAN_H200, row, f"h200x{n}",
+          (*_LLAMA_8B_ROWS, f"train.global_batch_size={2 * n}", "precision.fp8=tensorwise", "zero.fp8_gather=true"),
+          published, base="configs/llama3-8b.yaml")
+      for n, row, published in ((32, "4 | 10938 | 47.96", 10938), (64, "8 | 10753 | 46.97", 10753))),
 )  # fmt: skip
 
 
