@@ -93,7 +93,7 @@ RUNS = (
 )  # fmt: skip
 
 
-# Float8 rows (issue 54), predicted at the table's EFFICIENCY and kept out of its fit: MPT-3B from
+# Float8 rows (issue 54), predicted at EFFICIENCY and FLOAT8_EFFICIENCY and kept out of both fits: MPT-3B from
 # llm-foundry's "H100 80GB FP8" table (amp_fp8: Transformer Engine's per-tensor scales), and Llama
 # 3.1 8B from torchtitan's Table 1 (FSDP + torch.compile + Float8, selective activation
 # checkpointing, on H100s with 96 GB of HBM2e at 2.4 TB/s and 500 W: slower than the SXM part the
@@ -255,7 +255,7 @@ def _solve(rate, published: float) -> float | None:
     """The efficiency in (0.01, 1] at which ``rate`` (rising with it) reaches ``published``
     (bisection; None if none does)."""
     low, high = 0.01, 1.0
-    if rate(high) < published:
+    if rate(high) < published or rate(low) > published:
         return None
     for _ in range(60):
         mid = (low + high) / 2
