@@ -73,6 +73,7 @@ def test_plan_json_carries_the_fp8_contract_and_prices_float8_at_its_peak(capsys
     executed, float8 = p["executed_flops_per_device"], p["float8_flops_per_device"]
     assert 0.5 * executed < float8 < executed
     bf16_s, float8_s = (executed - float8) / (989e12 * p["efficiency"]), float8 / (1979e12 * p["float8_efficiency"])
+    # The same float64 formula, through JSON's 17 digits: no reduction order in it (1e-9 is rounding room)
     assert p["compute_s"] == pytest.approx(bf16_s + float8_s, rel=1e-9)
     assert p["float8_efficiency"] < p["efficiency"]  # float8 GEMMs reach less of their peak (docs/float8.md)
 
@@ -84,7 +85,7 @@ def test_float8_flops_run_at_the_float8_peak():
     hw, no_fp8 = Hardware(1e15, 1e12, 1e11, 1e10, 1e10, float8_flops=2e15), Hardware(1e15, 1e12, 1e11, 1e10, 1e10)
     plain = StepCost(flops=1e15, model_flops=1e15, tokens=1)
     half = StepCost(flops=1e15, model_flops=1e15, tokens=1, float8_flops=5e14)
-    all_bf16 = predict(plain, hw, 0.5).compute_s
+    all_bf16 = predict(plain, hw, 0.5).compute_s  # each check below: two float64 quotients, no sums to reorder
     assert predict(half, hw, 0.5, 0.5).compute_s == pytest.approx(0.75 * all_bf16, rel=1e-12)
     assert predict(half, hw, 0.5, 0.4).compute_s == pytest.approx((0.5 + 0.25 * 0.5 / 0.4) * all_bf16, rel=1e-12)
     assert predict(half, hw, 0.5, 0.4).float8_efficiency == 0.4 and predict(plain, hw, 0.5).float8_efficiency is None
