@@ -205,7 +205,8 @@ def measure(run: Run, compiled=None) -> dict:
     match the published figure."""
     cost, hardware, report, seconds = compiled or compile_run(run)
     predicted = predict(cost, hardware)
-    published = run.tokens_per_sec_per_gpu * parse_target(run.target).count
+    gpus = parse_target(run.target).count
+    published = run.tokens_per_sec_per_gpu * gpus
     return {
         "name": run.name,
         "source": run.source,
@@ -213,7 +214,7 @@ def measure(run: Run, compiled=None) -> dict:
         "target": run.target,
         "sets": list(run.sets),
         "published_tokens_per_sec_per_gpu": run.tokens_per_sec_per_gpu,
-        "predicted_tokens_per_sec_per_gpu": predicted.tokens_per_sec / parse_target(run.target).count,
+        "predicted_tokens_per_sec_per_gpu": predicted.tokens_per_sec / gpus,
         "error": predicted.tokens_per_sec / published - 1,
         "predicted_mfu": predicted.mfu,
         "bound": predicted.bound,
@@ -294,8 +295,7 @@ def fit_float8(only: str | None) -> dict:
         _print(row["float8"])
         _print(row["bf16"])
         print(f"  float8 speedup: published {row['published_speedup']:.3f}, predicted {row['predicted_speedup']:.3f}, "
-              f"matching float8 efficiency {row['matching_float8_efficiency']:.3f}", flush=True)  # fmt: skip
-
+              f"matching float8 efficiency {row['matching_float8_efficiency'] or float('nan'):.3f}", flush=True)  # fmt: skip
     bound = json.loads((ROOT / "benchmarks/results/calibration.json").read_text())["worst_error"]
     for row in pairs:
         row["in_fit"] = abs(row["bf16"]["error"]) <= bound and row["matching_float8_efficiency"] is not None
